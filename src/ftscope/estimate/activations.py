@@ -1,0 +1,155 @@
+"""Activation memory: the tensors autograd saves for backward, per token, per block.
+
+Counted from what the HF implementations save (checked against fake-tensor traces, see `ftscope trace`):
+- an RMSNorm/LayerNorm upcasts to fp32 and saves that copy (4 bytes x hidden);
+- a linear layer saves its input only when its weight (or a LoRA adapter on it) needs a gradient;
+- SiLU-gated MLPs save gate, act(gate), up and (if `down` is trained) their product;
+- sdpa/flash save q, k, v, the output and a log-sum-exp; eager also keeps the fp32 softmax and its bf16 copy
+  (6 bytes per head x s x s);
+- routed experts save their per-token tensors once per selected expert (top-k);
+- the loss upcasts logits to fp32: log_softmax saves B x T x V fp32; a chunked (compiled) loss keeps the
+  bf16 logits and upcasts one chunk at a time.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..spec.mix import Mix
+from ..spec.model import Layer, Linear, ModelSpec
+
+LOSS_CHUNKS = 8
+"""Chunks of a chunked cross-entropy (torchtune's CEWithChunkedOutputLoss default)."""
+
+
+@dataclass(frozen=True)
+class ActivationCoefficients:
+    """Bytes that scale with tokens (T = B x s) and with B x s^2, for the whole model on one GPU."""
+
+    saved_per_token: float
+    """Saved for backward by all blocks, per token (no checkpointing)."""
+    saved_per_token_quadratic: float
+    """Saved per token per token of context (eager attention scores), summed over blocks."""
+    layer_per_token: float
+    """The largest single block's saved bytes per token (recomputed one at a time under checkpointing)."""
+    layer_per_token_quadratic: float
+    checkpoint_per_token: float
+    """Under gradient checkpointing: the block inputs kept for every block, per token."""
+    head_per_token: float
+    """Final norm and LM-head input saved per token."""
+    logits_saved_per_token: float
+    """fp32 log-softmax output kept for backward."""
+    logits_forward_extra_per_token: float
+    """bf16 logits and their fp32 upcast, alive while the loss is computed."""
+    logits_backward_extra_per_token: float
+    """Gradient buffers of the loss at the start of backward."""
+
+
+def _trained(lin: Linear, mix: Mix, lora: set[int]) -> bool:
+    return mix.method == "full" or id(lin) in lora
+
+
+def _block_bytes(layer: Layer, model: ModelSpec, mix: Mix, lora: set[int], top_k: int) -> tuple[float, float]:
+    """(bytes per token, bytes per token per context token) that one block saves."""
+    a = model.arch
+    h = a.hidden_size
+    c = 4 if mix.precision == "fp32" else 2                      # matmul activation dtype
+    full_mixed = mix.method == "full" and mix.precision in ("bf16-mixed", "fp16-mixed") and mix.shard_stage == 0
+    r = 4 if (mix.precision == "fp32" or full_mixed) else 2       # residual stream dtype (fp32 params under AMP)
+    norm = 4 * h + (r * h if mix.method == "full" else 0)        # fp32 stats copy (+ normalized input if weight trains)
+    rank = mix.lora_rank if mix.trains_lora else 0
+    by_role = {lin.role: lin for lin in layer.linears}
+    total = 0.0
+    quad = 0.0
+
+    def inp(*roles: str, width: int) -> float:
+        lins = [by_role[x] for x in roles if x in by_role]
+        saved = c * width if any(_trained(lin, mix, lora) for lin in lins) else 0.0
+        return saved + sum(c * rank for lin in lins if id(lin) in lora)  # lora_A output
+
+    if layer.mixer == "attention":
+        heads, kv, d = a.num_heads, a.num_kv_heads, a.head_dim
+        total += norm
+        if a.attention == "mla":
+            qk = a.qk_nope_head_dim + a.qk_rope_head_dim
+            total += inp("q", "mla_q_a", "mla_kv_a", width=h) + c * a.kv_lora_rank + 4 * a.kv_lora_rank
+            total += inp("mla_kv_b", width=a.kv_lora_rank)
+            q_w, k_w, v_w, o_w = heads * qk, heads * qk, heads * a.v_head_dim, heads * a.v_head_dim
+        else:
+            total += inp("q", "k", "v", "qkv", width=h)
+            q_w, k_w, v_w, o_w = heads * d, kv * d, kv * d, heads * d
+            if a.fact("qk_norm"):
+                total += 4 * (q_w + k_w)
+        if mix.attention == "eager":
+            # GQA keys/values are repeated to all heads before the matmuls, and those copies are saved
+            total += c * (q_w + heads * d * 2) + c * o_w
+            quad += 6 * heads  # fp32 softmax output + its bf16 copy, per query x key
+        else:
+            total += c * (q_w + k_w + v_w) + c * o_w + 4 * heads
+        total += inp("o", width=o_w)
+        if not a.fact("parallel"):
+            total += norm * (a.fact("norms_per_layer", 2) // 2)
+        total += _ffn_bytes(layer, model, mix, lora, top_k, c, inp)
+    elif layer.mixer == "mamba":
+        di = a.mamba_d_inner
+        total += norm + inp("in", width=h) + c * 2 * di + c * di + inp("x", width=di) + c * di * 3 + inp("out", width=di)
+    else:  # BlackMamba's standalone MoE block
+        total += norm + _ffn_bytes(layer, model, mix, lora, top_k, c, inp)
+    return total, quad
+
+
+def _ffn_bytes(layer: Layer, model: ModelSpec, mix: Mix, lora: set[int], top_k: int, c: int, inp) -> float:
+    a = model.arch
+    h = a.hidden_size
+    roles = {lin.role for lin in layer.linears}
+    if layer.ffn == "dense":
+        inter = a.intermediate_size
+        if "gate" in roles:
+            return inp("gate", "up", width=h) + 3 * c * inter + inp("down", width=inter)
+        # plain MLP: fc1 output kept by the activation; tanh-approximated GELU (phi) saves ~3 more intermediates
+        extra = 3 * c * inter if a.model_type == "phi" else 0
+        return inp("up", width=h) + c * inter + extra + inp("down", width=inter)
+    experts = [lin for lin in layer.linears if lin.group == "experts"]
+    inter = a.moe_intermediate_size
+    e_trained = any(_trained(lin, mix, lora) for lin in experts)
+    rank = mix.lora_rank if mix.trains_lora else 0
+    router = c * h + 4 * a.num_experts * 2  # router input (if the router trains it is this same tensor) + fp32 softmax/logits
+    per_expert_token = (c * h if e_trained else 0) + 2 * c * inter + c * inter + (c * inter if e_trained else 0) + c * h
+    if mix.trains_lora:
+        per_expert_token += sum(c * rank for lin in experts if id(lin) in lora)
+    if a.fact("mixer") == "mamba" and "gate" not in roles:
+        per_expert_token = (c * h if e_trained else 0) + 2 * c * inter + (c * inter if e_trained else 0) + c * h
+    total = router + top_k * per_expert_token
+    if a.shared_expert_intermediate_size:
+        s = a.shared_expert_intermediate_size
+        total += 3 * c * s + c * s + c * h
+    return total
+
+
+def activation_coefficients(model: ModelSpec, mix: Mix, top_k: int) -> ActivationCoefficients:
+    """Per-token (and per token x context) saved bytes for this model and mix, on one GPU."""
+    lora = {id(lin) for lin, _ in model.lora_targets(mix.lora_targets)} if mix.trains_lora else set()
+    saved = quad = 0.0
+    worst = worst_q = 0.0
+    for layer, n in model.layer_groups:
+        b, q = _block_bytes(layer, model, mix, lora, top_k)
+        saved += b * n
+        quad += q * n
+        if b > worst:
+            worst, worst_q = b, q
+    a = model.arch
+    h, v = a.hidden_size, a.vocab_size
+    full_mixed = mix.method == "full" and mix.precision in ("bf16-mixed", "fp16-mixed") and mix.shard_stage == 0
+    r = 4 if (mix.precision == "fp32" or full_mixed) else 2
+    c = 4 if mix.precision == "fp32" else 2
+    head = 4 * h + (c * h if mix.method == "full" else 0)
+    if mix.loss == "chunked":
+        chunk = 1.0 / LOSS_CHUNKS
+        logits = (c * v, 4.0 * v * chunk, (4.0 + c) * v * chunk)
+    else:
+        logits = (4.0 * v, (c + 4.0) * v, 8.0 * v)
+    return ActivationCoefficients(
+        saved_per_token=saved, saved_per_token_quadratic=quad, layer_per_token=worst, layer_per_token_quadratic=worst_q,
+        checkpoint_per_token=r * h * model.num_layers, head_per_token=head,
+        logits_saved_per_token=logits[0], logits_forward_extra_per_token=logits[1],
+        logits_backward_extra_per_token=logits[2],
+    )

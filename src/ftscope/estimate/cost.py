@@ -1,0 +1,31 @@
+"""Hours, GPU-hours and dollars of the whole run from the step time and a dated price."""
+from __future__ import annotations
+
+import math
+
+from .. import catalog
+from ..spec.scenario import Scenario
+from .result import RunCost, TimeEstimate
+
+
+def price_of(scn: Scenario) -> tuple[float | None, str]:
+    """($/GPU-hour, where it came from): the scenario's override, else the cheapest dated catalog price."""
+    if scn.usd_per_gpu_hour is not None:
+        return scn.usd_per_gpu_hour, "scenario price.usd_per_gpu_hour"
+    rows = catalog.prices_for(scn.cluster.gpu.key.rstrip("*"))
+    if not rows:
+        return None, "no price in the catalog"
+    p = rows[0]
+    return float(p["usd_per_gpu_hour"]), f"{p['provider']} {p['date']}"
+
+
+def run_cost(scn: Scenario, t: TimeEstimate, batch: int) -> RunCost:
+    wl = scn.workload
+    world = scn.cluster.world_size
+    samples_per_step = batch * wl.gradient_accumulation * world * wl.samples_per_sequence()
+    steps = math.ceil(wl.samples_per_epoch() * wl.epochs / samples_per_step)
+    hours = steps * t.step_s / 3600.0
+    gpu_hours = hours * world
+    usd, source = price_of(scn)
+    return RunCost(hours=hours, gpu_hours=gpu_hours, usd=None if usd is None else gpu_hours * usd,
+                   usd_per_gpu_hour=usd, price_source=source, steps=steps)

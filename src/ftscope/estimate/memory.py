@@ -1,0 +1,221 @@
+"""Per-GPU memory by phase (forward, backward, optimizer step); the peak is the max over phases, not a sum.
+
+`MemoryModel` holds everything that does not depend on the batch shape, so the solvers can evaluate
+`breakdown(batch, seq)` thousands of times a second.
+
+Bytes per parameter, by where the weights live (N = GPUs that share a shard):
+- full, bf16-mixed without DeepSpeed/FSDP (torch AMP): fp32 weights 4 + fp32 grads 4 + AdamW 8; autocast keeps a
+  bf16 copy of every weight used in forward (2) until backward frees it;
+- full under ZeRO (bf16 weights 2, bf16 grads 2, fp32 master + AdamW 12) with ZeRO-1 sharding the 12,
+  ZeRO-2 also the grads, ZeRO-3 also the weights; FSDP2 keeps fp32 sharded params and gathers bf16 per block;
+- LoRA: frozen bf16 base 2; adapters fp32 (PEFT upcasts them) + grads + AdamW;
+- QLoRA: NF4 with double quantization, 0.5 + 1/64 + 4/16384 bytes per quantized weight; embeddings, norms
+  and LM head stay bf16; one block's weights are dequantized to bf16 at a time.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..spec.hardware import GIB
+from ..spec.scenario import Scenario
+from .activations import ActivationCoefficients, activation_coefficients
+
+NF4_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)
+OPTIMIZER_STATE_BYTES = {"adamw": 8.0, "adamw_8bit": 2.0, "paged_adamw_8bit": 2.0, "sgd": 0.0}
+
+
+@dataclass(frozen=True)
+class AllocatorModel:
+    """Bytes outside tensors: what turns allocated into reserved and reserved into nvidia-smi."""
+
+    cuda_context_gib: float = 0.5
+    """CUDA context, cuBLAS/cuDNN kernels: visible in nvidia-smi, not in torch's reserved."""
+    workspace_gib: float = 0.03
+    """cuBLAS workspaces and small buffers the caching allocator holds."""
+    fragmentation: float = 0.06
+    """Reserved exceeds allocated by this fraction of the memory that churns (activations, temporaries)."""
+
+
+DEFAULT_ALLOCATOR = AllocatorModel()
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """One batch shape's per-GPU memory (bytes) at its peak phase."""
+
+    peak_bytes: float
+    """What torch.cuda.max_memory_reserved would show."""
+    allocated_bytes: float
+    """What torch.cuda.max_memory_allocated would show."""
+    phase: str
+    categories: dict[str, float]
+    """weights, gradients, optimizer, activations, temporary, overhead (bytes) at the peak phase."""
+    phases: dict[str, float]
+    """Allocated bytes per phase."""
+
+
+@dataclass(frozen=True)
+class MemoryModel:
+    """Shape-independent parts of one scenario's memory, per GPU."""
+
+    weights: float
+    gradients: float
+    """Gradient bytes alive at the end of backward (sharded for ZeRO-2/3, FSDP)."""
+    gradients_in_forward: float
+    """Gradient buffers that already exist during forward (accumulation, DeepSpeed's partitions)."""
+    optimizer: float
+    optimizer_transient: float
+    """Extra bytes during optimizer.step (foreach temporaries, fp32 grad partitions)."""
+    weight_transient: float
+    """Extra bytes alive in forward/backward: autocast copies, dequantized block, gathered ZeRO-3/FSDP blocks."""
+    acts: ActivationCoefficients
+    checkpointing: bool
+    cpu_bytes: float
+    """Host RAM the run needs for offloaded optimizer/parameters."""
+    capacity_bytes: float
+    """Device memory the caching allocator can reserve (total minus CUDA context)."""
+    trainable_params: int
+    allocator: AllocatorModel = field(default=DEFAULT_ALLOCATOR)
+
+    # --- per shape -----------------------------------------------------------------------------------------
+    def activation_bytes(self, batch: float, seq: float) -> tuple[float, float]:
+        """(saved after forward, one block's full activations) for a micro-batch."""
+        t = batch * seq
+        a = self.acts
+        head = a.head_per_token * t + a.logits_saved_per_token * t
+        if self.checkpointing:
+            saved = a.checkpoint_per_token * t + head
+        else:
+            saved = a.saved_per_token * t + a.saved_per_token_quadratic * t * seq + head
+        layer = a.layer_per_token * t + a.layer_per_token_quadratic * t * seq
+        return saved, layer
+
+    def breakdown(self, batch: float, seq: float) -> MemoryBreakdown:
+        a = self.acts
+        t = batch * seq
+        saved, layer = self.activation_bytes(batch, seq)
+        static = self.weights + self.optimizer
+        recompute = layer if self.checkpointing else 0.0
+        fwd_act = saved + a.logits_forward_extra_per_token * t
+        fwd = static + self.gradients_in_forward + fwd_act + self.weight_transient
+        # backward starts with every activation and the loss gradients, and ends with every gradient
+        bwd_start_act = saved + a.logits_backward_extra_per_token * t + recompute
+        bwd_start = static + self.gradients_in_forward + bwd_start_act + self.weight_transient
+        bwd_end_act = layer + recompute
+        bwd_end = static + max(self.gradients, self.gradients_in_forward) + bwd_end_act + self.weight_transient
+        opt = static + self.gradients + self.optimizer_transient
+        phases = {"forward": fwd, "backward": max(bwd_start, bwd_end), "optimizer": opt}
+        phase = max(phases, key=phases.__getitem__)
+        if phase == "forward":
+            act, temp, grads = fwd_act, self.weight_transient, self.gradients_in_forward
+        elif phase == "backward" and bwd_start >= bwd_end:
+            act, temp, grads = bwd_start_act, self.weight_transient, self.gradients_in_forward
+        elif phase == "backward":
+            act, temp, grads = bwd_end_act, self.weight_transient, max(self.gradients, self.gradients_in_forward)
+        else:
+            act, temp, grads = 0.0, self.optimizer_transient, self.gradients
+        al = self.allocator
+        overhead = al.workspace_gib * GIB + al.fragmentation * (act + temp)
+        allocated = phases[phase]
+        cats = {"weights": self.weights, "gradients": grads, "optimizer": self.optimizer, "activations": act,
+                "temporary": temp, "overhead": overhead}
+        return MemoryBreakdown(peak_bytes=allocated + overhead, allocated_bytes=allocated, phase=phase,
+                               categories=cats, phases=phases)
+
+    def fits(self, batch: float, seq: float, margin: float = 0.0) -> bool:
+        return self.breakdown(batch, seq).peak_bytes <= self.capacity_bytes * (1.0 - margin)
+
+
+def trainable_params(scn: Scenario) -> int:
+    m, mix = scn.model, scn.mix
+    if mix.method == "full":
+        return m.total_params
+    return m.lora_params(mix.lora_rank, mix.lora_targets)
+
+
+def memory_model(scn: Scenario, allocator: AllocatorModel = DEFAULT_ALLOCATOR) -> MemoryModel:
+    """Build the per-GPU memory model of a scenario."""
+    m, mix, cl = scn.model, scn.mix, scn.cluster
+    n = cl.world_size
+    stage = mix.shard_stage
+    deepspeed = mix.zero_stage > 0
+    fsdp = mix.fsdp is not None
+    mixed = mix.precision in ("bf16-mixed", "fp16-mixed")
+    fp32 = mix.precision == "fp32"
+    total = m.total_params
+    trainable = trainable_params(scn)
+    frozen = 0 if mix.method == "full" else total
+
+    # bytes per trainable parameter: working weight, gradient, optimizer (+ fp32 master)
+    if fp32:
+        w_b, g_b, master = 4.0, 4.0, 0.0
+    elif mixed and (deepspeed or (mix.method == "full" and fsdp)):
+        w_b, g_b, master = 2.0, 2.0, 4.0        # bf16 working copy, fp32 master in the optimizer
+        if fsdp:
+            w_b, g_b, master = 4.0, 4.0, 0.0    # FSDP2 shards fp32 params; bf16 is a per-block gathered copy
+    elif mixed:
+        w_b, g_b, master = 4.0, 4.0, 0.0        # torch AMP: fp32 parameters, autocast casts per op
+    else:                                       # pure bf16
+        w_b, g_b, master = 2.0, 2.0, 0.0
+    opt_state = OPTIMIZER_STATE_BYTES[mix.optimizer] * (0.5 if mix.precision == "bf16" and mix.optimizer == "adamw" else 1.0)
+    opt_b = opt_state + master
+
+    # frozen base weights
+    if mix.method == "qlora":
+        quantized = sum(lin.params * k for lin, k in m.linears() if lin.group != "router")
+        frozen_bytes = quantized * NF4_BYTES + (total - quantized) * 2.0
+    else:
+        frozen_bytes = frozen * (4.0 if fp32 else 2.0)
+
+    shard_w = n if stage == 3 else 1
+    shard_g = n if stage >= 2 else 1
+    shard_o = n if stage >= 1 else 1
+    weights = (frozen_bytes + trainable * w_b) / shard_w
+    grads = trainable * g_b / shard_g
+    optimizer = trainable * opt_b / shard_o
+    cpu = 0.0
+    if mix.offload in ("optimizer", "optimizer+params"):
+        cpu += optimizer + trainable * 4.0 / shard_g  # fp32 states + fp32 grad partition live on the host
+        optimizer = 0.0
+    if mix.offload == "optimizer+params":
+        cpu += weights
+        weights = 0.0
+
+    # gradients already allocated during forward
+    grads_fwd = grads if (scn.workload.gradient_accumulation > 1 or deepspeed) else 0.0
+    if deepspeed and stage >= 2:
+        # ZeRO-2/3 reduce-scatter through a bucket of about hidden^2 elements (HF "auto"), double-buffered
+        bucket = min(trainable, m.arch.hidden_size ** 2) * g_b * 2
+        grads, grads_fwd = grads + bucket, grads_fwd + bucket
+
+    # transients alive through forward and backward
+    layer_params = m.largest_layer_params()
+    transient = 0.0
+    if mix.method == "full" and mixed and not deepspeed and not fsdp:
+        transient += total * 2.0                 # autocast's bf16 weight cache, kept for backward
+    if mix.method == "qlora":
+        transient += m.largest_linear_params() * 2.0  # the dequantized bf16 weight of the matmul in flight
+    if stage == 3:
+        # ZeRO-3/FSDP gather the current block and prefetch the next (MoE blocks are gathered whole)
+        per_param = NF4_BYTES if mix.method == "qlora" else 2.0
+        transient += 2 * layer_params * per_param * (1 - 1 / n)
+    elif fsdp and mix.method == "full":
+        transient += total * 2.0                 # shard_grad_op keeps the unsharded bf16 weights until backward ends
+
+    # optimizer step transients
+    opt_transient = 0.0
+    if mix.offload == "none" and mix.optimizer in ("adamw",):
+        # foreach AdamW: one temporary per parameter, in the optimizer state's dtype
+        opt_transient += trainable * (2.0 if mix.precision == "bf16" else 4.0) / shard_o
+    if deepspeed and mixed and mix.offload == "none":
+        opt_transient += trainable * 4.0 / shard_o   # fp32 gradient partition fed to the optimizer
+
+    top_k = scn.top_k
+    acts = activation_coefficients(m, mix, top_k)
+    capacity = cl.gpu.memory_bytes - allocator.cuda_context_gib * GIB
+    return MemoryModel(
+        weights=weights, gradients=grads, gradients_in_forward=grads_fwd, optimizer=optimizer,
+        optimizer_transient=opt_transient, weight_transient=transient, acts=acts,
+        checkpointing=mix.gradient_checkpointing, cpu_bytes=cpu, capacity_bytes=capacity,
+        trainable_params=trainable, allocator=allocator,
+    )

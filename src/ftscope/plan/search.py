@@ -1,0 +1,101 @@
+"""plan: for every GPU type x GPUs per node, solve the largest micro-batch, estimate time and dollars, rank.
+
+The IISWC study's Table IV (GPU, memory, max batch, throughput, $/h, hours, $) is the default view; unlike the
+study, every row is predicted from the GPU's datasheet and the fitted efficiencies, without profiling it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any, Sequence
+
+from .. import catalog
+from ..errors import FtscopeError
+from ..estimate import estimate
+from ..estimate.efficiency import Calibration, load_calibration
+from ..estimate.result import Estimate
+from ..spec.hardware import gpu_from_catalog
+from ..spec.scenario import Scenario
+
+DEFAULT_COUNTS = (1, 2, 4, 8)
+RANK_KEYS = ("cost", "time")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Every candidate (feasible or not, with the reason), ranked; the best; the cost/time Pareto frontier."""
+
+    rows: list[Estimate]
+    best: Estimate | None
+    pareto: list[int] = field(default_factory=list)
+    """Indices into rows of candidates no other candidate beats on both hours and dollars."""
+    by: str = "cost"
+
+    def to_dict(self) -> dict[str, Any]:
+        rows = []
+        for i, est in enumerate(self.rows):
+            d = est.to_dict()
+            d["pareto"] = i in self.pareto
+            rows.append(d)
+        return {"rows": rows, "best": self.best.to_dict() if self.best else None, "by": self.by}
+
+
+def _rank_key(est: Estimate, by: str) -> tuple:
+    if not est.fits or est.time is None:
+        return (1, float("inf"), float("inf"))
+    hours = est.run.hours if est.run else float("inf")
+    usd = est.run.usd if (est.run and est.run.usd is not None) else float("inf")
+    return (0, usd, hours) if by == "cost" else (0, hours, usd)
+
+
+def pareto_front(rows: Sequence[Estimate]) -> list[int]:
+    """Indices of feasible rows with a price that no other row beats on both hours and dollars."""
+    pts = [(i, e.run.hours, e.run.usd) for i, e in enumerate(rows)
+           if e.fits and e.run is not None and e.run.usd is not None]
+    front = []
+    for i, h, u in pts:
+        if not any((h2 <= h and u2 <= u) and (h2 < h or u2 < u) for _, h2, u2 in pts):
+            front.append(i)
+    return front
+
+
+def candidate_gpus(gpus: Sequence[str] | None) -> list[str]:
+    """Catalog keys to search: the named ones, or every GPU with a price."""
+    if gpus:
+        return [catalog.resolve_gpu_name(g) for g in gpus]
+    return [k for k in catalog.gpu_table() if catalog.prices_for(k)]
+
+
+def plan(scn: Scenario, gpus: Sequence[str] | None = None, counts: Sequence[int] = DEFAULT_COUNTS,
+         max_gpus: int | None = None, nodes: int = 1, by: str = "cost", solve_batch: bool = True,
+         calibration: Calibration | str | None = None, margin: float = 0.0) -> Plan:
+    """Estimate the scenario on each GPU type and count; the micro-batch is solved (largest that fits)
+    unless solve_batch is False. Unsupported mixes and misfits stay in the rows with their reason."""
+    if by not in RANK_KEYS:
+        raise FtscopeError(f"--by must be one of {', '.join(RANK_KEYS)}; got {by!r}")
+    counts = [c for c in counts if max_gpus is None or c * nodes <= max_gpus]
+    if not counts:
+        raise FtscopeError(f"no GPU count fits --max-gpus {max_gpus}")
+    cal = calibration if isinstance(calibration, Calibration) else load_calibration(calibration)
+    rows: list[Estimate] = []
+    for key in candidate_gpus(gpus):
+        gpu = gpu_from_catalog(key)
+        for count in counts:
+            cand = scn.with_(gpu=gpu, gpus_per_node=count, nodes=nodes)
+            if solve_batch:
+                cand = cand.with_(micro_batch_size="max")
+            rows.append(estimate(cand, margin=margin, strict=False, calibration=cal))
+    rows.sort(key=lambda e: _rank_key(e, by))
+    best = rows[0] if rows and rows[0].fits and rows[0].time is not None else None
+    return Plan(rows=rows, best=best, pareto=pareto_front(rows), by=by)
+
+
+def one_row_per_gpu(p: Plan) -> list[Estimate]:
+    """The best-ranked row of each GPU type (the IISWC Table IV view)."""
+    seen: set[str] = set()
+    out = []
+    for est in p.rows:
+        key = est.scenario.cluster.gpu.key
+        if key not in seen:
+            seen.add(key)
+            out.append(est)
+    return out

@@ -1,0 +1,1 @@
+"""Presentation: terminal tables, plots and the HTML report."""

@@ -1,0 +1,88 @@
+"""Rich tables for the terminal views of estimate, plan, models and gpus."""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from rich.table import Table
+
+from ..estimate.result import Estimate
+
+
+def _fmt_usd(v: float | None) -> str:
+    return "-" if v is None else (f"${v:,.2f}" if v < 1000 else f"${v:,.0f}")
+
+
+def _fmt_hours(h: float) -> str:
+    return f"{h * 60:.1f} min" if h < 1 else f"{h:,.1f} h"
+
+
+def estimate_tables(est: Estimate) -> list[Table]:
+    d = est.to_dict()
+    scn = est.scenario
+    mem = d["memory"]
+    head = Table(title=d["label"], show_header=False, title_justify="left")
+    head.add_column("what", style="bold")
+    head.add_column("value")
+    status = "[green]fits[/green]" if est.fits else f"[red]does not run[/red]: {est.reason}"
+    head.add_row("peak memory / GPU", f"{mem['peak_gib']:.2f} GiB reserved ({mem['device_gib']:.2f} GiB in nvidia-smi) "
+                 f"of {mem['capacity_gib']:.2f} GiB usable, at {mem['peak_phase']}: {status}")
+    head.add_row("params", f"{d['model']['total_params']:,} total, {d['model']['active_params']:,} active/token, "
+                 f"{d['model']['trainable_params']:,} trainable")
+    head.add_row("batch shape", f"micro-batch {est.micro_batch_size} x seq {est.seq_len} (peak), "
+                 f"grad accumulation {scn.workload.gradient_accumulation}, {scn.cluster.world_size} GPU(s)")
+    head.add_row("limits", f"max micro-batch {d['limits']['max_micro_batch_size']} at seq {est.seq_len}; "
+                 f"max seq {d['limits']['max_seq_len']:,} at micro-batch {est.micro_batch_size}")
+    if mem["cpu_offload_gib"]:
+        head.add_row("CPU RAM (offload)", f"{mem['cpu_offload_gib']:.1f} GiB")
+    if d["time"]:
+        t = d["time"]
+        head.add_row("step", f"{t['step_s']:.3f} s, {t['tokens_per_s']:,.0f} tokens/s, {t['samples_per_s']:.3f} samples/s, "
+                     f"MFU {t['mfu'] * 100:.0f}%" + ("" if t["calibrated"] else " (GPU not calibrated: shared efficiencies)"))
+    if d["run"]:
+        r = d["run"]
+        head.add_row("run", f"{r['steps']:,} steps, {_fmt_hours(r['hours'])}, {r['gpu_hours']:,.1f} GPU-h, "
+                     f"{_fmt_usd(r['usd'])} at {_fmt_usd(r['usd_per_gpu_hour'])}/GPU-h ({r['price_source']})")
+    for w in d["warnings"]:
+        head.add_row("[yellow]warning[/yellow]", w)
+    mem_t = Table(title="memory per GPU at the peak phase (GiB)", title_justify="left")
+    for k in mem["breakdown_gib"]:
+        mem_t.add_column(k, justify="right")
+    mem_t.add_column("peak", justify="right", style="bold")
+    mem_t.add_row(*[f"{v:.2f}" for v in mem["breakdown_gib"].values()], f"{mem['peak_gib']:.2f}")
+    tables = [head, mem_t]
+    if d["time"]:
+        tt = Table(title="step time breakdown (s)", title_justify="left")
+        for k in d["time"]["breakdown_s"]:
+            tt.add_column(k, justify="right")
+        tt.add_row(*[f"{v:.3f}" for v in d["time"]["breakdown_s"].values()])
+        tables.append(tt)
+    return tables
+
+
+def plan_table(rows: Sequence[Estimate], pareto: set[int] | None = None, title: str = "") -> Table:
+    t = Table(title=title, title_justify="left")
+    for col, just in (("#", "right"), ("GPU", "left"), ("GPUs", "right"), ("mem GiB", "right"), ("max batch", "right"),
+                      ("peak GiB", "right"), ("samples/s", "right"), ("tokens/s", "right"), ("$/GPU-h", "right"),
+                      ("hours", "right"), ("$", "right"), ("", "left")):
+        t.add_column(col, justify=just)
+    for i, est in enumerate(rows, 1):
+        cl = est.scenario.cluster
+        mark = "*" if pareto and (i - 1) in pareto else ""
+        if not est.fits or est.time is None or est.run is None:
+            t.add_row(str(i), cl.gpu.key, str(cl.world_size), f"{cl.gpu.memory_gib:.0f}", str(est.max_micro_batch_size),
+                      "-", "-", "-", "-", "-", "-", f"[red]{est.reason or 'no fit'}[/red]")
+            continue
+        r = est.run
+        t.add_row(str(i), cl.gpu.key, str(cl.world_size), f"{cl.gpu.memory_gib:.0f}", str(est.micro_batch_size),
+                  f"{est.memory.peak_bytes / 2**30:.1f}", f"{est.time.samples_per_s:.2f}", f"{est.time.tokens_per_s:,.0f}",
+                  _fmt_usd(r.usd_per_gpu_hour), _fmt_hours(r.hours), _fmt_usd(r.usd), mark)
+    return t
+
+
+def simple_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> Table:
+    t = Table(title=title, title_justify="left")
+    for c in columns:
+        t.add_column(c)
+    for r in rows:
+        t.add_row(*[str(x) for x in r])
+    return t

@@ -1,0 +1,1 @@
+"""Inputs: model, hardware, optimization mix, workload, and the scenario that ties them together."""

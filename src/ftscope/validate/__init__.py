@@ -1,0 +1,1 @@
+"""Predicted vs measured: published cases and profile runs, with honest error figures."""

@@ -1,0 +1,130 @@
+"""Fit the time model's efficiency parameters to measured times (scipy least squares on log ratios).
+
+Shared parameters are fitted on every case at once, so a GPU nobody measured still gets the physics (its
+datasheet peaks) times efficiencies learned elsewhere. Per-GPU refits are optional (`per_gpu=True`) and only
+for GPUs with enough points. Cross-validation refits without one case, GPU or model and predicts it.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import asdict, dataclass, replace
+from typing import Callable, Sequence
+
+from ..estimate import estimate
+from ..estimate.efficiency import Calibration, Efficiency
+from ..estimate.time import step_time
+from .compare import TIME_METRICS, Check
+
+# (name, lower, upper): bounds keep every parameter physical
+FIT_PARAMS: tuple[tuple[str, float, float], ...] = (
+    ("matmul", 0.2, 0.95),
+    ("matmul_half_rows", 1.0, 4096.0),
+    ("attention", 0.1, 0.9),
+    ("bandwidth", 0.3, 0.95),
+    ("dequant_bandwidth", 0.1, 0.95),
+    ("kernel_floor_us", 1.0, 200.0),
+    ("step_overhead_s", 0.001, 2.0),
+    ("expert_dispatch_us", 1.0, 20000.0),
+)
+
+
+@dataclass(frozen=True)
+class TimePoint:
+    """A measured time metric with the pieces needed to recompute it fast for any Efficiency."""
+
+    check: Check
+    batch: int
+    trainable: int
+
+    def predict(self, eff: Efficiency) -> float:
+        t = step_time(self.check.scenario, self.batch, eff, self.trainable)
+        m = self.check.metric
+        b = t.breakdown_s
+        passes = 3.0 if self.check.scenario.mix.gradient_checkpointing else 2.0
+        return {
+            "samples_per_s": lambda: t.samples_per_s, "tokens_per_s": lambda: t.tokens_per_s, "step_s": lambda: t.step_s,
+            "forward_s": lambda: b["forward"] + b["dequant"] / passes,
+            "backward_s": lambda: b["backward"] + b["recompute"] + b["dequant"] * (passes - 1) / passes,
+            "optimizer_s": lambda: b["optimizer"],
+        }[m]()
+
+
+def time_points(checks: Sequence[Check]) -> list[TimePoint]:
+    out = []
+    for c in checks:
+        if c.metric not in TIME_METRICS:
+            continue
+        est = estimate(c.scenario, strict=False, with_time=False)
+        out.append(TimePoint(c, est.micro_batch_size, est.model_memory.trainable_params))
+    return out
+
+
+def _to_x(eff: Efficiency, names: Sequence[str]) -> list[float]:
+    return [math.log(getattr(eff, n)) for n in names]
+
+
+def _from_x(x: Sequence[float], base: Efficiency, names: Sequence[str]) -> Efficiency:
+    return replace(base, **{n: math.exp(v) for n, v in zip(names, x)})
+
+
+def fit(points: Sequence[TimePoint], base: Efficiency = Efficiency(),
+        params: Sequence[tuple[str, float, float]] = FIT_PARAMS) -> tuple[Efficiency, float]:
+    """Least-squares fit of the parameters on log(predicted / measured); returns (efficiency, rms log error)."""
+    import numpy as np
+    from scipy.optimize import least_squares
+
+    names = [p[0] for p in params]
+    lo = np.log([p[1] for p in params])
+    hi = np.log([p[2] for p in params])
+    x0 = np.clip(np.array(_to_x(base, names)), lo + 1e-9, hi - 1e-9)
+
+    def residuals(x):
+        eff = _from_x(x, base, names)
+        return np.array([math.log(max(p.predict(eff), 1e-12) / p.check.measured) for p in points])
+
+    res = least_squares(residuals, x0, bounds=(lo, hi), method="trf", x_scale="jac", max_nfev=400)
+    eff = _from_x(res.x, base, names)
+    rms = float(np.sqrt(np.mean(res.fun ** 2))) if len(res.fun) else 0.0
+    return eff, rms
+
+
+def abs_pct_errors(points: Sequence[TimePoint], eff: Efficiency) -> list[float]:
+    return [abs(p.predict(eff) / p.check.measured - 1) * 100 for p in points]
+
+
+def calibrate(checks: Sequence[Check], sources: Sequence[str]) -> Calibration:
+    """The shared fit over every time measurement, with provenance."""
+    pts = time_points(checks)
+    eff, rms = fit(pts)
+    errs = abs_pct_errors(pts, eff)
+    prov = {
+        "method": "scipy least_squares on log(predicted/measured), shared across GPUs",
+        "sources": list(sources),
+        "points": len(pts),
+        "gpus": sorted({p.check.scenario.cluster.gpu.key for p in pts}),
+        "fitted_parameters": [p[0] for p in FIT_PARAMS],
+        "in_sample_median_abs_pct_error": round(statistics.median(errs), 2) if errs else None,
+        "rms_log_error": round(rms, 4),
+    }
+    return Calibration(shared=_rounded(eff), per_gpu={}, provenance=prov)
+
+
+def _rounded(eff: Efficiency) -> Efficiency:
+    return replace(eff, **{k: float(f"{v:.4g}") for k, v in asdict(eff).items()})
+
+
+def cross_validate(points: Sequence[TimePoint], key: Callable[[TimePoint], str]) -> dict[str, dict[str, float]]:
+    """Leave-one-group-out: fit without a group, predict it. Returns per group the median/max abs % error."""
+    groups: dict[str, list[TimePoint]] = {}
+    for p in points:
+        groups.setdefault(key(p), []).append(p)
+    out = {}
+    for g, held in sorted(groups.items()):
+        train = [p for p in points if key(p) != g]
+        if not train:
+            continue
+        eff, _ = fit(train)
+        errs = abs_pct_errors(held, eff)
+        out[g] = {"n": len(held), "median": statistics.median(errs), "max": max(errs)}
+    return out

@@ -1,0 +1,155 @@
+"""Turn cases into checks (one measured number each) and compare them with the estimator.
+
+Memory numbers are compared in the metric the source measured: allocated -> memory.allocated_gib,
+reserved -> memory.peak_gib, nvidia-smi -> memory.device_gib (reserved + CUDA context). A source that does
+not say ("unknown", or "GB" in a README) is compared as nvidia-smi, the number people usually quote.
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from ..errors import FtscopeError
+from ..estimate import estimate
+from ..estimate.efficiency import Calibration, load_calibration
+from ..spec.scenario import Scenario, apply_overrides, scenario_from_dict
+from .cases import Case
+
+MEMORY_FIELD = {"allocated": "allocated_gib", "reserved": "peak_gib", "smi": "device_gib", "unknown": "device_gib"}
+TIME_METRICS = ("samples_per_s", "tokens_per_s", "step_s", "forward_s", "backward_s", "optimizer_s")
+# ms-swift's setups as overrides of the case's scenario
+SETUP_OVERRIDES = {
+    "lora_1gpu": [], "qlora_bnb4_1gpu": ["mix.method=qlora"], "full_1gpu": ["mix.method=full"],
+    "lora_ddp_2gpu": ["hardware.gpus_per_node=2"], "lora_zero2_2gpu": ["hardware.gpus_per_node=2", "mix.zero_stage=2"],
+    "lora_zero3_2gpu": ["hardware.gpus_per_node=2", "mix.zero_stage=3"],
+}
+LADDER_STEPS = {"plus_packing": []}  # later ladder steps add torch.compile / chunked CE, which ftscope does not model
+
+
+@dataclass(frozen=True)
+class Check:
+    """One measured number and the scenario that produced it."""
+
+    case_id: str
+    group: str
+    metric: str
+    measured: float
+    scenario: Scenario
+    note: str = ""
+
+    def predict(self, calibration: Calibration | None = None) -> float:
+        est = estimate(self.scenario, strict=False, calibration=calibration)
+        m = self.metric
+        if m == "max_micro_batch_size":
+            return float(est.max_micro_batch_size)
+        if m.startswith("peak_gib"):
+            return est.to_dict()["memory"][MEMORY_FIELD[m.split(":")[1]]]
+        if est.time is None:
+            return float("nan")
+        t = est.time
+        if m == "samples_per_s":
+            return t.samples_per_s
+        if m == "tokens_per_s":
+            return t.tokens_per_s
+        if m == "step_s":
+            return t.step_s
+        b = t.breakdown_s
+        # profilers put dequantization inside the pass that triggers it: one forward, the rest in backward
+        passes = 3.0 if self.scenario.mix.gradient_checkpointing else 2.0
+        if m == "forward_s":
+            return b["forward"] + b["dequant"] / passes
+        if m == "backward_s":
+            return b["backward"] + b["recompute"] + b["dequant"] * (passes - 1) / passes
+        if m == "optimizer_s":
+            return b["optimizer"]
+        raise FtscopeError(f"unknown metric {m}")
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    case_id: str
+    group: str
+    metric: str
+    predicted: float
+    measured: float
+    note: str
+
+    @property
+    def error_pct(self) -> float:
+        return (self.predicted - self.measured) / self.measured * 100.0 if self.measured else float("nan")
+
+    @staticmethod
+    def fmt(v: float) -> str:
+        return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"case": self.case_id, "group": self.group, "metric": self.metric, "predicted": self.predicted,
+                "measured": self.measured, "error_pct": self.error_pct, "note": self.note}
+
+
+def _scn(case: Case, overrides: Sequence[str]) -> Scenario:
+    return scenario_from_dict(apply_overrides(dict(case.scenario), list(overrides)))
+
+
+def case_checks(case: Case) -> list[Check]:
+    """Every number a case measured, each with the scenario variant that measured it."""
+    me = case.measured
+    out: list[Check] = []
+
+    def add(metric: str, value: Any, overrides: Sequence[str] = (), note: str = "") -> None:
+        if value is None:
+            return
+        out.append(Check(case.id, case.group, metric, float(value), _scn(case, overrides), note))
+
+    metric_name = str(me.get("memory_metric", "unknown"))
+    mem_note = f"memory as {MEMORY_FIELD[metric_name].replace('_gib', '')} (source: {metric_name})"
+    for b, v in (me.get("samples_per_s_by_batch") or {}).items():
+        add("samples_per_s", v, [f"workload.micro_batch_size={b}"], f"batch {b}")
+    if "max_micro_batch_size" in me:
+        add("max_micro_batch_size", me["max_micro_batch_size"], ["workload.micro_batch_size=1"])
+    for key, v in (me.get("max_micro_batch_size_by_top_k") or {}).items():
+        add("max_micro_batch_size", v, ["workload.micro_batch_size=1", f"mix.experts_top_k={key[3:]}"], key)
+    for key, by_batch in (me.get("step_s_by_top_k_and_batch") or {}).items():
+        for b, stages in by_batch.items():
+            ov = [f"workload.micro_batch_size={b}", f"mix.experts_top_k={key[3:]}"]
+            add("step_s", sum(stages.values()), ov, f"{key} batch {b}")
+            for stage in ("forward", "backward", "optimizer"):
+                add(f"{stage}_s", stages.get(stage), ov, f"{key} batch {b}")
+    for key in ("tokens_per_s", "step_s"):
+        add(key, me.get(key))
+    if "peak_gib" in me:
+        add(f"peak_gib:{metric_name}", me["peak_gib"], (), mem_note)
+    for setup, v in (me.get("peak_by_setup_gib") or {}).items():
+        if setup in SETUP_OVERRIDES:
+            add(f"peak_gib:{metric_name}", v, SETUP_OVERRIDES[setup], f"{setup}; {mem_note}")
+    ladder = me.get("ladder_peak_active_gib_and_tokens_per_s") or {}
+    for step, ov in LADDER_STEPS.items():
+        if step in ladder:
+            gib, tps = ladder[step]
+            add("peak_gib:allocated", gib, ov, f"{step}; torchtune 'peak active' = allocated")
+            add("tokens_per_s", tps, ov, step)
+    return out
+
+
+def all_checks(cases: Sequence[Case]) -> list[Check]:
+    return [c for case in cases for c in case_checks(case)]
+
+
+def run_validation(cases: Sequence[Case], calibration: Calibration | str | None = None) -> list[CheckResult]:
+    cal = calibration if isinstance(calibration, Calibration) else load_calibration(calibration)
+    return [CheckResult(c.case_id, c.group, c.metric, c.predict(cal), c.measured, c.note) for c in all_checks(cases)]
+
+
+def metric_family(metric: str) -> str:
+    return "peak_gib" if metric.startswith("peak_gib") else metric
+
+
+def summary(results: Sequence[CheckResult]) -> dict[str, dict[str, float]]:
+    """Median and max absolute % error per metric family."""
+    by: dict[str, list[float]] = {}
+    for r in results:
+        e = abs(r.error_pct)
+        if e == e:
+            by.setdefault(metric_family(r.metric), []).append(e)
+    return {k: {"n": len(v), "median": statistics.median(v), "max": max(v)} for k, v in sorted(by.items())}

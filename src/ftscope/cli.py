@@ -30,7 +30,10 @@ def _print_json(data: Any) -> None:
 
 def _console():
     from rich.console import Console
-    return Console()
+    con = Console()
+    if not con.is_terminal:  # piped or captured: don't wrap tables at 80 columns
+        con = Console(width=160)
+    return con
 
 
 def _split(value: Optional[str]) -> list[str]:
@@ -220,6 +223,7 @@ def calibrate(
     cases: Optional[List[Path]] = typer.Option(None, "--cases", help="Case files to fit on (default: the bundled cases)."),
     out: Optional[Path] = typer.Option(None, "--out", help="Write the calibration JSON here (default: print it)."),
     cv: bool = typer.Option(False, "--cv", help="Also print leave-one-case/GPU/model-out cross-validation errors."),
+    baseline: Optional[str] = typer.Option(None, "--baseline", help="Also fit a baseline model on the same data: iiswc."),
     json_out: bool = JSON_OPT,
 ) -> None:
     """Fit the time model's efficiency parameters to measured times; `--cv` says how well it predicts
@@ -239,6 +243,13 @@ def calibrate(
             "leave_one_gpu_out": cross_validate(pts, lambda p: p.check.scenario.cluster.gpu.key),
             "leave_one_model_out": cross_validate(pts, lambda p: p.check.scenario.model.name),
         }
+    if baseline is not None:
+        if baseline != "iiswc":
+            raise FtscopeError(f"unknown baseline '{baseline}' (known: iiswc)")
+        from dataclasses import asdict
+        from .validate.iiswc import max_batch_fit, throughput_fit
+        data["baseline_iiswc"] = [asdict(r) for r in (throughput_fit(checks), max_batch_fit(checks)) if r]
+        data["baseline_iiswc_held_out_gpu"] = "not defined: Eq. 2 has no GPU term and is refitted per GPU"
     text = json.dumps(data, indent=2) + "\n"
     if out is not None:
         out.write_text(json.dumps(cal.to_dict(), indent=2) + "\n")
@@ -250,6 +261,11 @@ def calibrate(
     con.print(simple_table(f"fitted efficiencies -> {out}", ["parameter", "value"],
                            [[k, v] for k, v in data["shared"].items()]))
     con.print(f"in-sample median abs error {cal.provenance['in_sample_median_abs_pct_error']}% over {cal.provenance['points']} points")
+    if "baseline_iiswc" in data:
+        con.print(simple_table("IISWC baseline, fitted in-sample on the same data", ["metric", "n", "median", "max", "how"],
+                               [[r["metric"], r["n"], f"{r['median_abs_pct']:.1f}%", f"{r['max_abs_pct']:.1f}%", r["how"]]
+                                for r in data["baseline_iiswc"]]))
+        con.print("IISWC baseline on a held-out GPU: " + data["baseline_iiswc_held_out_gpu"])
     for name, groups in data.get("cross_validation", {}).items():
         con.print(simple_table(name.replace("_", " ") + " (fit without it, predict it)", ["held out", "n", "median", "max"],
                                [[g, v["n"], f"{v['median']:.1f}%", f"{v['max']:.1f}%"] for g, v in groups.items()]))

@@ -43,20 +43,19 @@ def estimate(scn: Scenario, margin: float = DEFAULT_MARGIN, strict: bool = True,
     reason = unsupported_reason(scn)
     if reason and strict:
         raise FtscopeError(reason)
-    from ..plan.solvers import max_micro_batch, max_seq_len  # the plan layer's solvers read only MemoryModel
+    from ..plan.solvers import max_micro_batch  # the plan layer's solvers read only MemoryModel
 
     mem = memory_model(scn)
     wl = scn.workload
     seq = wl.peak_seq_len()
     max_b = max_micro_batch(mem, seq, margin)
     batch = (max_b or 1) if wl.solve_batch else int(wl.micro_batch_size)
-    max_s = max_seq_len(mem, batch, margin)
     breakdown = mem.breakdown(batch, seq)
     if reason is None and breakdown.peak_bytes > mem.capacity_bytes * (1 - margin):
         reason = (f"does not fit: needs {breakdown.peak_bytes / 2**30:.1f} GiB per GPU at micro-batch {batch}, "
                   f"seq {seq}; {scn.cluster.gpu.key} has {mem.capacity_bytes / 2**30:.1f} GiB usable")
     result = Estimate(scenario=scn, micro_batch_size=batch, seq_len=seq, memory=breakdown, model_memory=mem,
-                      max_micro_batch_size=max_b, max_seq_len=max_s, margin=margin, reason=reason,
+                      max_micro_batch_size=max_b, margin=margin, reason=reason,
                       warnings=_warnings(scn, seq))
     if with_time:
         from .time import attach_time

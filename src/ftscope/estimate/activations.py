@@ -13,6 +13,7 @@ Counted from what the HF implementations save (checked against fake-tensor trace
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from ..spec.mix import Mix
 from ..spec.model import Layer, Linear, ModelSpec
@@ -44,11 +45,11 @@ class ActivationCoefficients:
     """Gradient buffers of the loss at the start of backward."""
 
 
-def _trained(lin: Linear, mix: Mix, lora: set[int]) -> bool:
+def _trained(lin: Linear, mix: Mix, lora: frozenset[int]) -> bool:
     return mix.method == "full" or id(lin) in lora
 
 
-def _block_bytes(layer: Layer, model: ModelSpec, mix: Mix, lora: set[int], top_k: int) -> tuple[float, float]:
+def _block_bytes(layer: Layer, model: ModelSpec, mix: Mix, lora: frozenset[int], top_k: int) -> tuple[float, float]:
     """(bytes per token, bytes per token per context token) that one block saves."""
     a = model.arch
     h = a.hidden_size
@@ -97,7 +98,7 @@ def _block_bytes(layer: Layer, model: ModelSpec, mix: Mix, lora: set[int], top_k
     return total, quad
 
 
-def _ffn_bytes(layer: Layer, model: ModelSpec, mix: Mix, lora: set[int], top_k: int, c: int, inp) -> float:
+def _ffn_bytes(layer: Layer, model: ModelSpec, mix: Mix, lora: frozenset[int], top_k: int, c: int, inp) -> float:
     a = model.arch
     h = a.hidden_size
     roles = {lin.role for lin in layer.linears}
@@ -125,9 +126,10 @@ def _ffn_bytes(layer: Layer, model: ModelSpec, mix: Mix, lora: set[int], top_k: 
     return total
 
 
+@lru_cache(maxsize=8192)
 def activation_coefficients(model: ModelSpec, mix: Mix, top_k: int) -> ActivationCoefficients:
     """Per-token (and per token x context) saved bytes for this model and mix, on one GPU."""
-    lora = {id(lin) for lin, _ in model.lora_targets(mix.lora_targets)} if mix.trains_lora else set()
+    lora = model.lora_target_ids(mix.lora_targets) if mix.trains_lora else frozenset()
     saved = quad = 0.0
     worst = worst_q = 0.0
     for layer, n in model.layer_groups:

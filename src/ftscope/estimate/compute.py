@@ -12,7 +12,7 @@ from ..spec.scenario import Scenario
 from .memory import NF4_BYTES
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Op:
     """Forward work of one operation kind in one micro-batch (summed over the blocks holding it)."""
 
@@ -46,14 +46,13 @@ def micro_batch_ops(scn: Scenario, batch: int, seq: float) -> list[Op]:
     tokens = batch * seq
     top_k = scn.top_k
     full = mix.method == "full"
-    lora = {id(lin) for lin, _ in m.lora_targets(mix.lora_targets)} if mix.trains_lora else set()
+    lora = m.lora_target_ids(mix.lora_targets) if mix.trains_lora else frozenset()
     rank = mix.lora_rank
     ops: list[Op] = []
     causal = 0.5 if mix.attention in ("flash", "sdpa") else 1.0  # fused kernels skip masked blocks
     for layer, n in m.layer_groups:
         for lin in layer.linears:
-            trained = full or False
-            bwd = 2.0 if trained else 1.0
+            bwd = 2.0 if full else 1.0  # frozen weights need input gradients only
             w = lin.in_features * lin.out_features
             lt = lin.group if lin.group in ("attention", "mlp", "experts", "router", "mamba") else (
                 "experts" if lin.group == "shared_expert" else "router")
@@ -128,3 +127,14 @@ def model_flops(scn: Scenario, tokens: float, seq: float) -> float:
         n_att = sum(n for layer, n in m.layer_groups if layer.mixer == "attention")
         attn = 2.0 * tokens * seq * a.num_heads * a.head_dim * n_att * 3.0  # fwd 2*s*d*heads (causal half of 4), bwd 2x
     return factor * active * tokens + attn
+
+
+def step_flops(scn: Scenario, batch: int, seq: float) -> dict[str, float]:
+    """FLOPs one micro-batch executes: forward, backward and recompute (what a FLOP counter would report)."""
+    fwd = bwd = rec = 0.0
+    for op in micro_batch_ops(scn, batch, seq):
+        fwd += op.flops
+        bwd += op.flops * op.backward
+        if scn.mix.gradient_checkpointing and op.recompute:
+            rec += op.flops
+    return {"forward": fwd, "backward": bwd, "recompute": rec, "total": fwd + bwd + rec}

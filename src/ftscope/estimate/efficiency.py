@@ -61,7 +61,7 @@ class Calibration:
         key = gpu_key.rstrip("*")
         if key in self.per_gpu:
             return self.per_gpu[key], True
-        return self.shared, False
+        return self.shared, key in self.provenance.get("gpus", ())
 
     def to_dict(self) -> dict[str, Any]:
         return {"shared": asdict(self.shared),

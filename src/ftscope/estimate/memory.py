@@ -46,7 +46,7 @@ class MemoryBreakdown:
     peak_bytes: float
     """What torch.cuda.max_memory_reserved would show."""
     allocated_bytes: float
-    """What torch.cuda.max_memory_allocated would show."""
+    """Tensor bytes at that phase (torch.cuda.max_memory_allocated; another phase may allocate slightly more)."""
     phase: str
     categories: dict[str, float]
     """weights, gradients, optimizer, activations, temporary, overhead (bytes) at the peak phase."""
@@ -90,40 +90,53 @@ class MemoryModel:
         layer = a.layer_per_token * t + a.layer_per_token_quadratic * t * seq
         return saved, layer
 
-    def breakdown(self, batch: float, seq: float) -> MemoryBreakdown:
+    def _phases(self, batch: float, seq: float) -> tuple[tuple[str, float, float, float, float], ...]:
+        """(phase, gradients, activations, temporary, allocated) for each point where memory can peak:
+        end of forward, start of backward (all activations + loss gradients), end of backward (all
+        gradients), optimizer step."""
         a = self.acts
         t = batch * seq
         saved, layer = self.activation_bytes(batch, seq)
-        static = self.weights + self.optimizer
         recompute = layer if self.checkpointing else 0.0
+        static = self.weights + self.optimizer
+        wt = self.weight_transient
+        g_fwd = self.gradients_in_forward
+        g_end = max(self.gradients, g_fwd)
         fwd_act = saved + a.logits_forward_extra_per_token * t
-        fwd = static + self.gradients_in_forward + fwd_act + self.weight_transient
-        # backward starts with every activation and the loss gradients, and ends with every gradient
-        bwd_start_act = saved + a.logits_backward_extra_per_token * t + recompute
-        bwd_start = static + self.gradients_in_forward + bwd_start_act + self.weight_transient
-        bwd_end_act = layer + recompute
-        bwd_end = static + max(self.gradients, self.gradients_in_forward) + bwd_end_act + self.weight_transient
-        opt = static + self.gradients + self.optimizer_transient
-        phases = {"forward": fwd, "backward": max(bwd_start, bwd_end), "optimizer": opt}
-        phase = max(phases, key=phases.__getitem__)
-        if phase == "forward":
-            act, temp, grads = fwd_act, self.weight_transient, self.gradients_in_forward
-        elif phase == "backward" and bwd_start >= bwd_end:
-            act, temp, grads = bwd_start_act, self.weight_transient, self.gradients_in_forward
-        elif phase == "backward":
-            act, temp, grads = bwd_end_act, self.weight_transient, max(self.gradients, self.gradients_in_forward)
-        else:
-            act, temp, grads = 0.0, self.optimizer_transient, self.gradients
+        bwd_act = saved + a.logits_backward_extra_per_token * t + recompute
+        end_act = layer + recompute
+        return (
+            ("forward", g_fwd, fwd_act, wt, static + g_fwd + fwd_act + wt),
+            ("backward", g_fwd, bwd_act, wt, static + g_fwd + bwd_act + wt),
+            ("backward", g_end, end_act, wt, static + g_end + end_act + wt),
+            ("optimizer", self.gradients, 0.0, self.optimizer_transient,
+             static + self.gradients + self.optimizer_transient),
+        )
+
+    def _overhead(self, act: float, temp: float) -> float:
         al = self.allocator
-        overhead = al.workspace_gib * GIB + al.fragmentation * (act + temp)
-        allocated = phases[phase]
+        return al.workspace_gib * GIB + al.fragmentation * (act + temp)
+
+    def breakdown(self, batch: float, seq: float) -> MemoryBreakdown:
+        """Memory at the phase where reserved memory (allocated + allocator overhead) peaks."""
+        phases = self._phases(batch, seq)
+        best = max(phases, key=lambda p: p[4] + self._overhead(p[2], p[3]))
+        name, grads, act, temp, allocated = best
+        overhead = self._overhead(act, temp)
+        per_phase: dict[str, float] = {}
+        for p in phases:
+            per_phase[p[0]] = max(per_phase.get(p[0], 0.0), p[4])
         cats = {"weights": self.weights, "gradients": grads, "optimizer": self.optimizer, "activations": act,
                 "temporary": temp, "overhead": overhead}
-        return MemoryBreakdown(peak_bytes=allocated + overhead, allocated_bytes=allocated, phase=phase,
-                               categories=cats, phases=phases)
+        return MemoryBreakdown(peak_bytes=allocated + overhead, allocated_bytes=allocated, phase=name,
+                               categories=cats, phases=per_phase)
+
+    def peak_bytes(self, batch: float, seq: float) -> float:
+        """breakdown(batch, seq).peak_bytes without building the breakdown (the solvers' hot path)."""
+        return max(p[4] + self._overhead(p[2], p[3]) for p in self._phases(batch, seq))
 
     def fits(self, batch: float, seq: float, margin: float = 0.0) -> bool:
-        return self.breakdown(batch, seq).peak_bytes <= self.capacity_bytes * (1.0 - margin)
+        return self.peak_bytes(batch, seq) <= self.capacity_bytes * (1.0 - margin)
 
 
 def trainable_params(scn: Scenario) -> int:
@@ -162,7 +175,7 @@ def memory_model(scn: Scenario, allocator: AllocatorModel = DEFAULT_ALLOCATOR) -
 
     # frozen base weights
     if mix.method == "qlora":
-        quantized = sum(lin.params * k for lin, k in m.linears() if lin.group != "router")
+        quantized = m.quantizable_params()
         frozen_bytes = quantized * NF4_BYTES + (total - quantized) * 2.0
     else:
         frozen_bytes = frozen * (4.0 if fp32 else 2.0)

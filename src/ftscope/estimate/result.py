@@ -50,13 +50,22 @@ class Estimate:
     memory: MemoryBreakdown
     model_memory: MemoryModel
     max_micro_batch_size: int
-    max_seq_len: int
     margin: float
     time: TimeEstimate | None = None
     run: RunCost | None = None
     reason: str | None = None
     """Why the scenario cannot run (unsupported combination or does not fit); None when it can."""
     warnings: tuple[str, ...] = ()
+
+    @property
+    def max_seq_len(self) -> int:
+        """Largest sequence length that fits at this micro-batch (solved on first use: plan rarely needs it)."""
+        cached = self.__dict__.get("_max_seq_len")
+        if cached is None:
+            from ..plan.solvers import max_seq_len
+            cached = max_seq_len(self.model_memory, self.micro_batch_size, self.margin)
+            object.__setattr__(self, "_max_seq_len", cached)
+        return cached
 
     @property
     def fits(self) -> bool:

@@ -1,8 +1,13 @@
-"""Largest micro-batch and largest sequence length that fit: grow, then bisect, on the memory model.
+"""Largest micro-batch and largest sequence length that fit.
 
-Memory grows monotonically with batch and with sequence length, so bisection is exact on integers.
+Every phase's reserved bytes are exactly K + L*t + Q*t*s (t = batch x seq: activations, logits and allocator
+overhead scale with tokens; eager attention scores with tokens x seq). Three evaluations of the memory model
+give K, L, Q per phase, so both limits have closed forms; the answer is then checked against `fits` on both
+sides, so it is exact on integers whatever the rounding.
 """
 from __future__ import annotations
+
+import math
 
 from ..estimate.memory import MemoryModel
 
@@ -10,28 +15,57 @@ SEQ_CAP = 4_194_304
 BATCH_CAP = 65_536
 
 
-def _largest(fits, cap: int) -> int:
-    """Largest n in [1, cap] with fits(n), or 0 when even 1 does not fit."""
-    if not fits(1):
-        return 0
-    lo, hi = 1, 2
-    while hi <= cap and fits(hi):
-        lo, hi = hi, hi * 2
-    hi = min(hi, cap + 1)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if fits(mid):
-            lo = mid
-        else:
-            hi = mid
-    return lo
+def _phase_totals(mem: MemoryModel, batch: float, seq: float) -> list[float]:
+    return [p[4] + mem._overhead(p[2], p[3]) for p in mem._phases(batch, seq)]
+
+
+def _coefficients(mem: MemoryModel) -> list[tuple[float, float, float]]:
+    """(K, L, Q) per phase with total(b, s) = K + L*b*s + Q*b*s^2."""
+    p0, p1, p2 = (_phase_totals(mem, b, s) for b, s in ((0, 0), (1, 1), (1, 2)))
+    out = []
+    for k, a, b in zip(p0, p1, p2):
+        q = (b - 2 * a + k) / 2
+        out.append((k, a - k - q, q))
+    return out
+
+
+def _settle(guess: int, fits, cap: int) -> int:
+    """Nudge a closed-form guess to the exact largest integer n in [1, cap] with fits(n) (0 if none)."""
+    n = max(0, min(guess, cap))
+    while n > 0 and not fits(n):
+        n -= 1
+    while n < cap and fits(n + 1):
+        n += 1
+    return n
 
 
 def max_micro_batch(mem: MemoryModel, seq: float, margin: float = 0.0, cap: int = BATCH_CAP) -> int:
     """Largest micro-batch that fits at this (padded) sequence length; 0 if none."""
-    return _largest(lambda b: mem.fits(b, seq, margin), cap)
+    limit = mem.capacity_bytes * (1.0 - margin)
+    best = float(cap)
+    for k, lin, q in _coefficients(mem):
+        per_sample = lin * seq + q * seq * seq
+        if k > limit:
+            return 0
+        if per_sample > 0:
+            best = min(best, (limit - k) / per_sample)
+    return _settle(int(best), lambda b: mem.fits(b, seq, margin), cap)
 
 
 def max_seq_len(mem: MemoryModel, batch: int, margin: float = 0.0, cap: int = SEQ_CAP) -> int:
     """Largest sequence length that fits at this micro-batch; 0 if none."""
-    return _largest(lambda s: mem.fits(batch, s, margin), cap)
+    limit = mem.capacity_bytes * (1.0 - margin)
+    best = float(cap)
+    for k, lin, q in _coefficients(mem):
+        room = limit - k
+        if room < 0:
+            return 0
+        a, b = q * batch, lin * batch  # a s^2 + b s <= room
+        if a > 0:
+            s = (-b + math.sqrt(b * b + 4 * a * room)) / (2 * a)
+        elif b > 0:
+            s = room / b
+        else:
+            continue
+        best = min(best, s)
+    return _settle(int(best), lambda s: mem.fits(batch, s, margin), cap)

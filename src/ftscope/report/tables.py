@@ -59,6 +59,13 @@ def estimate_tables(est: Estimate) -> list[Table]:
     return tables
 
 
+def short_reason(est: Estimate) -> str:
+    """A few words for a table cell: 'needs 27.3 GiB' or the first clause of the reason."""
+    if est.reason and est.reason.startswith("does not fit"):
+        return f"needs {est.memory.peak_bytes / 2**30:.1f} GiB at b{est.micro_batch_size}"
+    return (est.reason or "no fit").split(";")[0].split(" (")[0]
+
+
 def plan_table(rows: Sequence[Estimate], pareto: set[int] | None = None, title: str = "") -> Table:
     t = Table(title=title, title_justify="left")
     for col, just in (("#", "right"), ("GPU", "left"), ("GPUs", "right"), ("mem GiB", "right"), ("max batch", "right"),
@@ -70,7 +77,7 @@ def plan_table(rows: Sequence[Estimate], pareto: set[int] | None = None, title: 
         mark = "*" if pareto and (i - 1) in pareto else ""
         if not est.fits or est.time is None or est.run is None:
             t.add_row(str(i), cl.gpu.key, str(cl.world_size), f"{cl.gpu.memory_gib:.0f}", str(est.max_micro_batch_size),
-                      "-", "-", "-", "-", "-", "-", f"[red]{est.reason or 'no fit'}[/red]")
+                      "-", "-", "-", "-", "-", "-", f"[red]{short_reason(est)}[/red]")
             continue
         r = est.run
         t.add_row(str(i), cl.gpu.key, str(cl.world_size), f"{cl.gpu.memory_gib:.0f}", str(est.micro_batch_size),

@@ -65,7 +65,7 @@ class Layer:
         return sum(lin.active_params for lin in self.linears) + self.other_params
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # identity hash: cheap cache key, presets are cached objects
 class ModelSpec:
     """A model's architecture and parameter layout, from its HF config.json."""
 
@@ -91,6 +91,9 @@ class ModelSpec:
 
     def active_params(self, top_k: int | None = None) -> int:
         """Parameters one token passes through (routed experts: top_k of them; embeddings included)."""
+        return _active(self, top_k)
+
+    def _active(self, top_k: int | None) -> int:
         total = self.embedding_params + self.lm_head_params + self.final_norm_params
         for layer, n in self.layer_groups:
             for lin in layer.linears:
@@ -125,22 +128,33 @@ class ModelSpec:
 
     def largest_linear_params(self) -> int:
         """Largest single matrix (a whole expert stack counts as one: ZeRO-3 gathers MoE blocks whole)."""
-        return max(lin.params for lin, _ in self.linears())
+        return _largest_linear(self)
 
     def largest_layer_params(self) -> int:
-        return max(layer.params for layer, _ in self.layer_groups)
+        return _largest_layer(self)
+
+    def quantizable_params(self) -> int:
+        """Parameters in block weight matrices (what bitsandbytes quantizes; routers stay in bf16)."""
+        return _quantizable(self)
 
     # ---- LoRA ---------------------------------------------------------------------------------------------
     def lora_targets(self, targets: str | Sequence[str]) -> list[tuple[Linear, int]]:
         """The matrices a LoRA target spec selects: 'all-linear', 'attention', 'mlp', or a list of names."""
+        return list(_lora_targets(self, targets if isinstance(targets, str) else tuple(targets)))
+
+    def lora_target_ids(self, targets: str | Sequence[str]) -> frozenset[int]:
+        """ids of the selected Linear objects (for fast membership tests)."""
+        return _lora_target_ids(self, targets if isinstance(targets, str) else tuple(targets))
+
+    def _select(self, targets: str | tuple[str, ...]) -> tuple[tuple[Linear, int], ...]:
         if isinstance(targets, str):
             if targets == "all-linear":
-                return [(lin, n) for lin, n in self.linears() if lin.group not in ("router",)]
+                return tuple((lin, n) for lin, n in self.linears() if lin.group not in ("router",))
             if targets == "attention":
-                return [(lin, n) for lin, n in self.linears() if lin.group in ("attention",)]
+                return tuple((lin, n) for lin, n in self.linears() if lin.group in ("attention",))
             if targets == "mlp":
-                return [(lin, n) for lin, n in self.linears() if lin.group in ("mlp", "experts", "shared_expert")]
-            targets = [targets]
+                return tuple((lin, n) for lin, n in self.linears() if lin.group in ("mlp", "experts", "shared_expert"))
+            targets = (targets,)
         chosen: list[tuple[Linear, int]] = []
         known = {name for lin, _ in self.linears() for name in lin.names}
         for name in targets:
@@ -152,11 +166,47 @@ class ModelSpec:
         for lin, n in self.linears():
             if any(t in lin.names for t in targets):
                 chosen.append((lin, n))
-        return chosen
+        return tuple(chosen)
 
     def lora_params(self, rank: int, targets: str | Sequence[str]) -> int:
         """Trainable LoRA parameters: A (r x in) and B (out x r) per targeted matrix and per expert."""
-        return sum(rank * (lin.in_features + lin.out_features) * lin.count * n for lin, n in self.lora_targets(targets))
+        key = targets if isinstance(targets, str) else tuple(targets)
+        return rank * _lora_width(self, key)
+
+
+@lru_cache(maxsize=4096)
+def _active(model: ModelSpec, top_k: int | None) -> int:
+    return model._active(top_k)
+
+
+@lru_cache(maxsize=1024)
+def _largest_linear(model: ModelSpec) -> int:
+    return max(lin.params for lin, _ in model.linears())
+
+
+@lru_cache(maxsize=1024)
+def _largest_layer(model: ModelSpec) -> int:
+    return max(layer.params for layer, _ in model.layer_groups)
+
+
+@lru_cache(maxsize=1024)
+def _quantizable(model: ModelSpec) -> int:
+    return sum(lin.params * k for lin, k in model.linears() if lin.group != "router")
+
+
+@lru_cache(maxsize=4096)
+def _lora_targets(model: ModelSpec, targets: str | tuple[str, ...]) -> tuple[tuple[Linear, int], ...]:
+    return model._select(targets)
+
+
+@lru_cache(maxsize=4096)
+def _lora_width(model: ModelSpec, targets: str | tuple[str, ...]) -> int:
+    return sum((lin.in_features + lin.out_features) * lin.count * n for lin, n in _lora_targets(model, targets))
+
+
+@lru_cache(maxsize=4096)
+def _lora_target_ids(model: ModelSpec, targets: str | tuple[str, ...]) -> frozenset[int]:
+    return frozenset(id(lin) for lin, _ in _lora_targets(model, targets))
 
 
 # ---- building from an Arch ---------------------------------------------------------------------------------

@@ -116,6 +116,59 @@ def plan(
 
 
 @app.command()
+def recommend(
+    scenario: Path = typer.Argument(..., help="Scenario YAML/JSON file: model, data and the mix to start from."),
+    overrides: Optional[List[str]] = typer.Argument(None, help="key.path=value overrides."),
+    gpus: Optional[str] = typer.Option(None, "--gpus", help="GPU budget(s) NAME:MAX_COUNT, e.g. a100-80gb:8,h100-80gb:4 "
+                                                            "(default: the scenario's GPU and count)."),
+    any_gpu: bool = typer.Option(False, "--any-gpu", help="Search every GPU type with a price, 1-8 GPUs."),
+    budget_usd: Optional[float] = typer.Option(None, "--budget-usd", help="Drop candidates whose run costs more."),
+    deadline_hours: Optional[float] = typer.Option(None, "--deadline-hours", help="Drop candidates that take longer."),
+    by: str = typer.Option("time", "--by", help="Rank by time, cost or memory."),
+    top: int = typer.Option(10, "--top", help="Rows to show."),
+    emit_dir: Optional[Path] = typer.Option(None, "--emit", help="Write the winner's DeepSpeed JSON, accelerate YAML "
+                                                                  "and Trainer/PEFT arguments here."),
+    json_out: bool = JSON_OPT,
+    calibration: Optional[Path] = CAL_OPT,
+) -> None:
+    """The best optimization mix for your model, data and GPUs: every valid combination of method,
+    checkpointing, ZeRO/FSDP, offload, attention, optimizer and GPU count, ranked and explained."""
+    from .plan.recommend import recommend as run_recommend
+    from .spec.scenario import load_scenario
+
+    scn = load_scenario(scenario, overrides or [])
+    result = run_recommend(scn, gpus=_split(gpus) or None, any_gpu=any_gpu, budget_usd=budget_usd,
+                           deadline_hours=deadline_hours, by=by, calibration=str(calibration) if calibration else None)
+    written = []
+    if emit_dir is not None and result.best is not None:
+        from .plan.emit import emit
+        from .plan.recommend import best_deepspeed
+        written = emit(result.best.scenario, result.best.estimate.micro_batch_size, emit_dir)
+        ds = best_deepspeed(result)
+        if ds is not None and ds is not result.best:  # the best ZeRO alternative, for DeepSpeed users
+            written += emit(ds.scenario, ds.estimate.micro_batch_size, emit_dir / "deepspeed")
+    if json_out:
+        data = result.to_dict()
+        data["emitted"] = [str(p) for p in written]
+        _print_json(data)
+        return
+    from .report.tables import recommend_table
+    con = _console()
+    counts = result.to_dict()["counts"]
+    con.print(recommend_table(result.rows[:top], f"{scn.model.name}: {counts['feasible']:,} of {counts['candidates']:,} "
+                                                 f"configurations run; top {min(top, counts['feasible'])} by {by}"))
+    if result.best is None:
+        con.print("[red]nothing fits[/red]: the first rejected candidates and why:")
+        for c in result.rows[:5]:
+            con.print(f"  {c.to_dict()['label']}: {c.reason}")
+        raise typer.Exit(1)
+    for line in result.explanation:
+        con.print(line)
+    for p in written:
+        con.print(f"wrote {p}")
+
+
+@app.command()
 def models(json_out: bool = JSON_OPT) -> None:
     """Bundled model presets (real HF config.json files) with parameter counts."""
     from . import catalog

@@ -42,7 +42,12 @@ class Efficiency:
     communication: float = 0.70
     """Fraction of link bandwidth collectives reach."""
     cpu_adam_params_per_s: float = 1.0e9
-    """Parameters per second DeepSpeed's CPU Adam updates (offloaded optimizer)."""
+    """Parameters per second DeepSpeed's CPU Adam updates (offloaded optimizer). Prior, not fitted."""
+    collective_latency_us: float = 50.0
+    """Fixed cost of one collective (launch + ring latency). Prior, not fitted: no published case times it."""
+    zero3_hook_us: float = 150.0
+    """DeepSpeed ZeRO-3's Python fetch/release hooks per parameterised module per pass (FSDP2 gathers per
+    block instead). Prior, not fitted: no published case times ZeRO-3."""
 
 
 PARAM_NAMES = tuple(f.name for f in fields(Efficiency))

@@ -41,27 +41,45 @@ def _ring(bytes_: float, n: int, gbs: float, eff: Efficiency, factor: float) -> 
     return factor * (n - 1) / n * bytes_ / (gbs * 1e9 * eff.communication)
 
 
+DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP's default gradient bucket
+
+
+def _param_modules(scn: Scenario) -> int:
+    """Modules holding parameters (linears, norms, LoRA A/B): what ZeRO-3 hooks fetch one by one."""
+    m = scn.model
+    lora = len(m.lora_targets(scn.mix.lora_targets)) if scn.mix.trains_lora else 0
+    per_layer = sum(len(layer.linears) * n + 2 * n for layer, n in m.layer_groups)
+    return per_layer + 2 * lora + 3
+
+
 def communication_s(scn: Scenario, eff: Efficiency, trainable: int) -> tuple[float, float]:
-    """(collective seconds per step that overlap backward, seconds that cannot overlap)."""
+    """(collective seconds per step that can overlap compute, seconds on the critical path)."""
     cl, mix, m = scn.cluster, scn.mix, scn.model
     n = cl.world_size
     if n <= 1:
         return 0.0, 0.0
     # the slowest link a ring crosses: the network when the job spans nodes
     gbs = min(cl.gpu.intra_node_gbs, cl.inter_node_gbs) if cl.nodes > 1 else cl.gpu.intra_node_gbs
+    lat = eff.collective_latency_us * 1e-6
     g_bytes = trainable * (2.0 if mix.precision != "fp32" else 4.0)
+    buckets = max(1.0, g_bytes / DDP_BUCKET_BYTES)
     stage = mix.shard_stage
     if stage == 0:
-        return _ring(g_bytes, n, gbs, eff, 2.0), 0.0                      # all-reduce of gradients
-    overlap = _ring(g_bytes, n, gbs, eff, 1.0)                             # reduce-scatter of gradients
-    exposed = _ring(trainable * 2.0, n, gbs, eff, 1.0)                     # all-gather of updated weights
+        return _ring(g_bytes, n, gbs, eff, 2.0) + buckets * lat, 0.0       # all-reduce of gradients
+    overlap = _ring(g_bytes, n, gbs, eff, 1.0) + buckets * lat              # reduce-scatter of gradients
+    exposed = _ring(trainable * 2.0, n, gbs, eff, 1.0) + buckets * lat     # all-gather of updated weights
     if stage == 3:
         from .memory import NF4_BYTES
         w_b = NF4_BYTES if mix.method == "qlora" else 2.0
-        passes = 3.0 if mix.gradient_checkpointing else 2.0                # forward, (recompute), backward
-        gathers = _ring(m.total_params * w_b, n, gbs, eff, passes * scn.workload.gradient_accumulation)
-        overlap += gathers
-        exposed = 0.0                                                      # ZeRO-3 gathers the next step's weights lazily
+        passes = (3.0 if mix.gradient_checkpointing else 2.0) * scn.workload.gradient_accumulation
+        gathers = _ring(m.total_params * w_b, n, gbs, eff, passes)
+        if mix.fsdp:  # FSDP2: one all-gather per block and pass
+            units = sum(k for _, k in m.layer_groups) + 1
+            overlap += gathers + units * passes * lat
+        else:         # DeepSpeed ZeRO-3: a fetch/release hook per parameterised module, on the critical path
+            modules = _param_modules(scn)
+            overlap += gathers + modules * passes * lat
+            exposed += modules * passes * eff.zero3_hook_us * 1e-6
     return overlap, exposed
 
 
@@ -105,7 +123,8 @@ def step_time(scn: Scenario, batch: int, eff: Efficiency, trainable: int) -> Tim
         w = scn.model.total_params * 2.0 / scn.cluster.world_size
         parts["optimizer"] += w * (3.0 if mix.gradient_checkpointing else 2.0) * ga / (gpu.host_link_gbs * 1e9 * eff.communication)
     overlap, exposed = communication_s(scn, eff, trainable)
-    hidden = min(overlap, 0.8 * parts["backward"])
+    # prefetching overlaps gathers with forward and recompute too, reduce-scatters with backward
+    hidden = min(overlap, 0.8 * (parts["forward"] + parts["backward"] + parts["recompute"]))
     parts["communication"] = overlap - hidden + exposed
     parts["other"] = eff.step_overhead_s + eff.microbatch_overhead_s * ga
     step = sum(parts.values())

@@ -93,3 +93,21 @@ def simple_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any
     for r in rows:
         t.add_row(*[str(x) for x in r])
     return t
+
+
+def recommend_table(rows, title: str) -> Table:
+    t = Table(title=title, title_justify="left")
+    for col, just in (("#", "right"), ("GPUs", "left"), ("mix", "left"), ("batch x GA", "right"), ("peak GiB", "right"),
+                      ("tokens/s", "right"), ("hours", "right"), ("$", "right")):
+        t.add_column(col, justify=just)
+    for i, c in enumerate(rows, 1):
+        s = c.scenario
+        if not c.feasible:
+            t.add_row(str(i), f"{s.cluster.world_size}x {s.cluster.gpu.key}", s.mix.label(), "-", "-", "-", "-",
+                      f"[red]{(c.reason or '')[:60]}[/red]")
+            continue
+        e = c.estimate
+        t.add_row(str(i), f"{s.cluster.world_size}x {s.cluster.gpu.key}", s.mix.label(),
+                  f"{e.micro_batch_size} x {s.workload.gradient_accumulation}", f"{e.memory.peak_bytes / 2**30:.1f}",
+                  f"{e.time.tokens_per_s:,.0f}", _fmt_hours(e.run.hours), _fmt_usd(e.run.usd))
+    return t

@@ -1,0 +1,127 @@
+"""Activation coefficients (estimate/activations.py): what autograd keeps per token, per block."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+import ftscope
+from ftscope.estimate.activations import LOSS_CHUNKS, activation_coefficients
+
+
+def scn(model="llama-3.2-1b", mix=None):
+    d = {"model": model, "hardware": {"gpu": "a100-80gb"}, "mix": {"attention": "flash", **(mix or {})},
+         "workload": {"micro_batch_size": 1, "seq_len": 512}}
+    return ftscope.load_scenario(d)
+
+
+def coeffs(model="llama-3.2-1b", **mix):
+    s = scn(model, mix)
+    return activation_coefficients(s.model, s.mix, s.top_k), s
+
+
+FIELDS = ("saved_per_token", "saved_per_token_quadratic", "layer_per_token", "layer_per_token_quadratic",
+          "checkpoint_per_token", "head_per_token", "logits_saved_per_token", "logits_forward_extra_per_token",
+          "logits_backward_extra_per_token")
+
+
+@pytest.mark.parametrize("model", ["llama-3.2-1b", "mixtral-8x7b", "qwen1.5-moe-a2.7b", "blackmamba-2.8b",
+                                   "deepseek-v2-lite", "phi-2", "falcon-180b", "gemma-2-9b"])
+@pytest.mark.parametrize("method", ["full", "lora", "qlora"])
+def test_coefficients_finite_and_non_negative(model, method):
+    a, _ = coeffs(model, method=method, attention="eager")
+    for f in FIELDS:
+        v = getattr(a, f)
+        assert math.isfinite(v) and v >= 0, f
+    assert a.saved_per_token > 0
+
+
+@pytest.mark.parametrize("fused", ["flash", "sdpa"])
+def test_only_eager_has_quadratic_terms(fused):
+    eager, _ = coeffs(attention="eager")
+    fast, _ = coeffs(attention=fused)
+    assert eager.saved_per_token_quadratic > 0 and eager.layer_per_token_quadratic > 0
+    assert fast.saved_per_token_quadratic == 0 and fast.layer_per_token_quadratic == 0
+
+
+def test_eager_scores_scale_with_heads_and_layers():
+    # fp32 softmax + a 16-bit copy: at least 4 bytes per head per query x key in every attention block
+    a, s = coeffs(attention="eager")
+    arch = s.model.arch
+    assert a.saved_per_token_quadratic >= 4 * arch.num_heads * s.model.num_layers
+    assert a.saved_per_token_quadratic <= 8 * arch.num_heads * s.model.num_layers
+
+
+def test_mamba_model_has_no_quadratic_term_even_with_eager():
+    a, s = coeffs("blackmamba-2.8b", attention="eager")
+    assert all(layer.mixer != "attention" for layer, _ in s.model.layer_groups)
+    assert a.saved_per_token_quadratic == 0
+
+
+def test_homogeneous_model_saves_layers_times_one_block():
+    a, s = coeffs("llama-2-7b")
+    assert len(s.model.layer_groups) == 1
+    assert a.saved_per_token == pytest.approx(a.layer_per_token * s.model.num_layers, rel=1e-12)
+
+
+def test_layer_is_the_largest_block():
+    a, s = coeffs("qwen1.5-moe-a2.7b")
+    assert a.layer_per_token <= a.saved_per_token
+    assert a.layer_per_token >= a.saved_per_token / s.model.num_layers
+
+
+def test_checkpointing_keeps_block_inputs_only():
+    lora, s = coeffs("llama-2-7b", method="lora")
+    h, layers = s.model.arch.hidden_size, s.model.num_layers
+    # one bf16 hidden state per block per token
+    assert lora.checkpoint_per_token == 2 * h * layers
+    assert lora.checkpoint_per_token < lora.saved_per_token / 5
+    # fp32 under full fine-tuning with AMP (fp32 parameters keep the residual stream in fp32)
+    full_fp32, _ = coeffs("llama-2-7b", method="full", precision="fp32", attention="sdpa")
+    assert full_fp32.checkpoint_per_token == 4 * h * layers
+
+
+def test_full_saves_more_than_lora_saves_more_than_attention_only():
+    full, _ = coeffs("llama-2-7b", method="full")
+    lora_all, _ = coeffs("llama-2-7b", method="lora", lora_targets="all-linear")
+    lora_att, _ = coeffs("llama-2-7b", method="lora", lora_targets="attention")
+    assert full.saved_per_token > lora_all.saved_per_token > lora_att.saved_per_token
+
+
+def test_lora_rank_adds_adapter_activations():
+    r8, s = coeffs("llama-2-7b", method="lora", lora_rank=8)
+    r64, _ = coeffs("llama-2-7b", method="lora", lora_rank=64)
+    # lora_A output (rank wide, 16-bit) for each of the 7 targeted matrices in each block
+    assert r64.saved_per_token - r8.saved_per_token == pytest.approx(2 * (64 - 8) * 7 * s.model.num_layers, rel=1e-9)
+
+
+def test_fp32_saves_more_than_bf16():
+    bf16, _ = coeffs(method="full", precision="bf16", attention="sdpa")
+    fp32, _ = coeffs(method="full", precision="fp32", attention="sdpa")
+    assert fp32.saved_per_token > bf16.saved_per_token
+
+
+def test_moe_expert_activations_linear_in_top_k():
+    by_k = {k: coeffs("mixtral-8x7b", method="qlora", experts_top_k=k)[0].saved_per_token for k in (1, 2, 4, 8)}
+    step = by_k[2] - by_k[1]
+    assert step > 0
+    assert by_k[4] - by_k[2] == pytest.approx(2 * step, rel=1e-9)
+    assert by_k[8] - by_k[4] == pytest.approx(4 * step, rel=1e-9)
+
+
+def test_standard_loss_keeps_fp32_logits():
+    a, s = coeffs("llama-3.1-8b", method="lora")
+    v = s.model.arch.vocab_size
+    assert a.logits_saved_per_token == 4 * v  # fp32 log-softmax of B x T x V
+    assert a.logits_forward_extra_per_token >= 4 * v
+
+
+def test_chunked_loss_upcasts_one_chunk_at_a_time():
+    std, s = coeffs("llama-3.1-8b", method="lora")
+    ch, _ = coeffs("llama-3.1-8b", method="lora", loss="chunked")
+    v = s.model.arch.vocab_size
+    assert ch.logits_saved_per_token == 2 * v  # bf16 logits only
+    assert ch.logits_forward_extra_per_token == pytest.approx(4 * v / LOSS_CHUNKS)
+    assert ch.logits_backward_extra_per_token < std.logits_backward_extra_per_token
+    # blocks are unaffected by the loss
+    assert ch.saved_per_token == std.saved_per_token

@@ -1,0 +1,139 @@
+"""Work per micro-batch (estimate/compute.py) against closed-form FLOP counts."""
+from __future__ import annotations
+
+import pytest
+
+import ftscope
+from ftscope.estimate.compute import micro_batch_ops, model_flops, step_flops
+
+
+def scn(model="llama-2-7b", mix=None, b=2, seq=128):
+    d = {"model": model, "hardware": {"gpu": "a100-80gb"}, "mix": {"attention": "flash", **(mix or {})},
+         "workload": {"micro_batch_size": b, "seq_len": seq}}
+    return ftscope.load_scenario(d)
+
+
+def matmul_params(model) -> int:
+    """Weights a token multiplies through: all block matrices (and norms) plus the LM head, which for tied
+    embeddings is the embedding matrix itself."""
+    m = model
+    head = m.lm_head_params if m.lm_head_params else m.arch.vocab_size * m.arch.hidden_size
+    return m.total_params - m.embedding_params - m.lm_head_params + head
+
+
+@pytest.mark.parametrize("model", ["llama-2-7b", "llama-2-13b", "mistral-7b"])
+def test_full_finetune_is_6_params_tokens(model):
+    b, seq = 2, 128
+    s = scn(model, {"method": "full"}, b, seq)
+    m = s.model
+    assert m.lm_head_params > 0  # untied: total - embedding = every matrix a token passes through
+    expected = 6 * (m.total_params - m.embedding_params) * b * seq
+    got = step_flops(s, b, seq)["total"]
+    assert got == pytest.approx(expected, rel=0.02)
+    assert got >= expected * 0.999  # attention only adds
+
+
+@pytest.mark.parametrize("model", ["llama-3.2-1b", "qwen2.5-7b"])
+def test_full_finetune_tied_or_untied_counts_the_lm_head_matmul(model):
+    b, seq = 2, 128
+    s = scn(model, {"method": "full"}, b, seq)
+    got = step_flops(s, b, seq)["total"]
+    assert got == pytest.approx(6 * matmul_params(s.model) * b * seq, rel=0.02)
+
+
+@pytest.mark.parametrize("model", ["llama-2-7b", "llama-3.2-1b"])
+def test_lora_is_about_4_params_tokens(model):
+    # frozen base: forward 2x + input gradients 1x = 3 x 2 FLOPs per weight per token (no weight gradients),
+    # plus small trained adapters
+    b, seq = 2, 128
+    s = scn(model, {"method": "lora"}, b, seq)
+    got = step_flops(s, b, seq)["total"]
+    assert got == pytest.approx(4 * matmul_params(s.model) * b * seq, rel=0.03)
+    full = step_flops(scn(model, {"method": "full"}, b, seq), b, seq)["total"]
+    assert got / full == pytest.approx(4 / 6, rel=0.03)
+
+
+def test_backward_twice_forward_for_full_once_for_frozen():
+    f = step_flops(scn(mix={"method": "full"}), 2, 128)
+    assert f["backward"] / f["forward"] == pytest.approx(2.0, rel=0.02)
+    q = step_flops(scn(mix={"method": "qlora", "lora_targets": "attention"}), 2, 128)
+    assert q["backward"] / q["forward"] == pytest.approx(1.0, rel=0.03)
+
+
+def test_gradient_checkpointing_recomputes_one_forward_of_the_blocks():
+    b, seq = 2, 128
+    plain = step_flops(scn(mix={"method": "full"}, b=b, seq=seq), b, seq)
+    gc = step_flops(scn(mix={"method": "full", "gradient_checkpointing": True}, b=b, seq=seq), b, seq)
+    assert plain["recompute"] == 0
+    s = scn()
+    head_fwd = 2 * b * seq * s.model.arch.hidden_size * s.model.arch.vocab_size  # LM head is outside the blocks
+    assert gc["recompute"] == pytest.approx(gc["forward"] - head_fwd, rel=1e-9)
+    assert gc["forward"] == pytest.approx(plain["forward"], rel=1e-12)
+    assert gc["total"] == pytest.approx(plain["total"] + gc["recompute"], rel=1e-12)
+
+
+def test_flops_linear_in_batch_and_superlinear_in_seq():
+    s = scn(mix={"method": "full"})
+    f1 = step_flops(s, 1, 1024)["total"]
+    f2 = step_flops(s, 2, 1024)["total"]
+    assert f2 == pytest.approx(2 * f1, rel=1e-9)
+    f_long = step_flops(s, 1, 2048)["total"]
+    assert f_long > 2 * f1  # causal attention grows with s^2
+
+
+def test_top8_does_more_expert_work_than_top2():
+    def expert_flops(k):
+        s = scn("mixtral-8x7b", {"method": "qlora", "experts_top_k": k}, 1, 256)
+        return sum(op.flops for op in micro_batch_ops(s, 1, 256) if op.layer == "experts"), step_flops(s, 1, 256)
+    e2, f2 = expert_flops(2)
+    e8, f8 = expert_flops(8)
+    assert e8 == pytest.approx(4 * e2, rel=1e-9)
+    assert f8["total"] > 2 * f2["total"]
+
+
+def test_mixtral_forward_matches_active_params():
+    # 2 FLOPs per active weight per token (top-2 of 8 experts), plus attention
+    b, seq = 1, 128
+    s = scn("mixtral-8x7b", {"method": "qlora", "experts_top_k": 2}, b, seq)
+    m = s.model
+    active = m.active_params(2) - m.embedding_params
+    assert step_flops(s, b, seq)["forward"] == pytest.approx(2 * active * b * seq, rel=0.02)
+
+
+def test_eager_attention_computes_the_masked_half():
+    def att(mode):
+        s = scn(mix={"attention": mode}, b=1, seq=4096)
+        return sum(op.flops for op in micro_batch_ops(s, 1, 4096) if op.kind == "attention")
+    assert att("eager") == pytest.approx(2 * att("flash"), rel=1e-9)
+    assert att("sdpa") == att("flash")
+
+
+def test_dequant_ops_only_for_qlora():
+    def dq(method):
+        s = scn(mix={"method": method}, b=1, seq=256)
+        return [op for op in micro_batch_ops(s, 1, 256) if op.kind == "dequant"]
+    assert dq("lora") == [] and dq("full") == []
+    ops = dq("qlora")
+    s = scn(mix={"method": "qlora"})
+    quantized = sum(lin.params * n for lin, n in s.model.linears() if lin.group != "router")
+    # every quantized weight is read in 4-bit and written in bf16 once per pass
+    assert sum(op.bytes for op in ops) >= 2 * quantized
+
+
+def test_backward_multipliers_follow_what_is_trained():
+    full = micro_batch_ops(scn(mix={"method": "full"}), 1, 128)
+    lora = micro_batch_ops(scn(mix={"method": "lora"}), 1, 128)
+    assert all(op.backward == 2.0 for op in full if op.kind == "matmul")
+    base = [op for op in lora if op.kind == "matmul" and op.layer in ("attention", "mlp", "lm_head")]
+    assert base and all(op.backward == 1.0 for op in base)
+    adapters = [op for op in lora if op.layer == "lora"]
+    assert adapters and all(op.backward == 2.0 for op in adapters)
+
+
+def test_model_flops_for_mfu():
+    b, seq = 2, 128
+    full = scn(mix={"method": "full"})
+    lora = scn(mix={"method": "lora"})
+    n = full.model.total_params - full.model.embedding_params
+    assert model_flops(full, b * seq, seq) == pytest.approx(6 * n * b * seq, rel=0.02)
+    assert model_flops(lora, b * seq, seq) == pytest.approx(4 * n * b * seq, rel=0.02)

@@ -1,0 +1,167 @@
+"""estimate() and Estimate.to_dict(): the JSON output contract of design.md, strictness and reasons."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+import ftscope
+from ftscope import FtscopeError
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+BREAKDOWN = {"weights", "gradients", "optimizer", "activations", "temporary", "overhead"}
+TIME_PARTS = {"forward", "backward", "recompute", "optimizer", "communication", "dequant", "other"}
+
+
+def scn(model="llama-3.2-1b", gpu="a100-80gb", mix=None, wl=None, hw=None):
+    d = {"model": model, "hardware": {"gpu": gpu, **(hw or {})}, "mix": {"attention": "flash", **(mix or {})},
+         "workload": {"micro_batch_size": 2, "seq_len": 512, **(wl or {})}}
+    return ftscope.load_scenario(d)
+
+
+def number(x):
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def check_contract(d):
+    json.loads(json.dumps(d))  # plain JSON
+    mem = d["memory"]
+    assert number(mem["peak_gib"]) and mem["peak_gib"] > 0
+    assert set(mem["breakdown_gib"]) >= BREAKDOWN
+    assert all(number(v) and v >= 0 for v in mem["breakdown_gib"].values())
+    assert mem["peak_phase"] in {"forward", "backward", "optimizer"}
+    assert number(mem["capacity_gib"]) and mem["capacity_gib"] > 0
+    assert isinstance(mem["fits"], bool)
+    lim = d["limits"]
+    for k in ("max_micro_batch_size", "max_seq_len"):
+        assert isinstance(lim[k], int) and not isinstance(lim[k], bool) and lim[k] >= 0
+    if d["time"] is not None:
+        t = d["time"]
+        for k in ("step_s", "tokens_per_s", "samples_per_s", "mfu"):
+            assert number(t[k]) and t[k] > 0, k
+        assert set(t["breakdown_s"]) >= TIME_PARTS
+    if d["run"] is not None:
+        r = d["run"]
+        assert number(r["hours"]) and number(r["gpu_hours"])
+        assert r["usd"] is None or number(r["usd"])
+    assert isinstance(d["scenario"], dict)
+
+
+@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.stem)
+def test_examples_follow_the_contract(path):
+    e = ftscope.estimate(ftscope.load_scenario(path))
+    d = e.to_dict()
+    check_contract(d)
+    assert d["time"] is not None and d["run"] is not None
+    # breakdown categories add up to the peak (rounded to 1e-3 GiB each)
+    assert sum(d["memory"]["breakdown_gib"].values()) == pytest.approx(d["memory"]["peak_gib"], abs=0.01)
+    assert sum(d["time"]["breakdown_s"].values()) == pytest.approx(d["time"]["step_s"], rel=1e-4, abs=1e-5)
+    assert d["memory"]["fits"] == (d["memory"]["peak_gib"] <= d["memory"]["capacity_gib"])
+
+
+def test_mixtral_qlora_example_solves_its_batch():
+    e = ftscope.estimate(ftscope.load_scenario(EXAMPLES / "iiswc-mixtral-qlora.yaml"))
+    d = e.to_dict()
+    assert e.scenario.workload.micro_batch_size == "max"
+    assert d["limits"]["max_micro_batch_size"] >= 1
+    assert e.micro_batch_size == d["limits"]["max_micro_batch_size"]
+    assert d["scenario"]["workload"]["micro_batch_size"] == e.micro_batch_size
+    assert d["memory"]["fits"] is True
+    assert d["scenario"]["model"] == "mixtral-8x7b"
+    assert d["scenario"]["hardware"]["gpu"] == "a40"
+    assert d["scenario"]["mix"]["lora_targets"] == ["w1", "w2", "w3", "gate"]
+
+
+def test_scenario_round_trips_through_the_json():
+    e = ftscope.estimate(scn(mix={"method": "qlora", "gradient_checkpointing": True}, hw={"gpus_per_node": 2}))
+    again = ftscope.estimate(ftscope.load_scenario(e.to_dict()["scenario"]))
+    a, b = e.to_dict(), again.to_dict()
+    assert a["memory"] == b["memory"] and a["limits"] == b["limits"] and a["time"] == b["time"]
+
+
+def test_limits_agree_with_the_memory_model():
+    e = ftscope.estimate(scn("llama-2-7b", mix={"method": "lora"}, wl={"micro_batch_size": 4, "seq_len": 1024}))
+    mm = e.model_memory
+    b, s = e.max_micro_batch_size, e.max_seq_len
+    assert mm.fits(b, 1024) and not mm.fits(b + 1, 1024)
+    assert mm.fits(4, s) and not mm.fits(4, s + 1)
+
+
+@pytest.mark.parametrize("gpu,mix,needle", [
+    ("t4", {"attention": "flash", "precision": "fp16-mixed"}, "FlashAttention"),
+    ("v100-32gb", {"attention": "flash", "precision": "fp16-mixed"}, "FlashAttention"),
+    ("t4", {"attention": "sdpa", "precision": "bf16-mixed"}, "bf16"),
+])
+def test_unsupported_mix_strict_raises_lenient_explains(gpu, mix, needle):
+    s = scn(gpu=gpu, mix=mix)
+    with pytest.raises(FtscopeError, match=needle):
+        ftscope.estimate(s, strict=True)
+    e = ftscope.estimate(s, strict=False)
+    assert e.fits is False
+    assert needle in e.reason
+    d = e.to_dict()
+    assert d["memory"]["fits"] is False and needle in d["reason"]
+    json.dumps(d)
+
+
+def test_supported_old_gpu_mix_works_strictly():
+    e = ftscope.estimate(scn(gpu="t4", mix={"attention": "sdpa", "precision": "fp16-mixed"}, wl={"micro_batch_size": 1}))
+    assert e.reason is None and e.fits
+
+
+def test_does_not_fit_has_a_reason_and_zero_limits():
+    e = ftscope.estimate(scn("llama-2-70b", "l4", mix={"method": "full"}, wl={"micro_batch_size": 1}))
+    assert not e.fits
+    assert "does not fit" in e.reason
+    assert e.max_micro_batch_size == 0 and e.max_seq_len == 0
+    d = e.to_dict()
+    assert d["memory"]["fits"] is False and d["limits"]["max_micro_batch_size"] == 0
+    assert d["memory"]["peak_gib"] > d["memory"]["capacity_gib"]
+    check_contract(d)
+
+
+def test_max_batch_that_nothing_fits_has_no_time():
+    e = ftscope.estimate(scn("llama-2-70b", "l4", mix={"method": "full"}, wl={"micro_batch_size": "max"}))
+    assert not e.fits and e.max_micro_batch_size == 0
+    d = e.to_dict()
+    check_contract(d)
+    json.dumps(d)
+
+
+def test_margin_keeps_memory_free():
+    s = scn("llama-2-7b", mix={"method": "lora"}, wl={"micro_batch_size": "max"})
+    plain = ftscope.estimate(s)
+    safe = ftscope.estimate(s, margin=0.2)
+    assert safe.max_micro_batch_size < plain.max_micro_batch_size
+    assert safe.memory.peak_bytes <= 0.8 * safe.model_memory.capacity_bytes
+    assert safe.to_dict()["limits"]["safety_margin"] == 0.2
+    for bad in (-0.1, 1.0, 2):
+        with pytest.raises(FtscopeError):
+            ftscope.estimate(s, margin=bad)
+
+
+def test_without_time():
+    e = ftscope.estimate(scn(), with_time=False)
+    assert e.time is None and e.run is None
+    d = e.to_dict()
+    assert d["time"] is None and d["run"] is None
+    check_contract(d)
+
+
+def test_warnings():
+    long = ftscope.estimate(scn("llama-2-7b", mix={"method": "lora"}, wl={"micro_batch_size": 1, "seq_len": 8192}),
+                            strict=False)
+    assert any("max_position_embeddings" in w for w in long.warnings)
+    q3 = ftscope.estimate(scn("llama-2-7b", mix={"method": "qlora", "zero_stage": 3}, hw={"gpus_per_node": 2}))
+    assert any("QLoRA" in w for w in q3.to_dict()["warnings"])
+    assert ftscope.estimate(scn()).warnings == ()
+
+
+def test_model_fields():
+    e = ftscope.estimate(scn("mixtral-8x7b", mix={"method": "qlora", "experts_top_k": 8}))
+    m = e.to_dict()["model"]
+    assert m["total_params"] == 46_702_792_704
+    assert m["active_params"] > 12_879_925_248  # top-8 runs every expert
+    assert m["trainable_params"] == e.model_memory.trainable_params < m["total_params"]

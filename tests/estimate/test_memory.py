@@ -1,0 +1,282 @@
+"""Per-GPU memory model (estimate/memory.py): phases, categories, sharding, offload, and the effect of each
+optimization. Expected byte counts are derived from parameter counts and dtype sizes, not from the code."""
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import ftscope
+from ftscope.estimate.memory import memory_model
+
+GIB = 2**30
+# NF4 with double quantization (QLoRA paper): 4 bits per weight + one fp8 absmax per 64 weights
+# + one fp32 second-level absmax per 256 blocks of 64.
+NF4 = 0.5 + 1 / 64 + 4 / (64 * 256)
+
+
+def scn(model="llama-3.2-1b", gpu="a100-80gb", mix=None, wl=None, hw=None):
+    d = {"model": model, "hardware": {"gpu": gpu, **(hw or {})},
+         "mix": {"attention": "flash", **(mix or {})},
+         "workload": {"micro_batch_size": 1, "seq_len": 512, **(wl or {})}}
+    return ftscope.load_scenario(d)
+
+
+def peak(s, b, seq):
+    return memory_model(s).breakdown(b, seq).peak_bytes
+
+
+VARIETY = [
+    dict(model="llama-3.2-1b", mix={"method": "full"}),
+    dict(model="llama-3.2-1b", mix={"method": "full", "zero_stage": 3}, hw={"gpus_per_node": 4}),
+    dict(model="llama-3.2-1b", mix={"method": "full", "fsdp": "full_shard"}, hw={"gpus_per_node": 2}),
+    dict(model="llama-2-7b", mix={"method": "lora", "gradient_checkpointing": True}),
+    dict(model="llama-2-7b", mix={"method": "qlora", "attention": "eager"}),
+    dict(model="mixtral-8x7b", mix={"method": "qlora", "gradient_checkpointing": True}),
+    dict(model="qwen1.5-moe-a2.7b", mix={"method": "lora"}, wl={"gradient_accumulation": 4}),
+    dict(model="blackmamba-2.8b", mix={"method": "full", "precision": "bf16"}),
+]
+
+
+# --- phases and categories ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kw", VARIETY)
+@pytest.mark.parametrize("b,seq", [(1, 128), (4, 2048)])
+def test_peak_is_max_over_phases_not_sum(kw, b, seq):
+    bd = memory_model(scn(**kw)).breakdown(b, seq)
+    assert set(bd.phases) == {"forward", "backward", "optimizer"}
+    assert bd.phase in bd.phases
+    top = max(bd.phases.values())
+    overhead = bd.categories["overhead"]
+    # reserved = allocated + allocator overhead at the peak phase; never below any phase's allocated bytes
+    assert bd.peak_bytes == pytest.approx(bd.allocated_bytes + overhead, rel=1e-12)
+    assert top <= bd.peak_bytes * (1 + 1e-12)
+    assert bd.peak_bytes <= top + overhead + 1
+    assert bd.allocated_bytes <= bd.phases[bd.phase] * (1 + 1e-12)
+    # not a sum over phases: every phase holds the weights, so the sum is far larger
+    assert bd.peak_bytes < sum(bd.phases.values())
+
+
+@pytest.mark.parametrize("kw", VARIETY)
+def test_categories_sum_to_peak(kw):
+    bd = memory_model(scn(**kw)).breakdown(2, 1024)
+    assert set(bd.categories) == {"weights", "gradients", "optimizer", "activations", "temporary", "overhead"}
+    assert all(v >= 0 for v in bd.categories.values())
+    assert sum(bd.categories.values()) == pytest.approx(bd.peak_bytes, rel=1e-9)
+
+
+def test_optimizer_phase_holds_no_activations():
+    # full fine-tuning with tiny activations peaks in the optimizer step (weights + grads + states + temporaries)
+    bd = memory_model(scn(mix={"method": "full"})).breakdown(1, 16)
+    assert bd.phase == "optimizer"
+    assert bd.categories["activations"] == 0
+
+
+def test_large_activations_peak_in_backward():
+    bd = memory_model(scn("llama-2-7b", mix={"method": "lora"})).breakdown(8, 4096)
+    assert bd.phase == "backward"
+    assert bd.categories["activations"] > bd.categories["weights"]
+
+
+# --- monotonicity -------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kw", VARIETY)
+def test_monotone_in_micro_batch(kw):
+    m = memory_model(scn(**kw))
+    peaks = [m.breakdown(b, 512).peak_bytes for b in range(1, 33)]
+    assert all(b2 >= b1 for b1, b2 in zip(peaks, peaks[1:]))
+    assert peaks[-1] > peaks[0]
+
+
+@pytest.mark.parametrize("kw", VARIETY)
+def test_monotone_in_seq_len(kw):
+    m = memory_model(scn(**kw))
+    peaks = [m.breakdown(2, s).peak_bytes for s in (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)]
+    assert all(b2 >= b1 for b1, b2 in zip(peaks, peaks[1:]))
+    assert peaks[-1] > peaks[0]
+
+
+@settings(max_examples=60, deadline=None)
+@given(kw=st.sampled_from(VARIETY), b1=st.integers(1, 64), b2=st.integers(1, 64),
+       s1=st.integers(1, 32768), s2=st.integers(1, 32768))
+def test_monotone_property(kw, b1, b2, s1, s2):
+    m = memory_model(scn(**kw))
+    lo_b, hi_b = sorted((b1, b2))
+    lo_s, hi_s = sorted((s1, s2))
+    assert m.breakdown(lo_b, lo_s).peak_bytes <= m.breakdown(hi_b, hi_s).peak_bytes * (1 + 1e-12)
+
+
+# --- optimizations ------------------------------------------------------------------------------------------
+
+def test_gradient_checkpointing_lowers_memory():
+    base = dict(model="llama-2-7b", mix={"method": "lora"})
+    off = memory_model(scn(**base)).breakdown(4, 2048)
+    on = memory_model(scn(model="llama-2-7b", mix={"method": "lora", "gradient_checkpointing": True})).breakdown(4, 2048)
+    assert on.peak_bytes < off.peak_bytes
+    assert on.categories["activations"] < off.categories["activations"]
+    assert on.categories["weights"] == off.categories["weights"]
+
+
+@pytest.mark.parametrize("fused", ["flash", "sdpa"])
+def test_eager_attention_keeps_quadratic_scores(fused):
+    eager = scn(mix={"attention": "eager"})
+    fast = scn(mix={"attention": fused})
+    assert peak(eager, 1, 8192) > peak(fast, 1, 8192)
+    # the extra memory of eager grows with s^2: doubling the length roughly quadruples it
+    d1 = peak(eager, 1, 4096) - peak(fast, 1, 4096)
+    d2 = peak(eager, 1, 8192) - peak(fast, 1, 8192)
+    assert d1 > 0
+    assert d2 / d1 > 3.5
+
+
+def test_lora_below_full_and_qlora_below_lora():
+    full = scn("llama-2-7b", mix={"method": "full"})
+    lora = scn("llama-2-7b", mix={"method": "lora"})
+    qlora = scn("llama-2-7b", mix={"method": "qlora"})
+    assert peak(qlora, 1, 512) < peak(lora, 1, 512) < peak(full, 1, 512)
+    assert memory_model(qlora).weights < memory_model(lora).weights
+
+
+def test_lora_weight_bytes():
+    s = scn("llama-2-7b", mix={"method": "lora", "lora_rank": 16})
+    m = memory_model(s)
+    total = s.model.total_params
+    lora = s.model.lora_params(16, "all-linear")
+    # 7B at rank 16 on all linears: A (r x in) + B (out x r) per matrix, per layer
+    h, inter, layers = 4096, 11008, 32
+    assert lora == 16 * layers * (4 * (h + h) + 2 * (h + inter) + (inter + h))
+    # frozen bf16 base + fp32 adapters (PEFT upcasts trainable adapters)
+    assert m.weights == pytest.approx(2 * total + 4 * lora, rel=1e-9)
+    assert m.trainable_params == lora
+    # AdamW with fp32 states: 8 bytes per trainable parameter
+    assert m.optimizer == pytest.approx(8 * lora, rel=1e-9)
+
+
+def test_qlora_weight_bytes_nf4_double_quant():
+    s = scn("llama-2-7b", mix={"method": "qlora"})
+    m = memory_model(s)
+    mdl = s.model
+    not_quantized = mdl.embedding_params + mdl.lm_head_params + mdl.final_norm_params + sum(
+        layer.other_params * n for layer, n in mdl.layer_groups)
+    quantized = mdl.total_params - not_quantized
+    expected = quantized * NF4 + not_quantized * 2 + 4 * mdl.lora_params(16, "all-linear")
+    assert m.weights == pytest.approx(expected, rel=1e-3)
+    assert m.weights < 0.35 * memory_model(scn("llama-2-7b", mix={"method": "lora"})).weights
+
+
+@pytest.mark.parametrize("precision,per_param", [("bf16", 2 + 2 + 4), ("fp32", 4 + 4 + 8), ("bf16-mixed", 4 + 4 + 8)])
+def test_full_finetune_bytes_per_param(precision, per_param):
+    s = scn("llama-3.2-1b", mix={"method": "full", "precision": precision, "attention": "sdpa"})
+    m = memory_model(s)
+    p = s.model.total_params
+    assert m.trainable_params == p
+    assert m.weights + m.gradients + m.optimizer == pytest.approx(per_param * p, rel=1e-9)
+
+
+def test_optimizer_state_bytes_by_optimizer():
+    p = scn("llama-3.2-1b").model.total_params
+    got = {o: memory_model(scn(mix={"method": "full", "precision": "bf16", "optimizer": o})).optimizer
+           for o in ("adamw", "adamw_8bit", "sgd")}
+    assert got["sgd"] == 0
+    assert 0 < got["adamw_8bit"] < got["adamw"]
+    assert got["adamw_8bit"] == pytest.approx(2 * p, rel=1e-9)  # two 1-byte moments
+
+
+def test_zero_stage_ordering_full_finetune_4_gpus():
+    peaks = {z: peak(scn("llama-2-7b", mix={"method": "full", "zero_stage": z}, hw={"gpus_per_node": 4}), 1, 512)
+             for z in (0, 1, 2, 3)}
+    assert peaks[3] < peaks[2] < peaks[1] < peaks[0]
+
+
+def test_zero_partitions_what_each_stage_says():
+    n = 4
+    ms = {z: memory_model(scn("llama-2-7b", mix={"method": "full", "zero_stage": z}, hw={"gpus_per_node": n}))
+          for z in (1, 2, 3)}
+    p = scn("llama-2-7b").model.total_params
+    # DeepSpeed mixed precision: bf16 weights (2) + bf16 grads (2) + fp32 master, m, v (12)
+    assert ms[1].optimizer == pytest.approx(12 * p / n, rel=1e-9)
+    assert ms[1].weights == pytest.approx(2 * p, rel=1e-9)
+    assert ms[1].gradients == pytest.approx(2 * p, rel=1e-9)
+    assert ms[2].weights == pytest.approx(2 * p, rel=1e-9)
+    assert ms[2].gradients == pytest.approx(2 * p / n, rel=0.03)  # + a reduce-scatter bucket
+    assert ms[3].weights == pytest.approx(2 * p / n, rel=1e-9)
+    assert ms[3].optimizer == ms[2].optimizer == ms[1].optimizer
+
+
+def test_zero3_memory_falls_with_more_gpus():
+    peaks = [peak(scn("llama-2-7b", mix={"method": "full", "zero_stage": 3}, hw={"gpus_per_node": n}), 1, 512)
+             for n in (1, 2, 4, 8)]
+    assert all(b < a for a, b in zip(peaks, peaks[1:]))
+
+
+def test_fsdp_full_shard_shards_weights():
+    one = memory_model(scn(mix={"method": "full", "fsdp": "full_shard"}, hw={"gpus_per_node": 1}))
+    four = memory_model(scn(mix={"method": "full", "fsdp": "full_shard"}, hw={"gpus_per_node": 4}))
+    op = memory_model(scn(mix={"method": "full", "fsdp": "shard_grad_op"}, hw={"gpus_per_node": 4}))
+    assert four.weights == pytest.approx(one.weights / 4, rel=1e-9)
+    assert four.weights < op.weights
+    assert four.breakdown(1, 512).peak_bytes < op.breakdown(1, 512).peak_bytes
+
+
+def test_optimizer_offload_moves_state_to_cpu():
+    base = dict(mix={"method": "full", "zero_stage": 2}, hw={"gpus_per_node": 2})
+    on_gpu = ftscope.estimate(scn(**base))
+    off = ftscope.estimate(scn(mix={"method": "full", "zero_stage": 2, "offload": "optimizer"}, hw={"gpus_per_node": 2}))
+    d_gpu, d_off = on_gpu.to_dict()["memory"], off.to_dict()["memory"]
+    assert d_gpu["cpu_offload_gib"] == 0
+    assert d_off["breakdown_gib"]["optimizer"] == 0
+    assert off.model_memory.cpu_bytes >= on_gpu.model_memory.optimizer
+    assert d_off["cpu_offload_gib"] >= d_gpu["breakdown_gib"]["optimizer"]
+    assert d_off["peak_gib"] < d_gpu["peak_gib"]
+
+
+def test_optimizer_and_params_offload_moves_weights_too():
+    s = scn(mix={"method": "full", "zero_stage": 3, "offload": "optimizer+params"}, hw={"gpus_per_node": 2})
+    m = memory_model(s)
+    assert m.weights == 0 and m.optimizer == 0
+    only_opt = memory_model(scn(mix={"method": "full", "zero_stage": 3, "offload": "optimizer"}, hw={"gpus_per_node": 2}))
+    assert m.cpu_bytes > only_opt.cpu_bytes
+
+
+def test_moe_activations_grow_with_top_k():
+    peaks = {k: peak(scn("mixtral-8x7b", mix={"method": "qlora", "experts_top_k": k}), 1, 1024) for k in (2, 4, 8)}
+    assert peaks[2] < peaks[4] < peaks[8]
+    weights = {k: memory_model(scn("mixtral-8x7b", mix={"method": "qlora", "experts_top_k": k})).weights for k in (2, 8)}
+    assert weights[2] == weights[8]  # top-k changes what runs, not what is stored
+
+
+def test_chunked_loss_saves_memory_at_large_vocab():
+    std = scn("llama-3.1-8b", mix={"method": "lora"})
+    chunked = scn("llama-3.1-8b", mix={"method": "lora", "loss": "chunked"})
+    assert std.model.arch.vocab_size > 100_000
+    small = peak(std, 1, 256) - peak(chunked, 1, 256)
+    big = peak(std, 4, 2048) - peak(chunked, 4, 2048)
+    assert small > 0
+    assert big > 20 * small  # the saving is per token of logits
+    # at least the fp32 upcast of B x T x V logits that the standard loss keeps for backward
+    assert big >= 4 * 4 * 2048 * std.model.arch.vocab_size
+
+
+def test_gradient_accumulation_keeps_gradients_through_forward():
+    m1 = memory_model(scn(mix={"method": "full", "precision": "bf16"}, wl={"gradient_accumulation": 1}))
+    m4 = memory_model(scn(mix={"method": "full", "precision": "bf16"}, wl={"gradient_accumulation": 4}))
+    f1 = m1.breakdown(2, 512).phases["forward"]
+    f4 = m4.breakdown(2, 512).phases["forward"]
+    assert f4 - f1 == pytest.approx(m1.gradients, rel=1e-9)
+
+
+def test_capacity_is_below_device_memory_and_fits_matches_peak():
+    s = scn("llama-2-7b", mix={"method": "lora"})
+    m = memory_model(s)
+    assert 0 < m.capacity_bytes < s.cluster.gpu.memory_bytes
+    for b in (1, 8, 32, 128):
+        assert m.fits(b, 1024) == (m.breakdown(b, 1024).peak_bytes <= m.capacity_bytes)
+        assert m.fits(b, 1024, 0.1) == (m.breakdown(b, 1024).peak_bytes <= 0.9 * m.capacity_bytes)
+
+
+def test_dynamic_padding_peak_uses_longest_batch_capped_by_cutoff():
+    ds = {"num_samples": 1000, "mean_tokens": 187, "median_tokens": 174, "p99_tokens": 411, "max_tokens": 1470}
+    capped = ftscope.estimate(scn(wl={"dataset": ds, "seq_len": 1024, "padding": "dynamic"}))
+    uncapped = ftscope.estimate(scn(wl={"dataset": ds, "seq_len": None, "padding": "dynamic"}))
+    assert capped.seq_len == 1024
+    assert uncapped.seq_len == 1470
+    assert capped.memory.peak_bytes < uncapped.memory.peak_bytes

@@ -1,0 +1,260 @@
+"""Step time (estimate/time.py) and efficiency parameters (estimate/efficiency.py): conservation and the
+directions every change must move the answer in."""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+
+import pytest
+
+import ftscope
+from ftscope import FtscopeError
+from ftscope.estimate.efficiency import Calibration, Efficiency, calibration_from_dict, load_calibration
+from ftscope.estimate.time import communication_s, step_time
+from ftscope.spec.hardware import gpu_from_catalog
+
+DS = {"num_samples": 1000, "mean_tokens": 187, "median_tokens": 174, "p99_tokens": 411, "max_tokens": 1024}
+PARTS = {"forward", "backward", "recompute", "optimizer", "communication", "dequant", "other"}
+
+
+def scn(model="llama-2-7b", gpu="a100-80gb", mix=None, wl=None, hw=None):
+    d = {"model": model, "hardware": {"gpu": gpu, **(hw or {})}, "mix": {"attention": "flash", **(mix or {})},
+         "workload": {"micro_batch_size": 4, "seq_len": 512, **(wl or {})}}
+    return ftscope.load_scenario(d)
+
+
+def est(s):
+    return ftscope.estimate(s, strict=False)
+
+
+def t(s):
+    return est(s).time
+
+
+VARIETY = [
+    dict(mix={"method": "lora"}),
+    dict(mix={"method": "qlora", "gradient_checkpointing": True}, wl={"gradient_accumulation": 4}),
+    dict(model="llama-3.2-1b", mix={"method": "full"}, hw={"gpus_per_node": 4}),
+    dict(model="llama-3.2-1b", mix={"method": "full", "zero_stage": 3}, hw={"gpus_per_node": 4, "nodes": 2}),
+    dict(model="llama-3.2-1b", mix={"method": "full", "zero_stage": 2, "offload": "optimizer"}, hw={"gpus_per_node": 2}),
+    dict(model="mixtral-8x7b", gpu="a40", mix={"method": "qlora", "experts_backend": "eager"}, wl={"micro_batch_size": 1}),
+    dict(model="blackmamba-2.8b", gpu="a40", mix={"method": "full", "precision": "bf16"}, wl={"dataset": DS}),
+]
+
+
+@pytest.mark.parametrize("kw", VARIETY)
+def test_breakdown_sums_to_step_time(kw):
+    te = t(scn(**kw))
+    assert set(te.breakdown_s) == PARTS
+    assert all(v >= 0 and math.isfinite(v) for v in te.breakdown_s.values())
+    assert sum(te.breakdown_s.values()) == pytest.approx(te.step_s, rel=1e-9)
+    # per-layer time covers the compute parts (forward, backward, recompute, dequant)
+    compute = sum(te.breakdown_s[k] for k in ("forward", "backward", "recompute", "dequant"))
+    assert sum(te.by_layer_s.values()) == pytest.approx(compute, rel=1e-9)
+    assert 0 < te.mfu <= 1
+
+
+def test_more_gpu_flops_is_not_slower():
+    steps = [t(scn(gpu=g, mix={"method": "lora"})).step_s for g in ("a40", "a100-80gb", "h100-80gb")]
+    assert steps[0] >= steps[1] >= steps[2]
+    assert steps[0] > steps[2]
+
+
+@pytest.mark.parametrize("field,scale", [("bf16_tflops", 2.0), ("memory_bandwidth_gbs", 2.0)])
+def test_faster_inline_gpu_is_not_slower(field, scale):
+    base = t(scn(mix={"method": "qlora"}))
+    value = getattr(gpu_from_catalog("a100-80gb"), field) * scale
+    faster = t(scn(gpu={"base": "a100-80gb", field: value}, mix={"method": "qlora"}))
+    assert faster.step_s <= base.step_s
+    assert faster.step_s < base.step_s  # both matter for a QLoRA step (matmuls and dequantization)
+
+
+@pytest.mark.parametrize("wl", [{"seq_len": 512}, {"dataset": DS, "seq_len": 1024, "padding": "dynamic"}])
+def test_bigger_batch_does_not_lower_throughput(wl):
+    s = scn(mix={"method": "lora"}, wl=wl)
+    max_b = est(s.with_(micro_batch_size="max")).max_micro_batch_size
+    assert max_b >= 4
+    rates = [t(s.with_(micro_batch_size=b)).samples_per_s for b in range(1, max_b + 1)]
+    assert all(r2 >= r1 for r1, r2 in zip(rates, rates[1:]))
+    # ... and grows sub-linearly (small matmuls run below peak, fixed costs amortize)
+    assert rates[-1] < max_b * rates[0]
+
+
+def test_gradient_checkpointing_is_slower_and_smaller():
+    off = est(scn(mix={"method": "lora"}))
+    on = est(scn(mix={"method": "lora", "gradient_checkpointing": True}))
+    assert off.time.breakdown_s["recompute"] == 0
+    assert on.time.breakdown_s["recompute"] > 0
+    assert on.time.step_s > off.time.step_s
+    assert on.memory.peak_bytes < off.memory.peak_bytes
+
+
+def mixtral(k, b=2):
+    return scn("mixtral-8x7b", "a40", {"method": "qlora", "experts_top_k": k, "experts_backend": "eager",
+                                       "gradient_checkpointing": True, "lora_targets": ["w1", "w2", "w3", "gate"]},
+               {"micro_batch_size": b, "dataset": DS, "seq_len": 1024})
+
+
+@pytest.mark.parametrize("b", [1, 2, 4])
+def test_sparse_top2_faster_per_sample_than_dense_top8(b):
+    assert t(mixtral(2, b)).samples_per_s > t(mixtral(8, b)).samples_per_s
+
+
+@pytest.mark.parametrize("k", [2, 8])
+def test_moe_experts_dominate_mixtral_step(k):
+    by = t(mixtral(k)).by_layer_s
+    assert max(by, key=by.get) == "experts"
+    assert by["experts"] > 0.5 * sum(by.values())
+
+
+def test_single_gpu_has_no_communication():
+    s = scn(mix={"method": "lora"})
+    eff = load_calibration().shared
+    assert communication_s(s, eff, est(s).model_memory.trainable_params) == (0.0, 0.0)
+    assert t(s).breakdown_s["communication"] == 0
+
+
+def comm_total(s):
+    eff = load_calibration().shared
+    return sum(communication_s(s, eff, est(s).model_memory.trainable_params))
+
+
+def small_full(z=0, gpus=4, nodes=1, gpu="a40"):
+    # a small batch on PCIe GPUs: collectives cannot hide behind backward
+    return scn("llama-3.2-1b", gpu, {"method": "full", "zero_stage": z}, {"micro_batch_size": 1, "seq_len": 128},
+               {"gpus_per_node": gpus, "nodes": nodes})
+
+
+def test_ddp_adds_communication():
+    assert comm_total(small_full(0, 4)) > 0
+    one, four = t(small_full(0, 1)), t(small_full(0, 4))
+    assert four.breakdown_s["communication"] > 0
+    assert four.step_s > one.step_s
+    # ring all-reduce: 2 (n-1)/n of the bf16 gradients over the link
+    s = small_full(0, 4)
+    grads = 2 * s.model.total_params
+    eff = load_calibration().shared
+    expected = 2 * 3 / 4 * grads / (s.cluster.gpu.intra_node_gbs * 1e9 * eff.communication)
+    assert comm_total(s) == pytest.approx(expected, rel=1e-6)
+
+
+def test_zero3_communicates_more_than_zero2():
+    for kw in ({}, {"gpu": "a100-80gb"}):
+        assert comm_total(small_full(3, **kw)) > comm_total(small_full(2, **kw))
+    assert t(small_full(3)).breakdown_s["communication"] > t(small_full(2)).breakdown_s["communication"]
+
+
+def test_lora_zero3_gathers_the_frozen_weights():
+    lora2 = scn(mix={"method": "lora", "zero_stage": 2}, hw={"gpus_per_node": 4})
+    lora3 = scn(mix={"method": "lora", "zero_stage": 3}, hw={"gpus_per_node": 4})
+    assert comm_total(lora3) > 50 * comm_total(lora2)
+
+
+def test_inter_node_link_slower_than_intra_node():
+    one_node = small_full(3, gpus=4, nodes=1, gpu="h100-80gb")
+    two_nodes = small_full(3, gpus=2, nodes=2, gpu="h100-80gb")
+    assert one_node.cluster.world_size == two_nodes.cluster.world_size
+    assert comm_total(two_nodes) > comm_total(one_node)
+    assert t(two_nodes).step_s > t(one_node).step_s
+
+
+def test_optimizer_offload_adds_optimizer_time():
+    kw = dict(model="llama-3.2-1b", hw={"gpus_per_node": 2})
+    gpu = t(scn(mix={"method": "full", "zero_stage": 2}, **kw))
+    cpu = t(scn(mix={"method": "full", "zero_stage": 2, "offload": "optimizer"}, **kw))
+    assert cpu.breakdown_s["optimizer"] > gpu.breakdown_s["optimizer"]
+    assert cpu.step_s > gpu.step_s
+
+
+def test_qlora_has_dequant_time():
+    assert t(scn(mix={"method": "lora"})).breakdown_s["dequant"] == 0
+    assert t(scn(mix={"method": "qlora"})).breakdown_s["dequant"] > 0
+
+
+def test_tokens_per_s_counts_non_padding_tokens():
+    te = t(scn(mix={"method": "lora"}, wl={"dataset": DS, "seq_len": 1024, "padding": "dynamic"}))
+    assert te.tokens_per_s == pytest.approx(te.samples_per_s * DS["mean_tokens"], rel=1e-9)
+    # truncation at a cutoff below the longest sample lowers the mean tokens per sample
+    te_cut = t(scn(mix={"method": "lora"}, wl={"dataset": DS, "seq_len": 256, "padding": "dynamic"}))
+    assert te_cut.tokens_per_s < te_cut.samples_per_s * DS["mean_tokens"]
+    assert te_cut.tokens_per_s > te_cut.samples_per_s * 100
+
+
+def test_packed_tokens_are_full_sequences():
+    s = scn(mix={"method": "lora"}, wl={"padding": "packed", "seq_len": 2048, "micro_batch_size": 2},
+            hw={"gpus_per_node": 2})
+    te = t(s)
+    assert te.tokens_per_s == pytest.approx(2 * 2 * 2048 / te.step_s, rel=1e-9)
+
+
+def test_gradient_accumulation_repeats_micro_batches():
+    one = t(scn(mix={"method": "lora"}))
+    four = t(scn(mix={"method": "lora"}, wl={"gradient_accumulation": 4}))
+    for k in ("forward", "backward"):
+        assert four.breakdown_s[k] == pytest.approx(4 * one.breakdown_s[k], rel=1e-9)
+    assert four.breakdown_s["optimizer"] == pytest.approx(one.breakdown_s["optimizer"], rel=1e-9)
+    assert four.samples_per_s >= one.samples_per_s
+
+
+def test_data_parallel_raises_throughput_for_lora():
+    one = t(scn(mix={"method": "lora"}))
+    four = t(scn(mix={"method": "lora"}, hw={"gpus_per_node": 4}))
+    assert four.samples_per_s > 3 * one.samples_per_s
+
+
+# --- efficiency parameters ----------------------------------------------------------------------------------
+
+def test_step_time_follows_efficiencies():
+    s = scn(mix={"method": "qlora"})
+    e = est(s)
+    eff = Efficiency()
+    base = step_time(s, 4, eff, e.model_memory.trainable_params).step_s
+    for change in ({"matmul": eff.matmul / 2}, {"bandwidth": eff.bandwidth / 2},
+                   {"dequant_bandwidth": eff.dequant_bandwidth / 2}, {"kernel_floor_us": eff.kernel_floor_us * 4},
+                   {"step_overhead_s": eff.step_overhead_s + 1}):
+        slower = step_time(s, 4, replace(eff, **change), e.model_memory.trainable_params).step_s
+        assert slower > base, change
+    over = step_time(s, 4, replace(eff, step_overhead_s=eff.step_overhead_s + 1), e.model_memory.trainable_params)
+    assert over.step_s == pytest.approx(base + 1, rel=1e-9)
+
+
+def test_bundled_calibration_loads_and_is_used_by_default():
+    cal = load_calibration()
+    assert isinstance(cal.shared, Efficiency)
+    s = scn(mix={"method": "lora"})
+    default = est(s).time.step_s
+    assert ftscope.estimate(s, calibration=cal).time.step_s == pytest.approx(default, rel=1e-12)
+    halved = Calibration(replace(cal.shared, matmul=cal.shared.matmul / 2), {}, {})
+    assert ftscope.estimate(s, calibration=halved).time.step_s > default
+
+
+def test_per_gpu_calibration_marks_estimate_calibrated():
+    shared = Efficiency()
+    cal = Calibration(shared, {"a40": replace(shared, matmul=0.3)}, {})
+    assert cal.for_gpu("a40") == (replace(shared, matmul=0.3), True)
+    assert cal.for_gpu("a40*")[1] is True  # an inline GPU based on a40
+    assert cal.for_gpu("h100-80gb") == (shared, False)
+    s = scn(gpu="a40", mix={"method": "lora"})
+    assert ftscope.estimate(s, calibration=cal).time.calibrated is True
+    assert ftscope.estimate(s, calibration=cal).time.step_s > ftscope.estimate(
+        s, calibration=Calibration(shared, {}, {})).time.step_s
+
+
+def test_calibration_round_trip_and_errors(tmp_path):
+    cal = calibration_from_dict({"shared": {"matmul": 0.5}, "per_gpu": {"a40": {"bandwidth": 0.4}}})
+    assert cal.shared.matmul == 0.5
+    assert cal.per_gpu["a40"].matmul == 0.5 and cal.per_gpu["a40"].bandwidth == 0.4
+    assert calibration_from_dict(cal.to_dict()).per_gpu == cal.per_gpu
+    with pytest.raises(FtscopeError):
+        calibration_from_dict({"shared": {"no_such_param": 1}})
+    with pytest.raises(FtscopeError):
+        load_calibration(str(tmp_path / "missing.json"))
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(FtscopeError):
+        load_calibration(str(bad))
+    good = tmp_path / "cal.json"
+    good.write_text(json.dumps({"shared": {"step_overhead_s": 5.0}}))
+    s = scn(mix={"method": "lora"})
+    assert ftscope.estimate(s, calibration=str(good)).time.step_s > 5.0

@@ -1,0 +1,157 @@
+"""plan() (plan/search.py): rows, ranking, best, Pareto frontier, JSON."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import ftscope
+from ftscope import FtscopeError
+from ftscope.plan.search import _rank_key, one_row_per_gpu, pareto_front
+
+GPUS = ["a40", "a100-80gb", "h100-80gb", "l4", "t4"]
+
+
+def scn(model="mixtral-8x7b", mix=None, wl=None):
+    ds = {"num_samples": 2000, "mean_tokens": 187, "median_tokens": 174, "p99_tokens": 411, "max_tokens": 1024}
+    d = {"model": model, "hardware": {"gpu": "a40"},
+         "mix": {"method": "qlora", "gradient_checkpointing": True, "attention": "flash", **(mix or {})},
+         "workload": {"micro_batch_size": 1, "seq_len": 1024, "dataset": ds, **(wl or {})}}
+    return ftscope.load_scenario(d)
+
+
+@pytest.fixture(scope="module")
+def by_cost():
+    return ftscope.plan(scn(), gpus=GPUS, counts=[1, 2, 4], by="cost")
+
+
+@pytest.fixture(scope="module")
+def by_time():
+    return ftscope.plan(scn(), gpus=GPUS, counts=[1, 2, 4], by="time")
+
+
+def test_one_row_per_gpu_and_count(by_cost):
+    keys = sorted((e.scenario.cluster.gpu.key, e.scenario.cluster.world_size) for e in by_cost.rows)
+    assert keys == sorted((g, n) for g in GPUS for n in (1, 2, 4))
+
+
+def test_every_row_fits_or_says_why(by_cost):
+    for e in by_cost.rows:
+        assert e.fits or e.reason, e.to_dict()["label"]
+        if e.fits:
+            assert e.time is not None and e.run is not None
+            # the batch is solved: largest that fits
+            assert e.micro_batch_size == e.max_micro_batch_size >= 1
+    # flash attention on a T4 is listed, not raised
+    t4 = [e for e in by_cost.rows if e.scenario.cluster.gpu.key == "t4"]
+    assert t4 and all(not e.fits and "FlashAttention" in e.reason for e in t4)
+
+
+@pytest.mark.parametrize("which", ["by_cost", "by_time"])
+def test_best_is_feasible_and_minimal(which, request):
+    p = request.getfixturevalue(which)
+    feasible = [e for e in p.rows if e.fits and e.run is not None]
+    assert p.best is not None and p.best.fits
+    if p.by == "cost":
+        assert p.best.run.usd == min(e.run.usd for e in feasible if e.run.usd is not None)
+    else:
+        assert p.best.run.hours == min(e.run.hours for e in feasible)
+    keys = [_rank_key(e, p.by) for e in p.rows]
+    assert keys == sorted(keys)
+    assert p.rows[0] is p.best
+
+
+def test_infeasible_rows_rank_last(by_cost):
+    seen_infeasible = False
+    for e in by_cost.rows:
+        if not e.fits:
+            seen_infeasible = True
+        else:
+            assert not seen_infeasible
+
+
+def test_pareto_rows_are_not_dominated(by_cost):
+    rows = by_cost.rows
+    priced = [e for e in rows if e.fits and e.run is not None and e.run.usd is not None]
+    front = [rows[i] for i in by_cost.pareto]
+    assert front
+    for f in front:
+        assert f.fits
+        for o in priced:
+            dominated = (o.run.hours <= f.run.hours and o.run.usd <= f.run.usd
+                         and (o.run.hours < f.run.hours or o.run.usd < f.run.usd))
+            assert not dominated
+    # every priced feasible row off the front is dominated by a front row
+    for o in priced:
+        if o not in front:
+            assert any(f.run.hours <= o.run.hours and f.run.usd <= o.run.usd for f in front)
+    # both extremes are on the front
+    assert min(priced, key=lambda e: (e.run.usd, e.run.hours)) in front
+    assert min(priced, key=lambda e: (e.run.hours, e.run.usd)) in front
+    assert pareto_front(rows) == by_cost.pareto
+
+
+def test_more_gpu_counts_never_worsen_the_best_time():
+    s = scn()
+    best = [ftscope.plan(s, gpus=["a40", "a100-80gb"], counts=c, by="time").best.run.hours
+            for c in ([1], [1, 2], [1, 2, 4, 8])]
+    assert best[0] >= best[1] >= best[2]
+    assert best[2] < best[0]
+
+
+def test_json_has_rows_and_best(by_cost):
+    d = json.loads(json.dumps(by_cost.to_dict()))
+    assert set(d) >= {"rows", "best"}
+    assert len(d["rows"]) == len(by_cost.rows)
+    assert d["best"]["label"] == d["rows"][0]["label"]
+    for r in d["rows"]:
+        assert isinstance(r["pareto"], bool)
+        for k in ("memory", "limits", "time", "run", "reason", "scenario"):
+            assert k in r
+        if r["memory"]["fits"]:
+            for k in ("samples_per_s", "tokens_per_s", "step_s"):
+                assert r["time"][k] > 0
+            assert r["run"]["hours"] > 0 and r["limits"]["max_micro_batch_size"] >= 1
+    assert sum(r["pareto"] for r in d["rows"]) == len(by_cost.pareto)
+
+
+def test_one_row_per_gpu_view(by_cost):
+    view = one_row_per_gpu(by_cost)
+    assert [e.scenario.cluster.gpu.key for e in view] == list(dict.fromkeys(
+        e.scenario.cluster.gpu.key for e in by_cost.rows))
+    assert view[0] is by_cost.rows[0]
+
+
+def test_nothing_fits_gives_no_best():
+    s = scn("llama-2-70b", mix={"method": "full", "gradient_checkpointing": False})
+    p = ftscope.plan(s, gpus=["l4"], counts=[1, 2])
+    assert p.best is None and p.pareto == []
+    assert all(not e.fits and "does not fit" in e.reason for e in p.rows)
+    assert p.to_dict()["best"] is None
+
+
+def test_keep_batch_uses_the_scenario_batch():
+    p = ftscope.plan(scn(wl={"micro_batch_size": 2}), gpus=["a100-80gb"], counts=[1], solve_batch=False)
+    assert p.rows[0].micro_batch_size == 2
+
+
+def test_max_gpus_and_nodes_filter_counts():
+    p = ftscope.plan(scn(), gpus=["a100-80gb"], counts=[1, 2, 4, 8], max_gpus=4, nodes=2)
+    assert sorted(e.scenario.cluster.world_size for e in p.rows) == [2, 4]
+    assert all(e.scenario.cluster.nodes == 2 for e in p.rows)
+    with pytest.raises(FtscopeError):
+        ftscope.plan(scn(), gpus=["a100-80gb"], counts=[8], max_gpus=4)
+
+
+def test_bad_arguments():
+    with pytest.raises(FtscopeError, match="--by"):
+        ftscope.plan(scn(), gpus=["a40"], by="speed")
+    with pytest.raises(FtscopeError, match="unknown GPU"):
+        ftscope.plan(scn(), gpus=["a40x"])
+
+
+def test_default_gpus_are_the_priced_ones():
+    from ftscope import catalog
+    from ftscope.plan.search import candidate_gpus
+    assert candidate_gpus(None) == [k for k in catalog.gpu_table() if catalog.prices_for(k)]
+    assert candidate_gpus(["A100", "nvidia-a40"]) == ["a100-80gb", "a40"]

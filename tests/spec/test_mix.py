@@ -1,0 +1,92 @@
+"""Mix: allowed values, combinations real frameworks refuse (each with its reason), sharding stage, label."""
+from __future__ import annotations
+
+import pytest
+
+from ftscope import FtscopeError
+from ftscope.spec.mix import Mix, check_mix
+
+
+def test_default_mix_is_valid():
+    check_mix(Mix())
+
+
+@pytest.mark.parametrize("field, value", [
+    ("method", "prefix"), ("attention", "xformers"), ("offload", "nvme"), ("precision", "fp8"),
+    ("optimizer", "adafactor"), ("fsdp", "hybrid_shard"), ("experts_backend", "triton"), ("loss", "fused"),
+])
+def test_value_outside_its_choices_lists_the_choices(field, value):
+    with pytest.raises(FtscopeError, match=rf"mix.{field} must be one of .*got '{value}'"):
+        check_mix(Mix(**{field: value}))
+
+
+@pytest.mark.parametrize("stage", [-1, 4, 5, 1.5, True, "2", None])
+def test_zero_stage_must_be_0_to_3(stage):
+    with pytest.raises(FtscopeError, match="zero_stage must be 0, 1, 2 or 3"):
+        check_mix(Mix(zero_stage=stage))
+
+
+@pytest.mark.parametrize("rank", [0, -8, 4097, 8.0, True, "16"])
+def test_lora_rank_must_be_an_integer_from_1_to_4096(rank):
+    with pytest.raises(FtscopeError, match="lora_rank must be an integer from 1 to 4096"):
+        check_mix(Mix(method="lora", lora_rank=rank))
+
+
+def test_lora_rank_is_not_checked_for_full_fine_tuning():
+    check_mix(Mix(method="full", lora_rank=0))
+
+
+@pytest.mark.parametrize("top_k", [0, -1, 1.5, True])
+def test_experts_top_k_must_be_a_positive_integer(top_k):
+    with pytest.raises(FtscopeError, match="experts_top_k must be a positive integer"):
+        check_mix(Mix(experts_top_k=top_k))
+
+
+@pytest.mark.parametrize("mix, reason", [
+    (Mix(fsdp="full_shard", zero_stage=3), "both fsdp and zero_stage"),
+    (Mix(offload="optimizer"), "needs DeepSpeed ZeRO"),
+    (Mix(offload="optimizer+params", zero_stage=2), "needs zero_stage: 3 or fsdp: full_shard"),
+    (Mix(offload="optimizer+params", fsdp="shard_grad_op"), "needs zero_stage: 3 or fsdp: full_shard"),
+    (Mix(method="qlora", offload="optimizer+params", zero_stage=3), "QLoRA with parameter offload"),
+    (Mix(method="qlora", precision="fp32"), "QLoRA computes in bf16 or fp16"),
+    (Mix(optimizer="adamw_8bit", offload="optimizer", zero_stage=2), "adamw_8bit is a GPU-only"),
+    (Mix(optimizer="paged_adamw_8bit", offload="optimizer", zero_stage=1), "paged_adamw_8bit is a GPU-only"),
+])
+def test_impossible_combination_says_why(mix, reason):
+    with pytest.raises(FtscopeError, match=reason) as info:
+        check_mix(mix)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("mix", [
+    Mix(method="qlora", zero_stage=3),  # works with bnb_4bit_quant_storage (a warning, not an error)
+    Mix(offload="optimizer", zero_stage=1),
+    Mix(offload="optimizer", fsdp="shard_grad_op"),
+    Mix(offload="optimizer+params", zero_stage=3),
+    Mix(offload="optimizer+params", fsdp="full_shard", method="full"),
+    Mix(method="qlora", optimizer="paged_adamw_8bit", precision="fp16-mixed"),
+    Mix(method="full", optimizer="sgd", precision="fp32", attention="eager"),
+])
+def test_combinations_frameworks_run_are_accepted(mix):
+    check_mix(mix)
+
+
+@pytest.mark.parametrize("mix, stage", [(Mix(), 0), (Mix(zero_stage=2), 2), (Mix(fsdp="full_shard"), 3),
+                                        (Mix(fsdp="shard_grad_op"), 2)])
+def test_shard_stage_maps_fsdp_onto_zero_stages(mix, stage):
+    assert mix.shard_stage == stage
+
+
+def test_trains_lora_for_lora_and_qlora_only():
+    assert Mix(method="lora").trains_lora and Mix(method="qlora").trains_lora
+    assert not Mix(method="full").trains_lora
+
+
+def test_label_names_every_non_default_choice():
+    label = Mix(method="qlora", lora_rank=64, gradient_checkpointing=True, attention="flash", zero_stage=3,
+                offload="optimizer+params", optimizer="sgd", precision="bf16", experts_top_k=1,
+                loss="chunked").label()
+    for part in ("qlora r64", "+gc", "flash", "zero3", "offload-optimizer+params", "sgd", "bf16", "top1",
+                 "chunked-loss"):
+        assert part in label
+    assert Mix(method="full", fsdp="full_shard").label() == "full sdpa fsdp-full_shard"

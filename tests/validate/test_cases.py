@@ -1,0 +1,90 @@
+"""Published cases (validate/cases.py): the bundled file loads, every case is usable, bad files are errors."""
+from __future__ import annotations
+
+import pytest
+import yaml
+
+import ftscope
+from ftscope import FtscopeError
+from ftscope.validate.cases import Case, load_case_file, load_cases
+from ftscope.validate.compare import case_checks
+
+
+@pytest.fixture(scope="module")
+def bundled():
+    return load_cases()
+
+
+def test_bundled_cases_load(bundled):
+    assert len(bundled) >= 10
+    ids = [c.id for c in bundled]
+    assert len(ids) == len(set(ids)), "case ids are unique"
+    for c in bundled:
+        assert isinstance(c, Case)
+        assert c.source and c.confidence in {"high", "medium", "low", "unknown"}
+        assert c.group == c.id.split("-")[0]
+
+
+def test_every_bundled_case_yields_checks(bundled):
+    for c in bundled:
+        checks = case_checks(c)
+        assert checks, f"{c.id} measured nothing ftscope compares"
+        for ch in checks:
+            assert ch.case_id == c.id
+            assert ch.measured > 0
+            assert isinstance(ch.scenario, ftscope.spec.scenario.Scenario)
+
+
+def test_every_bundled_scenario_is_valid(bundled):
+    for c in bundled:
+        ftscope.load_scenario(c.scenario)
+
+
+def test_groups_cover_the_sources(bundled):
+    groups = {c.group for c in bundled}
+    assert {"iiswc", "torchtune"} <= groups
+
+
+def write(tmp_path, data, name="cases.yaml"):
+    p = tmp_path / name
+    p.write_text(data if isinstance(data, str) else yaml.safe_dump(data))
+    return p
+
+
+CASE = {"id": "mine-1", "source": "a test", "confidence": "high",
+        "scenario": {"model": "llama-3.2-1b", "hardware": {"gpu": "a100-80gb"}, "workload": {"seq_len": 512}},
+        "measured": {"peak_gib": 10.0, "memory_metric": "allocated"}}
+
+
+def test_a_user_case_file(tmp_path):
+    p = write(tmp_path, {"cases": [CASE, {**CASE, "id": "other-2"}]})
+    cases = load_case_file(p)
+    assert [c.id for c in cases] == ["mine-1", "other-2"]
+    assert [c.group for c in cases] == ["mine", "other"]
+    both = load_cases([str(p), str(p)])
+    assert len(both) == 4
+
+
+@pytest.mark.parametrize("text", [
+    "cases: [a, b",                                     # malformed YAML
+    "- just\n- a list\n",                               # no top-level mapping
+    "cases: {id: x}\n",                                 # cases is not a list
+    "other: []\n",                                      # no cases key
+    yaml.safe_dump({"cases": [{"id": "x", "scenario": {}}]}),   # case without measured
+    yaml.safe_dump({"cases": ["not a mapping"]}),
+])
+def test_malformed_case_files_are_errors(tmp_path, text):
+    with pytest.raises(FtscopeError):
+        load_case_file(write(tmp_path, text))
+
+
+def test_missing_case_file(tmp_path):
+    with pytest.raises(FtscopeError, match="not found"):
+        load_case_file(tmp_path / "nope.yaml")
+
+
+def test_case_with_a_bad_scenario_fails_cleanly(tmp_path):
+    bad = {**CASE, "scenario": {**CASE["scenario"], "model": "no-such-model"}}
+    (case,) = load_case_file(write(tmp_path, {"cases": [bad]}))
+    with pytest.raises(FtscopeError, match="unknown model"):
+        case_checks(case)

@@ -1,0 +1,129 @@
+"""Predicted vs measured (validate/compare.py): checks per case, predictions, error summary."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+import ftscope
+from ftscope.validate.cases import Case, load_cases
+from ftscope.validate.compare import (MEMORY_FIELD, TIME_METRICS, Check, CheckResult, all_checks, case_checks,
+                                      metric_family, run_validation, summary)
+
+
+@pytest.fixture(scope="module")
+def results():
+    return run_validation(load_cases())
+
+
+def test_validation_predicts_every_check(results):
+    cases = load_cases()
+    assert len(results) == len(all_checks(cases))
+    assert {r.case_id for r in results} == {c.id for c in cases}
+    for r in results:
+        assert math.isfinite(r.predicted), (r.case_id, r.metric)
+        assert r.predicted >= 0
+        assert math.isfinite(r.error_pct)
+        assert r.error_pct == pytest.approx((r.predicted - r.measured) / r.measured * 100)
+
+
+def test_summary_has_median_and_max_per_metric(results):
+    s = summary(results)
+    families = {metric_family(r.metric) for r in results}
+    assert set(s) == families
+    assert {"samples_per_s", "peak_gib", "max_micro_batch_size"} <= families
+    for fam, v in s.items():
+        errs = sorted(abs(r.error_pct) for r in results if metric_family(r.metric) == fam)
+        assert v["n"] == len(errs)
+        assert v["max"] == pytest.approx(errs[-1])
+        assert v["median"] == pytest.approx((errs[(len(errs) - 1) // 2] + errs[len(errs) // 2]) / 2)
+        assert 0 <= v["median"] <= v["max"]
+
+
+def test_results_serialise(results):
+    d = results[0].to_dict()
+    assert set(d) >= {"case", "group", "metric", "predicted", "measured", "error_pct", "note"}
+
+
+def test_metric_family():
+    assert metric_family("peak_gib:allocated") == metric_family("peak_gib:smi") == "peak_gib"
+    assert metric_family("samples_per_s") == "samples_per_s"
+
+
+def test_error_pct_and_nan_skipped_in_summary():
+    over = CheckResult("a", "g", "step_s", 1.5, 1.0, "")
+    under = CheckResult("b", "g", "step_s", 0.5, 1.0, "")
+    nan = CheckResult("c", "g", "step_s", float("nan"), 1.0, "")
+    assert over.error_pct == pytest.approx(50.0) and under.error_pct == pytest.approx(-50.0)
+    s = summary([over, under, nan])
+    assert s["step_s"]["n"] == 2 and s["step_s"]["median"] == pytest.approx(50.0)
+
+
+def case(measured, scenario=None):
+    scenario = scenario or {"model": "mixtral-8x7b", "hardware": {"gpu": "a40"},
+                            "mix": {"method": "qlora", "gradient_checkpointing": True, "experts_backend": "eager"},
+                            "workload": {"seq_len": 256, "micro_batch_size": 1}}
+    return Case(id="t-1", scenario=scenario, measured=measured, source="test", confidence="high", group="t")
+
+
+def test_samples_by_batch_become_one_check_per_batch():
+    checks = case_checks(case({"samples_per_s_by_batch": {1: 0.3, 4: 1.0}, "max_micro_batch_size": 8}))
+    by_metric = {}
+    for c in checks:
+        by_metric.setdefault(c.metric, []).append(c)
+    assert sorted(c.scenario.workload.micro_batch_size for c in by_metric["samples_per_s"]) == [1, 4]
+    (mb,) = by_metric["max_micro_batch_size"]
+    assert mb.measured == 8
+    assert mb.predict() == ftscope.estimate(mb.scenario, strict=False).max_micro_batch_size
+
+
+def test_stage_times_by_top_k():
+    stages = {"forward": 1.0, "backward": 2.0, "optimizer": 0.1}
+    checks = case_checks(case({"step_s_by_top_k_and_batch": {"top8": {2: stages}},
+                               "max_micro_batch_size_by_top_k": {"top2": 9}}))
+    steps = [c for c in checks if c.metric == "step_s"]
+    assert len(steps) == 1 and steps[0].measured == pytest.approx(3.1)
+    assert steps[0].scenario.mix.experts_top_k == 8 and steps[0].scenario.workload.micro_batch_size == 2
+    assert {c.metric for c in checks} == {"step_s", "forward_s", "backward_s", "optimizer_s", "max_micro_batch_size"}
+    mb = [c for c in checks if c.metric == "max_micro_batch_size"][0]
+    assert mb.scenario.mix.experts_top_k == 2
+    # stage predictions partition the step: forward + backward + optimizer <= step
+    pred = {c.metric: c.predict() for c in checks if c.metric in TIME_METRICS}
+    assert pred["forward_s"] + pred["backward_s"] + pred["optimizer_s"] <= pred["step_s"] * (1 + 1e-9)
+    assert pred["backward_s"] > pred["forward_s"]
+
+
+@pytest.mark.parametrize("metric_name", ["allocated", "reserved", "smi", "unknown"])
+def test_memory_compared_in_the_measured_metric(metric_name):
+    (chk,) = case_checks(case({"peak_gib": 30.0, "memory_metric": metric_name}))
+    assert chk.metric == f"peak_gib:{metric_name}"
+    mem = ftscope.estimate(chk.scenario, strict=False).to_dict()["memory"]
+    assert chk.predict() == mem[MEMORY_FIELD[metric_name]]
+    assert mem["allocated_gib"] <= mem["peak_gib"] < mem["device_gib"]
+
+
+def test_setups_override_the_scenario():
+    sc = {"model": "llama-3.2-1b", "hardware": {"gpu": "a100-80gb"}, "mix": {"method": "lora"},
+          "workload": {"seq_len": 512}}
+    checks = case_checks(case({"memory_metric": "smi", "peak_by_setup_gib": {
+        "full_1gpu": 20.0, "lora_zero3_2gpu": 5.0, "not_a_setup": 1.0}}, sc))
+    assert len(checks) == 2
+    full = [c for c in checks if "full_1gpu" in c.note][0]
+    z3 = [c for c in checks if "lora_zero3_2gpu" in c.note][0]
+    assert full.scenario.mix.method == "full"
+    assert z3.scenario.mix.zero_stage == 3 and z3.scenario.cluster.world_size == 2
+
+
+def test_check_predict_uses_the_given_calibration():
+    from dataclasses import replace
+    from ftscope.estimate.efficiency import Calibration, load_calibration
+    (chk,) = [c for c in case_checks(case({"samples_per_s_by_batch": {2: 0.5}}))]
+    base = load_calibration()
+    slow = Calibration(replace(base.shared, step_overhead_s=base.shared.step_overhead_s + 10), {}, {})
+    assert chk.predict(slow) < chk.predict(base)
+
+
+def test_check_is_what_run_validation_reports():
+    chk = Check("x", "x", "tokens_per_s", 1000.0,
+                ftscope.load_scenario({"model": "llama-3.2-1b", "workload": {"seq_len": 512}}))
+    assert chk.predict() == ftscope.estimate(chk.scenario, strict=False).time.tokens_per_s

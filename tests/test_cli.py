@@ -1,0 +1,241 @@
+"""The `ftscope` command: JSON on stdout only, exit codes, one-line errors, every verb's --help."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from ftscope.cli import app
+
+REPO = Path(__file__).resolve().parents[1]
+IISWC = str(REPO / "examples" / "iiswc-mixtral-qlora.yaml")
+_SCRIPT = Path(sys.executable).parent / "ftscope"
+FTSCOPE = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "ftscope.cli"]
+
+
+def ftscope(*args, cwd=REPO):
+    return subprocess.run([*FTSCOPE, *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=120)
+
+
+def ok_json(*args):
+    r = ftscope(*args)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == ""
+    return json.loads(r.stdout)  # nothing but one JSON document on stdout
+
+
+def assert_user_error(r, *needles):
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr and "Traceback" not in r.stdout
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith("ftscope: error:")
+    for n in needles:
+        assert n in lines[0], lines[0]
+
+
+@pytest.fixture
+def dense(tmp_path):
+    p = tmp_path / "dense.yaml"
+    p.write_text(yaml.safe_dump({"model": "llama-3.2-1b", "hardware": {"gpu": "a100-80gb"},
+                                 "mix": {"method": "lora", "attention": "sdpa"},
+                                 "workload": {"micro_batch_size": 2, "seq_len": 512, "num_samples": 1000}}))
+    return p
+
+
+# --- JSON outputs ---------------------------------------------------------------------------------------------
+
+def test_estimate_json_contract():
+    d = ok_json("estimate", IISWC, "--json")
+    mem = d["memory"]
+    assert mem["peak_gib"] > 0 and isinstance(mem["fits"], bool) and mem["capacity_gib"] > 0
+    assert set(mem["breakdown_gib"]) >= {"weights", "gradients", "optimizer", "activations", "temporary", "overhead"}
+    assert mem["peak_phase"] in {"forward", "backward", "optimizer"}
+    assert d["limits"]["max_micro_batch_size"] >= 1 and d["limits"]["max_seq_len"] >= 1
+    t = d["time"]
+    for k in ("step_s", "tokens_per_s", "samples_per_s", "mfu"):
+        assert t[k] > 0
+    assert set(t["breakdown_s"]) >= {"forward", "backward", "recompute", "optimizer", "communication", "dequant", "other"}
+    for k in ("hours", "gpu_hours", "usd"):
+        assert d["run"][k] > 0
+    assert d["scenario"]["model"] == "mixtral-8x7b"
+
+
+def test_estimate_overrides_apply():
+    top2 = ok_json("estimate", IISWC, "--json")
+    top8 = ok_json("estimate", IISWC, "mix.experts_top_k=8", "--json")
+    assert top8["scenario"]["mix"]["experts_top_k"] == 8
+    assert top8["limits"]["max_micro_batch_size"] < top2["limits"]["max_micro_batch_size"]
+    safe = ok_json("estimate", IISWC, "--json", "--margin", "0.2")
+    assert safe["limits"]["max_micro_batch_size"] < top2["limits"]["max_micro_batch_size"]
+
+
+def test_plan_json():
+    d = ok_json("plan", IISWC, "--json")
+    assert set(d) >= {"rows", "best"}
+    assert d["rows"] and d["best"] is not None and d["best"]["memory"]["fits"]
+    for r in d["rows"]:
+        assert r["memory"]["fits"] or r["reason"]
+    costs = [r["run"]["usd"] for r in d["rows"] if r["memory"]["fits"] and r["run"] and r["run"]["usd"] is not None]
+    assert d["best"]["run"]["usd"] == min(costs)
+
+
+def test_plan_options():
+    d = ok_json("plan", IISWC, "--gpus", "a40,h100-80gb", "--counts", "1,2", "--by", "time", "--json")
+    assert {(r["scenario"]["hardware"]["gpu"], r["scenario"]["hardware"]["gpus_per_node"]) for r in d["rows"]} == {
+        ("a40", 1), ("a40", 2), ("h100-80gb", 1), ("h100-80gb", 2)}
+    assert d["by"] == "time"
+    hours = [r["run"]["hours"] for r in d["rows"] if r["memory"]["fits"]]
+    assert d["best"]["run"]["hours"] == min(hours)
+
+
+def test_catalog_verbs_json():
+    models = ok_json("models", "--json")
+    assert {"llama-2-7b", "mixtral-8x7b", "blackmamba-2.8b"} <= {m["name"] for m in models}
+    gpus = ok_json("gpus", "--json")
+    assert {"a40", "a100-80gb", "h100-80gb", "t4"} <= {g["key"] for g in gpus}
+    show = ok_json("show", "mixtral-8x7b", "--json")
+    assert show["total_params"] == 46_702_792_704 and show["active_params"] == 12_879_925_248
+
+
+def test_validate_json():
+    d = ok_json("validate", "--json")
+    assert d["results"] and d["summary"]
+    for v in d["summary"].values():
+        assert 0 <= v["median"] <= v["max"]
+
+
+@pytest.fixture
+def small_cases(tmp_path):
+    from ftscope.validate.cases import BUNDLED
+    from importlib import resources
+    data = yaml.safe_load(resources.files("ftscope").joinpath("data", BUNDLED).read_text())
+    keep = [c for c in data["cases"] if c["id"] in ("iiswc-a40-mixtral-math-sparse", "llamafactory-llama2-7b-lora-a100")]
+    assert len(keep) == 2
+    p = tmp_path / "cases.yaml"
+    p.write_text(yaml.safe_dump({"cases": keep}))
+    return p
+
+
+def test_calibrate_cv_json(small_cases):
+    d = ok_json("calibrate", "--cases", small_cases, "--cv", "--json")
+    assert set(d["shared"]) >= {"matmul", "bandwidth", "kernel_floor_us"}
+    assert d["provenance"]["points"] >= 5
+    assert set(d["cross_validation"]) == {"leave_one_case_out", "leave_one_gpu_out", "leave_one_model_out"}
+
+
+def test_calibrate_out_feeds_estimate(small_cases, tmp_path, dense):
+    out = tmp_path / "cal.json"
+    r = ftscope("calibrate", "--cases", small_cases, "--out", out)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(out.read_text())["shared"]
+    d = ok_json("estimate", dense, "--calibration", out, "--json")
+    assert d["time"]["step_s"] > 0
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["models"], "mixtral-8x7b"),
+    (["gpus"], "h100-80gb"),
+    (["show", "mixtral-8x7b"], "46,702,792,704"),
+    (["validate"], "iiswc"),
+    (["plan", IISWC], "best:"),
+    (["estimate", IISWC], "a40"),
+])
+def test_table_verbs_run(args, needle):
+    r = ftscope(*args)
+    assert r.returncode == 0, r.stderr
+    assert needle in r.stdout
+
+
+# --- exit codes and errors -----------------------------------------------------------------------------------
+
+def test_check_exit_codes(dense):
+    assert ftscope("estimate", dense, "--check").returncode == 0
+    r = ftscope("estimate", dense, "model=llama-2-70b", "hardware.gpu=l4", "mix.method=full", "--check", "--json")
+    assert r.returncode == 1
+    d = json.loads(r.stdout)
+    assert d["memory"]["fits"] is False and "does not fit" in d["reason"]
+    # without --check a misfit is still a successful answer
+    assert ftscope("estimate", dense, "model=llama-2-70b", "hardware.gpu=l4", "mix.method=full").returncode == 0
+
+
+def test_unknown_model(dense):
+    assert_user_error(ftscope("estimate", dense, "model=llama-9-7b"), "unknown model", "did you mean")
+
+
+def test_unknown_gpu_with_suggestion(dense):
+    assert_user_error(ftscope("estimate", dense, "hardware.gpu=h100-90gb"), "unknown GPU", "h100-80gb")
+
+
+def test_missing_file(tmp_path):
+    assert_user_error(ftscope("estimate", tmp_path / "nope.yaml"), "not found")
+
+
+def test_malformed_yaml(tmp_path):
+    p = tmp_path / "bad.yaml"
+    p.write_text("model: [llama-2-7b\nmix: {method: lora\n")
+    assert_user_error(ftscope("estimate", p), "malformed")
+
+
+def test_unknown_key_names_the_nearest(dense):
+    assert_user_error(ftscope("estimate", dense, "mix.metod=lora"), "unknown key", "method")
+
+
+@pytest.mark.parametrize("override", ["workload.micro_batch_size=-4", "workload.micro_batch_size=0",
+                                      "workload.seq_len=-1", "mix.zero_stage=5", "mix.method=dora"])
+def test_out_of_range_values(dense, override):
+    assert_user_error(ftscope("estimate", dense, override), override.split("=")[0])
+
+
+def test_unsupported_mix_is_a_user_error(dense):
+    assert_user_error(ftscope("estimate", dense, "hardware.gpu=t4", "mix.attention=flash", "mix.precision=fp16-mixed"),
+                      "FlashAttention")
+
+
+def test_plan_bad_options():
+    assert_user_error(ftscope("plan", IISWC, "--by", "speed"), "--by")
+    assert_user_error(ftscope("plan", IISWC, "--counts", "1,x"), "--counts")
+
+
+def test_show_unknown_model():
+    assert_user_error(ftscope("show", "mixtral-9x7b"), "unknown model")
+
+
+def test_validate_malformed_cases(tmp_path):
+    p = tmp_path / "cases.yaml"
+    p.write_text("cases: [oops")
+    assert_user_error(ftscope("validate", "--cases", p), "malformed")
+
+
+# --- help -----------------------------------------------------------------------------------------------------
+
+VERBS = [c.name or c.callback.__name__ for c in app.registered_commands]
+
+
+def test_all_documented_verbs_exist():
+    assert {"estimate", "plan", "models", "gpus", "show", "validate", "calibrate"} <= set(VERBS)
+
+
+@pytest.mark.parametrize("verb", VERBS)
+def test_help_of_every_verb(verb):
+    r = CliRunner().invoke(app, [verb, "--help"])
+    assert r.exit_code == 0, r.output
+    assert "Usage" in r.output and verb in r.output
+
+
+def test_top_level_help():
+    r = CliRunner().invoke(app, ["--help"])
+    assert r.exit_code == 0
+    for verb in VERBS:
+        assert verb in r.output
+
+
+def test_in_process_estimate_json(dense):
+    r = CliRunner().invoke(app, ["estimate", str(dense), "--json"])
+    assert r.exit_code == 0
+    assert json.loads(r.stdout)["memory"]["fits"] is True

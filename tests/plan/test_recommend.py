@@ -1,0 +1,96 @@
+"""recommend: the reasoning the issue asks for, checked on the search itself (no copied numbers)."""
+from __future__ import annotations
+
+import ftscope
+from ftscope.plan.recommend import SearchSpace, complexity, recommend
+
+SMALL = SearchSpace(methods=("full", "lora", "qlora"), gradient_checkpointing=(False, True),
+                    attention=("sdpa", "flash"), optimizer=("adamw",), offload=("none", "optimizer"))
+
+
+def _scn(model: str, seq: int = 2048, gpu: str = "a100-80gb", batch: int = 1, **mix) -> ftscope.spec.scenario.Scenario:
+    return ftscope.load_scenario({"model": model, "hardware": {"gpu": gpu},
+                                  "mix": {"method": "lora", "attention": "flash", **mix},
+                                  "workload": {"micro_batch_size": batch, "seq_len": seq, "padding": "packed",
+                                               "num_samples": 2000}})
+
+
+def test_winner_fits_and_is_ranked_first_by_time():
+    rec = recommend(_scn("llama-2-7b"), gpus=["a100-80gb:4"], space=SMALL)
+    assert rec.best is not None and rec.best.feasible
+    feasible = [c for c in rec.rows if c.feasible]
+    assert min(c.estimate.run.hours for c in feasible) >= rec.best.estimate.run.hours * 0.995
+
+
+def test_rejected_candidates_keep_a_reason():
+    rec = recommend(_scn("llama-2-7b"), gpus=["a100-80gb:2"], space=SMALL)
+    rejected = [c for c in rec.rows if not c.feasible]
+    assert rejected and all(c.reason for c in rejected)
+
+
+def test_more_gpus_never_make_the_best_time_worse():
+    times = []
+    for n in (1, 2, 4, 8):
+        rec = recommend(_scn("llama-2-13b"), gpus=[f"a100-80gb:{n}"], space=SMALL)
+        times.append(rec.best.estimate.run.hours)
+    assert all(b <= a * 1.0001 for a, b in zip(times, times[1:]))
+
+
+def test_70b_and_180b_on_80gb_gpus_need_sharded_or_quantized_weights():
+    for model in ("llama-2-70b", "falcon-180b"):
+        rec = recommend(_scn(model), gpus=["h100-80gb:8"], space=SearchSpace(optimizer=("adamw",)))
+        feasible = [c for c in rec.rows if c.feasible]
+        assert feasible, model
+        for c in feasible:
+            assert c.scenario.mix.shard_stage == 3 or c.scenario.mix.method == "qlora", c.scenario.mix.label()
+
+
+def test_32k_context_on_one_80gb_gpu_needs_flash_or_checkpointing():
+    rec = recommend(_scn("llama-2-7b", seq=32768), gpus=["a100-80gb:1"],
+                    space=SearchSpace(attention=("eager", "sdpa", "flash"), optimizer=("adamw",)))
+    feasible = [c for c in rec.rows if c.feasible]
+    assert feasible
+    for c in feasible:
+        assert c.scenario.mix.attention == "flash" or c.scenario.mix.gradient_checkpointing, c.scenario.mix.label()
+
+
+def test_budget_and_deadline_drop_candidates_with_the_reason():
+    base = recommend(_scn("llama-2-7b"), gpus=["a100-80gb:2"], space=SMALL)
+    cheapest = min(c.estimate.run.usd for c in base.rows if c.feasible)
+    rec = recommend(_scn("llama-2-7b"), gpus=["a100-80gb:2"], space=SMALL, budget_usd=cheapest * 1.0001)
+    assert all(c.estimate.run.usd <= cheapest * 1.0001 for c in rec.rows if c.feasible)
+    assert any((c.reason or "").startswith("over budget") for c in rec.rows)
+    fastest = base.best.estimate.run.hours
+    rec = recommend(_scn("llama-2-7b"), gpus=["a100-80gb:2"], space=SMALL, deadline_hours=fastest * 0.5)
+    assert rec.best is None and any((c.reason or "").startswith("over deadline") for c in rec.rows)
+
+
+def test_global_batch_is_kept_when_the_scenario_fixes_the_batch():
+    rec = recommend(_scn("llama-2-7b", batch=4), gpus=["a100-80gb:4"], space=SMALL)
+    for c in rec.rows:
+        if c.feasible:
+            wl = c.scenario.workload
+            got = c.estimate.micro_batch_size * wl.gradient_accumulation * c.scenario.cluster.world_size
+            assert got >= 4 and got < 4 + c.estimate.micro_batch_size * c.scenario.cluster.world_size
+
+
+def test_ties_go_to_the_simpler_mix():
+    rec = recommend(_scn("llama-2-7b"), gpus=["a100-80gb:1"], space=SMALL)
+    best = rec.best
+    same = [c for c in rec.rows if c.feasible and f"{c.estimate.run.hours:.3g}" == f"{best.estimate.run.hours:.3g}"]
+    assert complexity(best.scenario) == min(complexity(c.scenario) for c in same)
+
+
+def test_explanation_compares_the_winner_with_alternatives_in_numbers():
+    rec = recommend(_scn("llama-2-70b"), gpus=["h100-80gb:8"], space=SMALL)
+    text = "\n".join(rec.explanation)
+    assert rec.explanation[0].startswith("best by time")
+    assert "%" in text and "GiB" in text
+    assert any("cannot run" in line or "% time" in line for line in rec.explanation[1:])
+
+
+def test_json_has_rows_best_and_reasons():
+    d = recommend(_scn("llama-2-7b"), gpus=["a100-80gb:2"], space=SMALL).to_dict()
+    assert {"rows", "best", "explanation"} <= set(d)
+    assert d["best"]["memory"]["fits"] is True and "scenario" in d["best"]
+    assert all(r["reason"] for r in d["rows"] if not r["memory"]["fits"])

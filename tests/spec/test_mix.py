@@ -32,10 +32,6 @@ def test_lora_rank_must_be_an_integer_from_1_to_4096(rank):
         check_mix(Mix(method="lora", lora_rank=rank))
 
 
-def test_lora_rank_is_not_checked_for_full_fine_tuning():
-    check_mix(Mix(method="full", lora_rank=0))
-
-
 @pytest.mark.parametrize("top_k", [0, -1, 1.5, True])
 def test_experts_top_k_must_be_a_positive_integer(top_k):
     with pytest.raises(FtscopeError, match="experts_top_k must be a positive integer"):

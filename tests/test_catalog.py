@@ -193,6 +193,5 @@ def test_examples_folder_is_not_empty():
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
 def test_example_scenario_loads_and_estimates(path):
     scn = ftscope.load_scenario(path)
-    assert scn.name
     est = ftscope.estimate(scn, strict=False)
     json.dumps(est.to_dict())

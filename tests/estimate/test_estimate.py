@@ -165,3 +165,51 @@ def test_model_fields():
     assert m["total_params"] == 46_702_792_704
     assert m["active_params"] > 12_879_925_248  # top-8 runs every expert
     assert m["trainable_params"] == e.model_memory.trainable_params < m["total_params"]
+
+
+# --- property: any valid scenario gives a finite, self-consistent answer ----------------------------------------
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+MOE = {"mixtral-8x7b", "qwen1.5-moe-a2.7b", "blackmamba-2.8b", "deepseek-v2-lite"}
+
+
+@settings(max_examples=60, deadline=None)
+@given(model=st.sampled_from(["llama-3.2-1b", "mixtral-8x7b", "qwen1.5-moe-a2.7b", "blackmamba-2.8b",
+                              "deepseek-v2-lite", "phi-2", "gemma-2-9b"]),
+       gpu=st.sampled_from(["a40", "h100-80gb", "t4", "l4", "mi300x"]),
+       method=st.sampled_from(["full", "lora", "qlora"]), gc=st.booleans(),
+       attention=st.sampled_from(["eager", "sdpa", "flash"]), zero=st.sampled_from([0, 1, 2, 3]),
+       gpus=st.sampled_from([1, 2, 8]), nodes=st.sampled_from([1, 2]), ga=st.integers(1, 4),
+       precision=st.sampled_from(["bf16-mixed", "bf16", "fp16-mixed", "fp32"]),
+       optimizer=st.sampled_from(["adamw", "adamw_8bit", "sgd"]), batch=st.one_of(st.just("max"), st.integers(1, 16)),
+       seq=st.integers(16, 8192), backend=st.sampled_from(["eager", "batched_mm", "grouped_mm"]),
+       offload=st.sampled_from(["none", "optimizer"]), loss=st.sampled_from(["standard", "chunked"]),
+       with_dataset=st.booleans())
+def test_any_valid_scenario_is_finite_and_consistent(model, gpu, method, gc, attention, zero, gpus, nodes, ga,
+                                                     precision, optimizer, batch, seq, backend, offload, loss,
+                                                     with_dataset):
+    wl = {"micro_batch_size": batch, "seq_len": seq, "gradient_accumulation": ga}
+    if with_dataset:
+        wl["dataset"] = {"num_samples": 500, "mean_tokens": min(100, seq), "median_tokens": min(80, seq),
+                         "p99_tokens": min(300, seq), "max_tokens": seq}
+    mix = {"method": method, "gradient_checkpointing": gc, "attention": attention, "zero_stage": zero,
+           "precision": precision, "optimizer": optimizer, "offload": offload, "loss": loss}
+    if model in MOE:
+        mix["experts_backend"] = backend
+    raw = {"model": model, "hardware": {"gpu": gpu, "gpus_per_node": gpus, "nodes": nodes}, "mix": mix, "workload": wl}
+    try:
+        s = ftscope.load_scenario(raw)
+    except FtscopeError:
+        return  # rejected combinations are the parser's business
+    e = ftscope.estimate(s, strict=False)
+    json.dumps(e.to_dict(), allow_nan=False)
+    assert sum(e.memory.categories.values()) == pytest.approx(e.memory.peak_bytes, rel=1e-9)
+    assert e.fits == (e.reason is None)
+    if e.fits:
+        assert e.model_memory.fits(e.micro_batch_size, e.seq_len)
+    if e.time is not None:
+        t = e.time
+        assert sum(t.breakdown_s.values()) == pytest.approx(t.step_s, rel=1e-9)
+        assert t.step_s > 0 and t.samples_per_s > 0 and t.tokens_per_s > 0
+        assert 0 < t.mfu <= 1

@@ -131,18 +131,31 @@ def test_ddp_adds_communication():
     one, four = t(small_full(0, 1)), t(small_full(0, 4))
     assert four.breakdown_s["communication"] > 0
     assert four.step_s > one.step_s
-    # ring all-reduce: 2 (n-1)/n of the bf16 gradients over the link
+    # ring all-reduce moves 2 (n-1)/n of the bf16 gradients over the link (plus small per-bucket latencies)
     s = small_full(0, 4)
     grads = 2 * s.model.total_params
     eff = load_calibration().shared
     expected = 2 * 3 / 4 * grads / (s.cluster.gpu.intra_node_gbs * 1e9 * eff.communication)
-    assert comm_total(s) == pytest.approx(expected, rel=1e-6)
+    assert expected * (1 - 1e-9) <= comm_total(s) <= 1.25 * expected
 
 
 def test_zero3_communicates_more_than_zero2():
     for kw in ({}, {"gpu": "a100-80gb"}):
         assert comm_total(small_full(3, **kw)) > comm_total(small_full(2, **kw))
     assert t(small_full(3)).breakdown_s["communication"] > t(small_full(2)).breakdown_s["communication"]
+
+
+@pytest.mark.parametrize("model,method,gpu,b,seq", [("llama-2-7b", "full", "a100-80gb", 4, 512),
+                                                   ("llama-2-7b", "lora", "h100-80gb", 1, 128),
+                                                   ("llama-3.2-1b", "full", "a40", 8, 1024)])
+def test_zero3_step_is_slower_than_zero2(model, method, gpu, b, seq):
+    # ZeRO-3 gathers every weight in forward and backward on top of ZeRO-2's collectives (Singh et al.: slower)
+    z2 = t(scn(model, gpu, {"method": method, "zero_stage": 2}, {"micro_batch_size": b, "seq_len": seq},
+               {"gpus_per_node": 4}))
+    z3 = t(scn(model, gpu, {"method": method, "zero_stage": 3}, {"micro_batch_size": b, "seq_len": seq},
+               {"gpus_per_node": 4}))
+    assert z3.breakdown_s["communication"] > z2.breakdown_s["communication"]
+    assert z3.step_s > z2.step_s
 
 
 def test_lora_zero3_gathers_the_frozen_weights():

@@ -62,17 +62,12 @@ def test_inline_gpu_rejects_non_positive_or_non_numeric_values(key, value):
         gpu_from_inline({"base": "a100-80gb", key: value})
 
 
-@pytest.mark.xfail(strict=True, raises=(ValueError, OverflowError),
-                   reason="source bug: gpu_from_inline calls int(float(memory_gib)) before validating, so a "
-                          "string, NaN or inf escapes as ValueError/OverflowError instead of FtscopeError")
 @pytest.mark.parametrize("value", ["lots", float("nan"), float("inf")])
 def test_inline_gpu_bad_memory_value_is_an_ftscope_error(value):
     with pytest.raises(FtscopeError):
         gpu_from_inline({"base": "a100-80gb", "memory_gib": value})
 
 
-@pytest.mark.xfail(strict=True, reason="source bug: gpu_from_inline never checks bf16_tflops / tf32_tflops; "
-                                       "'x' later crashes estimate() with ValueError, -5 gives a faster step")
 @pytest.mark.parametrize("key, value", [("bf16_tflops", "x"), ("bf16_tflops", -5), ("tf32_tflops", -1)])
 def test_inline_gpu_bad_peak_rate_is_an_ftscope_error(key, value):
     with pytest.raises(FtscopeError):

@@ -159,15 +159,11 @@ def test_lora_targets_are_not_checked_for_full_fine_tuning(scenario_dict):
     scenario_from_dict(scenario_dict)
 
 
-@pytest.mark.xfail(strict=True, reason="source bug: mix.gradient_checkpointing is never type-checked; [] is "
-                                       "accepted and estimate() then dies with TypeError: unhashable type: 'list'")
 @pytest.mark.parametrize("value", [[], "no", 2])
 def test_gradient_checkpointing_must_be_a_boolean(scenario_dict, value):
     one_line_error(with_(scenario_dict, "mix.gradient_checkpointing", value), "gradient_checkpointing")
 
 
-@pytest.mark.xfail(strict=True, reason="source bug: check_mix skips lora_rank when method is full, so [] is accepted "
-                                       "and estimate() dies with TypeError: unhashable type: 'list'")
 def test_lora_rank_is_type_checked_even_for_full_fine_tuning(scenario_dict):
     scenario_dict["mix"].update(method="full", lora_rank=[])
     try:
@@ -177,9 +173,6 @@ def test_lora_rank_is_type_checked_even_for_full_fine_tuning(scenario_dict):
     ftscope.estimate(scn, strict=False)
 
 
-@pytest.mark.xfail(strict=True, raises=RuntimeError,
-                   reason="source bug: load_model calls Path.expanduser() unguarded; '~user' for an unknown user "
-                          "raises RuntimeError('Could not determine home directory.')")
 def test_model_path_with_unknown_user_is_an_ftscope_error(scenario_dict):
     one_line_error(with_(scenario_dict, "model", "~no_such_user_ftscope/config.json"), "model")
 
@@ -306,19 +299,7 @@ def broken_scenarios(draw):
 
 
 def avoid_known_bugs(raw):
-    """Steer the fuzz around source bugs that have their own strict-xfail test; drop each line once fixed."""
-    hw = raw.get("hardware")
-    if isinstance(hw, dict) and isinstance(hw.get("gpu"), dict):  # test_hardware: inline GPU values unchecked
-        hw["gpu"] = str(hw["gpu"])
-    if isinstance(raw.get("model"), str) and raw["model"].startswith("~"):  # test_model_path_with_unknown_user
-        raw["model"] = raw["model"][1:]
-    mix = raw.get("mix")
-    if isinstance(mix, dict) and "gradient_checkpointing" in mix and not isinstance(
-            mix["gradient_checkpointing"], bool):  # test_gradient_checkpointing_must_be_a_boolean
-        mix["gradient_checkpointing"] = bool(mix["gradient_checkpointing"])
-    if isinstance(mix, dict) and mix.get("method") not in ("lora", "qlora") and "lora_rank" in mix and not (
-            isinstance(mix["lora_rank"], (int, float)) and not isinstance(mix["lora_rank"], bool)):
-        mix.pop("lora_rank")  # test_lora_rank_is_type_checked_even_for_full_fine_tuning
+    """Steer the fuzz around source bugs that have their own strict-xfail test (none open now)."""
     return raw
 
 

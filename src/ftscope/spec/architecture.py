@@ -171,12 +171,10 @@ def normalize(cfg: dict[str, Any]) -> Arch:
         if experts:
             first_dense = int(_get(cfg, "first_dense_layers", 0) or 0)
             step = int(cfg.get("decoder_sparse_step", 1) or 1)
-            freq = int(cfg.get("moe_layer_freq", 1) or 1)
             mlp_only = set(cfg.get("mlp_only_layers", []) or [])
-            moe_layers = tuple(
-                i for i in range(layers)
-                if i >= first_dense and i not in mlp_only and (i + 1) % step == 0 and (i - first_dense) % freq == 0
-            )
+            # DeepSeek's moe_layer_freq is ignored, as transformers does (every published config sets 1)
+            moe_layers = tuple(i for i in range(layers)
+                               if i >= first_dense and i not in mlp_only and (i + 1) % step == 0)
         else:
             moe_layers = ()
 
@@ -197,6 +195,8 @@ def normalize(cfg: dict[str, Any]) -> Arch:
     facts["mlp_bias"] = bool(cfg.get("mlp_bias", fam.get("mlp_bias", False)) or cfg.get("bias", False))
     facts["new_decoder_architecture"] = bool(cfg.get("new_decoder_architecture", False))
     facts["num_ln_in_parallel_attn"] = cfg.get("num_ln_in_parallel_attn")
+    facts["parallel_attn"] = bool(cfg.get("parallel_attn", True))
+    facts["qk_layernorm"] = bool(cfg.get("qk_layernorm", False))
     facts["norm_topk_prob"] = cfg.get("norm_topk_prob")
     facts["router_aux_loss_coef"] = cfg.get("router_aux_loss_coef")
     return Arch(

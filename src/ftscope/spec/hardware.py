@@ -1,6 +1,7 @@
 """GPUs (datasheet numbers from the catalog, or inline) and the cluster a run uses."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -71,6 +72,19 @@ def gpu_from_catalog(name: str) -> GpuSpec:
     )
 
 
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _check_positive(key: str, value: Any, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+    if not ok:
+        raise FtscopeError(f"{key} must be a positive number; got {_show(value)}")
+
+
 def gpu_from_inline(spec: dict[str, Any]) -> GpuSpec:
     """An inline GPU: `{base: a100-80gb, memory_gib: 96}` overrides a catalog entry; without base, all rates are needed."""
     unknown = set(spec) - _INLINE_KEYS
@@ -80,6 +94,13 @@ def gpu_from_inline(spec: dict[str, Any]) -> GpuSpec:
     base = gpu_from_catalog(spec["base"]) if "base" in spec else None
     values: dict[str, Any] = {f.name: getattr(base, f.name) for f in fields(GpuSpec)} if base else {
         "key": "custom", "name": spec.get("name", "custom GPU"), "intra_node_gbs": 32.0}
+    for k in ("memory_gib", "memory_mib", "bf16_tflops", "fp16_tflops", "fp32_tflops", "tf32_tflops",
+              "memory_bandwidth_gbs", "intra_node_gbs", "host_link_gbs"):
+        if k in spec:
+            _check_positive(f"hardware.gpu.{k}", spec[k], allow_none=k in ("bf16_tflops", "tf32_tflops"))
+    for k in ("bf16", "flash_attention"):
+        if k in spec and not isinstance(spec[k], bool):
+            raise FtscopeError(f"hardware.gpu.{k} must be true or false; got {_show(spec[k])}")
     if "memory_gib" in spec:
         values["memory_bytes"] = int(float(spec["memory_gib"]) * GIB)
     if "memory_mib" in spec:

@@ -82,10 +82,19 @@ class Mix:
         return " ".join(parts)
 
 
+def _show(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def _choice(value: object, options: Sequence[object], key: str) -> None:
-    if value not in options:
+    try:
+        ok = value in options
+    except TypeError:  # unhashable garbage
+        ok = False
+    if not ok:
         shown = ", ".join(str(o) for o in options if o is not None)
-        raise FtscopeError(f"mix.{key} must be one of {shown}; got {value!r}")
+        raise FtscopeError(f"mix.{key} must be one of {shown}; got {_show(value)}")
 
 
 def check_mix(mix: Mix) -> None:
@@ -99,10 +108,11 @@ def check_mix(mix: Mix) -> None:
     _choice(mix.experts_backend, EXPERT_BACKENDS, "experts_backend")
     _choice(mix.loss, LOSSES, "loss")
     if isinstance(mix.zero_stage, bool) or mix.zero_stage not in (0, 1, 2, 3):
-        raise FtscopeError(f"mix.zero_stage must be 0, 1, 2 or 3; got {mix.zero_stage!r}")
-    if mix.trains_lora and (isinstance(mix.lora_rank, bool) or not isinstance(mix.lora_rank, int)
-                            or not 1 <= mix.lora_rank <= 4096):
-        raise FtscopeError(f"mix.lora_rank must be an integer from 1 to 4096; got {mix.lora_rank!r}")
+        raise FtscopeError(f"mix.zero_stage must be 0, 1, 2 or 3; got {_show(mix.zero_stage)}")
+    if isinstance(mix.lora_rank, bool) or not isinstance(mix.lora_rank, int) or not 1 <= mix.lora_rank <= 4096:
+        raise FtscopeError(f"mix.lora_rank must be an integer from 1 to 4096; got {_show(mix.lora_rank)}")
+    if not isinstance(mix.gradient_checkpointing, bool):
+        raise FtscopeError(f"mix.gradient_checkpointing must be true or false; got {_show(mix.gradient_checkpointing)}")
     if mix.fsdp and mix.zero_stage:
         raise FtscopeError("mix sets both fsdp and zero_stage: choose DeepSpeed ZeRO or torch FSDP, not both")
     if mix.offload == "optimizer" and mix.shard_stage == 0:
@@ -117,4 +127,4 @@ def check_mix(mix: Mix) -> None:
         raise FtscopeError("QLoRA computes in bf16 or fp16 (bnb_4bit_compute_dtype); precision fp32 is not a QLoRA setup")
     if mix.experts_top_k is not None and (isinstance(mix.experts_top_k, bool) or not isinstance(mix.experts_top_k, int)
                                           or mix.experts_top_k < 1):
-        raise FtscopeError(f"mix.experts_top_k must be a positive integer; got {mix.experts_top_k!r}")
+        raise FtscopeError(f"mix.experts_top_k must be a positive integer; got {_show(mix.experts_top_k)}")

@@ -241,6 +241,8 @@ def _attention_linears(a: Arch) -> tuple[list[Linear], int]:
         lins = [Linear("q", ("q_proj",), h, q_out, qkv_bias), Linear("k", ("k_proj",), h, kv_out, qkv_bias),
                 Linear("v", ("v_proj",), h, kv_out, qkv_bias), Linear("o", (o_name, "output_proj"), q_out, h, o_bias)]
     qk_norm = a.fact("qk_norm")
+    if a.model_type == "phi" and a.fact("qk_layernorm"):
+        extra += 4 * d  # q_layernorm and k_layernorm: LayerNorm(head_dim), weight and bias
     if qk_norm == "head":
         extra += 2 * d
     elif qk_norm == "full":
@@ -305,7 +307,10 @@ def build(arch: Arch, name: str, source: str = "") -> ModelSpec:
     norm_params = (2 if a.fact("norm") == "layernorm" else 1) * h
     norms_per_layer = a.fact("norms_per_layer", 2)
     if a.model_type == "falcon":
-        norms_per_layer = 2 if (a.fact("new_decoder_architecture") and a.fact("num_ln_in_parallel_attn") != 1) else 1
+        if a.fact("new_decoder_architecture"):
+            norms_per_layer = 1 if a.fact("num_ln_in_parallel_attn") == 1 else 2
+        else:  # rw-style: one norm when attention and MLP run in parallel, two when sequential
+            norms_per_layer = 1 if a.fact("parallel_attn") else 2
     groups: dict[Layer, int] = {}
     moe = set(a.moe_layers)
     for i, kind in enumerate(a.mixer_pattern):
@@ -361,7 +366,10 @@ def load_model(ref: str) -> ModelSpec:
     if preset is not None:
         entry = catalog.model_index()[preset]
         return build(normalize(catalog.model_config(preset)), preset, entry.get("source", ""))
-    path = Path(ref).expanduser()
+    try:
+        path = Path(ref).expanduser()
+    except RuntimeError:  # '~user' for a user that does not exist
+        raise FtscopeError(f"cannot resolve the home directory in model path '{ref}'") from None
     if path.exists() or ref.endswith(".json"):
         return build(normalize(_read_config(path)), str(path), str(path.resolve()))
     if "/" in ref:

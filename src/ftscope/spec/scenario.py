@@ -79,6 +79,8 @@ def _check_keys(section: str, data: Mapping[str, Any], allowed: set[str]) -> Non
     for key in data:
         if key not in allowed:
             where = f"{section}.{key}" if section else str(key)
+            if not where.isprintable() or len(where) > 60:
+                where = repr(where)[:60]
             raise FtscopeError(f"unknown key '{where}'{did_you_mean(str(key), allowed)}")
 
 

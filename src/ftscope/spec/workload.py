@@ -39,9 +39,10 @@ class DatasetStats:
         mu, sigma = self._lognormal()
         if not sigma:
             return min(self.mean_tokens, cap)
-        # Blom's plotting position: the largest of n draws sits near quantile (n - 0.375) / (n + 0.25)
+        # Blom's plotting position: the largest of n draws sits near quantile (n - 0.375) / (n + 0.25);
+        # the max of n draws is never expected below one draw's mean, which bounds very skewed data
         z = _norm_ppf((batch - 0.375) / (batch + 0.25))
-        return min(math.exp(mu + sigma * z), cap)
+        return min(max(math.exp(mu + sigma * z), self.mean_tokens), cap)
 
     def mean_truncated(self, cutoff: int | None) -> float:
         """Mean tokens per sample after truncation at `cutoff`."""

@@ -310,13 +310,15 @@ def validate(
     calibration: Optional[Path] = CAL_OPT,
 ) -> None:
     """Predicted vs measured on published cases: absolute % error per case and metric, median and max."""
-    from .validate.compare import run_validation, summary
+    from .validate.compare import run_validation, skipped_measurements, summary
     from .validate.cases import load_cases
 
     loaded = load_cases([str(c) for c in cases] if cases else None)
     results = run_validation(loaded, calibration=str(calibration) if calibration else None)
+    skipped = [s for case in loaded for s in skipped_measurements(case)]
     if json_out:
-        _print_json({"results": [r.to_dict() for r in results], "summary": summary(results)})
+        _print_json({"results": [r.to_dict() for r in results], "summary": summary(results),
+                     "skipped": [{"measurement": m, "why": w} for m, w in skipped]})
         return
     from .report.tables import simple_table
     con = _console()
@@ -325,6 +327,8 @@ def validate(
         [[r.case_id, r.metric, r.fmt(r.predicted), r.fmt(r.measured), f"{r.error_pct:+.1f}%", r.note] for r in results]))
     con.print(simple_table("absolute % error by metric", ["metric", "n", "median", "max"],
                            [[k, v["n"], f"{v['median']:.1f}%", f"{v['max']:.1f}%"] for k, v in summary(results).items()]))
+    for m, w in skipped:
+        con.print(f"not compared: {m} ({w})")
 
 
 @app.command()

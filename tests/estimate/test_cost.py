@@ -63,8 +63,11 @@ def test_price_override_beats_the_catalog():
 def test_gpu_without_price_gives_no_dollars():
     custom = {"name": "lab-gpu", "memory_gib": 80, "fp16_tflops": 300, "fp32_tflops": 20, "memory_bandwidth_gbs": 2000}
     e, r = run(scn(custom))
-    assert price_of(e.scenario) == (None, "no price in the catalog")
+    assert price_of(e.scenario) == (None, "inline GPU: set price.usd_per_gpu_hour")
     assert r.usd is None and r.usd_per_gpu_hour is None
+    # a GPU derived from a catalog one is hypothetical too: it does not inherit the base's price
+    e2, r2 = run(scn({"base": "a100-80gb", "bf16_tflops": 624}))
+    assert r2.usd is None and price_of(e2.scenario)[0] is None
     assert r.hours > 0 and r.gpu_hours > 0
     assert e.to_dict()["run"]["usd"] is None
     # ... unless the scenario gives one

@@ -119,7 +119,10 @@ def model_flops(scn: Scenario, tokens: float, seq: float) -> float:
     """Model FLOPs of one training pass over `tokens` (for MFU): 6 x active params x tokens when weights train,
     4x for frozen ones (no weight gradients), plus causal attention; recompute is not useful work."""
     m = scn.model
-    active = m.active_params(scn.top_k or None) - m.embedding_params
+    # the embedding lookup is not a matmul, but a tied LM head is the same matrix used as one
+    a0 = m.arch
+    head_matmul = a0.vocab_size * a0.hidden_size if m.lm_head_params == 0 else 0
+    active = m.active_params(scn.top_k or None) - m.embedding_params + head_matmul
     factor = 6.0 if scn.mix.method == "full" else 4.0
     a = m.arch
     attn = 0.0

@@ -12,7 +12,9 @@ def price_of(scn: Scenario) -> tuple[float | None, str]:
     """($/GPU-hour, where it came from): the scenario's override, else the cheapest dated catalog price."""
     if scn.usd_per_gpu_hour is not None:
         return scn.usd_per_gpu_hour, "scenario price.usd_per_gpu_hour"
-    rows = catalog.prices_for(scn.cluster.gpu.key.rstrip("*"))
+    if scn.cluster.gpu.key.endswith("*") or scn.cluster.gpu.key == "custom":
+        return None, "inline GPU: set price.usd_per_gpu_hour"
+    rows = catalog.prices_for(scn.cluster.gpu.key)
     if not rows:
         return None, "no price in the catalog"
     p = rows[0]

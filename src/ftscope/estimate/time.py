@@ -66,7 +66,8 @@ def communication_s(scn: Scenario, eff: Efficiency, trainable: int) -> tuple[flo
     stage = mix.shard_stage
     if stage == 0:
         return _ring(g_bytes, n, gbs, eff, 2.0) + buckets * lat, 0.0       # all-reduce of gradients
-    overlap = _ring(g_bytes, n, gbs, eff, 1.0) + buckets * lat              # reduce-scatter of gradients
+    # ZeRO-1 all-reduces gradients (each rank then updates its optimizer shard); ZeRO-2/3 reduce-scatter them
+    overlap = _ring(g_bytes, n, gbs, eff, 2.0 if stage == 1 else 1.0) + buckets * lat
     exposed = _ring(trainable * 2.0, n, gbs, eff, 1.0) + buckets * lat     # all-gather of updated weights
     if stage == 3:
         from .memory import NF4_BYTES

@@ -132,6 +132,19 @@ def case_checks(case: Case) -> list[Check]:
     return out
 
 
+def skipped_measurements(case: Case) -> list[tuple[str, str]]:
+    """(what, why) for measured numbers of a case that no check compares, so nothing is dropped silently."""
+    out = []
+    for step in (case.measured.get("ladder_peak_active_gib_and_tokens_per_s") or {}):
+        if step not in LADDER_STEPS:
+            out.append((f"{case.id}: {step}", "adds torch.compile / chunked CE / optimizer-in-backward / activation "
+                                              "offload together, which ftscope does not model"))
+    for setup in (case.measured.get("peak_by_setup_gib") or {}):
+        if setup not in SETUP_OVERRIDES:
+            out.append((f"{case.id}: {setup}", "setup not mapped to a scenario"))
+    return out
+
+
 def all_checks(cases: Sequence[Case]) -> list[Check]:
     return [c for case in cases for c in case_checks(case)]
 

@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 # torch is pinned to the local 2.13.0 CPU wheel: an unpinned torch pulls a multi-GB CUDA build.
 TORCH := torch==2.13.0
 
-.PHONY: run test install install-test clean
+.PHONY: run test install install-test chromium clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -22,13 +22,19 @@ $(VENV)/.test: $(VENV)/.core
 	$(BIN)/pip install -q -e '.[measure,report,test]'
 	touch $@
 
+# The report test opens the HTML in headless Chromium (Debian's package); it skips, saying why, if this fails.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+	  ( (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) >/dev/null 2>&1 \
+	    || echo "chromium could not be installed: the report browser test will be skipped" )
+
 install: $(VENV)/.core
 install-test: $(VENV)/.test
 
 run: $(VENV)/.core
 	$(BIN)/ftscope plan examples/iiswc-mixtral-qlora.yaml
 
-test: $(VENV)/.test
+test: $(VENV)/.test chromium
 	$(BIN)/python -m pytest
 
 clean:

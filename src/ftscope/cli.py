@@ -82,6 +82,7 @@ def plan(
     by: str = typer.Option("cost", "--by", help="Rank by cost or time."),
     all_rows: bool = typer.Option(False, "--all", help="Show every GPU x count, not just the best count per GPU."),
     keep_batch: bool = typer.Option(False, "--keep-batch", help="Use the scenario's micro-batch instead of the largest that fits."),
+    plot_file: Optional[Path] = typer.Option(None, "--plot", help="Write the cost-vs-time chart (PNG or SVG)."),
     json_out: bool = JSON_OPT,
     calibration: Optional[Path] = CAL_OPT,
 ) -> None:
@@ -101,6 +102,9 @@ def plan(
     scn = load_scenario(scenario, overrides or [])
     result = run_plan(scn, gpus=_split(gpus) or None, counts=count_list, max_gpus=max_gpus, nodes=nodes, by=by,
                       solve_batch=not keep_batch, calibration=str(calibration) if calibration else None)
+    if plot_file is not None:
+        from .report import charts
+        charts.save(charts.cost_vs_time(result.to_dict()["rows"], f"{scn.model.name}: cost vs time"), plot_file)
     if json_out:
         _print_json(result.to_dict())
         return
@@ -132,6 +136,7 @@ def recommend(
     top: int = typer.Option(10, "--top", help="Rows to show."),
     emit_dir: Optional[Path] = typer.Option(None, "--emit", help="Write the winner's DeepSpeed JSON, accelerate YAML "
                                                                   "and Trainer/PEFT arguments here."),
+    plot_file: Optional[Path] = typer.Option(None, "--plot", help="Write the memory breakdown of the top candidates (PNG/SVG)."),
     json_out: bool = JSON_OPT,
     calibration: Optional[Path] = CAL_OPT,
 ) -> None:
@@ -143,6 +148,11 @@ def recommend(
     scn = load_scenario(scenario, overrides or [])
     result = run_recommend(scn, gpus=_split(gpus) or None, any_gpu=any_gpu, budget_usd=budget_usd,
                            deadline_hours=deadline_hours, by=by, calibration=str(calibration) if calibration else None)
+    if plot_file is not None:
+        from .report import charts
+        top_rows = [c.to_dict() for c in result.rows if c.feasible][:top]
+        charts.save(charts.memory_breakdown(top_rows, f"{scn.model.name}: memory per GPU, top {len(top_rows)} by {by}"),
+                    plot_file)
     written = []
     if emit_dir is not None and result.best is not None:
         from .plan.emit import emit
@@ -222,6 +232,32 @@ def study_optimizations(
             if v.get("fits", True) else f"{m}: nothing fits" for m, v in per_model.items()))
     if plot_file is not None:
         con.print(f"wrote {plot_file}")
+
+
+@app.command()
+def report(
+    out: Path = typer.Option(Path("report.html"), "--out", help="The HTML file to write."),
+    plan_file: Optional[Path] = typer.Option(None, "--plan", help="JSON written by `ftscope plan ... --json` (or recommend)."),
+    cases: Optional[List[Path]] = typer.Option(None, "--cases", help="Published case files (default: the bundled cases)."),
+    db: Optional[Path] = typer.Option(None, "--db", help="A profile results store (SQLite) to chart."),
+    png_dir: Optional[Path] = typer.Option(None, "--png", help="Also write every chart as a PNG here."),
+    no_cases: bool = typer.Option(False, "--no-cases", help="Leave out the published-case charts."),
+) -> None:
+    """One self-contained HTML report (charts embedded): cost vs time with the Pareto frontier, memory and
+    time breakdowns, throughput vs batch (measured and model), expert load, utilization, predicted vs measured."""
+    from .report.html import case_sections, db_sections, load_json, plan_sections, render
+
+    sections = []
+    if plan_file is not None:
+        sections += plan_sections(load_json(plan_file))
+    if db is not None:
+        sections += db_sections(db)
+    if not no_cases:
+        sections += case_sections([str(c) for c in cases] if cases else None)
+    if not sections:
+        raise FtscopeError("nothing to report: give --plan, --db or leave the published cases in")
+    path = render(sections, "ftscope report", out, png_dir)
+    _console().print(f"wrote {path} ({path.stat().st_size / 1024:,.0f} KiB, {sum(len(s.figures) for s in sections)} charts)")
 
 
 @app.command()

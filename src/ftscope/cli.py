@@ -123,6 +123,86 @@ def plan(
         con.print("[red]no candidate fits[/red]: try more GPUs (--counts), QLoRA, checkpointing or ZeRO-3.")
 
 
+def _parse_shrink(text: Optional[str]) -> Optional[dict]:
+    """'layers=2,hidden=256,experts=4' -> {'layers': 2, 'hidden': 256, 'experts': 4}."""
+    if not text:
+        return None
+    out = {}
+    for part in _split(text):
+        key, _, value = part.partition("=")
+        if key not in ("layers", "hidden", "experts", "vocab", "intermediate", "heads") or not value.isdigit() or int(value) < 1:
+            raise FtscopeError(f"--shrink takes layers=N,hidden=N,experts=N,vocab=N,intermediate=N,heads=N; got {part!r}")
+        out[key] = int(value)
+    return out
+
+
+@app.command()
+def profile(
+    scenario: Path = typer.Argument(..., help="Scenario YAML/JSON file."),
+    overrides: Optional[List[str]] = typer.Argument(None, help="key.path=value overrides."),
+    device: str = typer.Option("auto", "--device", help="auto | cuda | cpu."),
+    steps: int = typer.Option(3, "--steps", help="Timed steps per batch size."),
+    warmup: int = typer.Option(1, "--warmup", help="Untimed steps first."),
+    batch_sizes: str = typer.Option("1,2,4", "--batch-sizes", help="Micro-batch sizes to measure."),
+    find_max_batch: bool = typer.Option(False, "--find-max-batch", help="Search the largest batch that fits (grow, then bisect)."),
+    memory_cap_gib: Optional[float] = typer.Option(None, "--memory-cap-gib", help="Pretend the device has this much "
+                                                   "memory (CPU: the tensor tracker raises OOM past it)."),
+    shrink: Optional[str] = typer.Option(None, "--shrink", help="Shrink the real config: layers=2,hidden=256,experts=4."),
+    weights: Optional[str] = typer.Option(None, "--weights", help="Local weights folder (default: random weights)."),
+    data: Optional[str] = typer.Option(None, "--data", help="Local JSONL to draw sample lengths from."),
+    tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="Local tokenizer.json for --data."),
+    db: Path = typer.Option(Path("ftscope-runs.sqlite"), "--db", help="SQLite results store."),
+    resume: bool = typer.Option(False, "--resume", help="Continue an interrupted sweep without repeating finished points."),
+    no_hooks: bool = typer.Option(False, "--no-hooks", help="No layer timing / expert counting hooks."),
+    plot_file: Optional[Path] = typer.Option(None, "--plot", help="Write the measured time breakdown chart (PNG/SVG)."),
+    json_out: bool = JSON_OPT,
+) -> None:
+    """Measure real fine-tuning steps (transformers, PEFT, bitsandbytes): peak memory, forward / backward /
+    optimizer time, time by layer type, expert load, utilization, throughput; stored point by point."""
+    from .spec.scenario import load_scenario
+
+    try:
+        sizes = [int(b) for b in _split(batch_sizes)]
+    except ValueError:
+        raise FtscopeError(f"--batch-sizes must be comma-separated integers; got {batch_sizes!r}") from None
+    scn = load_scenario(scenario, overrides or [])
+    from .measure.profile import profile as run_profile
+
+    con = _console() if not json_out else None
+    if con is not None:
+        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+        with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=con,
+                      transient=True) as bar:
+            task = bar.add_task("building the model", total=None)
+            result = run_profile(scn, device=device, steps=steps, warmup=warmup, batch_sizes=sizes,
+                                 find_max_batch=find_max_batch, shrink=_parse_shrink(shrink), weights=weights, data=data,
+                                 tokenizer=tokenizer, db=str(db), resume=resume, memory_cap_gib=memory_cap_gib,
+                                 hooks=not no_hooks, progress=lambda m: bar.update(task, description=m))
+    else:
+        result = run_profile(scn, device=device, steps=steps, warmup=warmup, batch_sizes=sizes,
+                             find_max_batch=find_max_batch, shrink=_parse_shrink(shrink), weights=weights, data=data,
+                             tokenizer=tokenizer, db=str(db), resume=resume, memory_cap_gib=memory_cap_gib,
+                             hooks=not no_hooks)
+    if plot_file is not None:
+        from .report import charts
+        rows = [{"label": f"b{p.batch}", "breakdown_s": {"forward": p.forward_s, "backward": p.backward_s,
+                                                          "optimizer": p.optimizer_s}} for p in result.points if p.status == "ok"]
+        charts.save(charts.time_breakdown(rows, f"{scn.model.name}: measured step time ({result.device})"), plot_file)
+    if json_out:
+        _print_json(result.to_dict())
+        return
+    from .report.tables import profile_table
+    con.print(profile_table(result, f"{scn.model.name} | {scn.mix.label()} | {result.device} | run {result.run_id} in {db}"))
+    if result.max_batch is not None:
+        mb = result.max_batch
+        con.print(f"max batch: {mb['max_batch']} ({len(mb['tries'])} tries, "
+                  f"{sum(t['status'] == 'oom' for t in mb['tries'])} OOM recorded)")
+    for key in result.skipped:
+        con.print(f"{key}: already measured (resume)")
+    for note in result.build.get("notes", []):
+        con.print(f"note: {note}")
+
+
 @app.command()
 def recommend(
     scenario: Path = typer.Argument(..., help="Scenario YAML/JSON file: model, data and the mix to start from."),

@@ -20,9 +20,10 @@ from __future__ import annotations
 import copy
 import json
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from .. import catalog
 from ..errors import FtscopeError
@@ -117,13 +118,13 @@ def shrink_config(cfg: dict[str, Any], layers: int | None = None, hidden: int | 
         group = max(1, heads // max(kv, 1))
         old_hd = int(c.get("head_dim") or old_h // heads)
         new_heads = max(group, (hidden // old_hd) // group * group)
-        while hidden % new_heads:          # hidden must split evenly into heads
+        while new_heads > group and hidden % new_heads:   # hidden must split evenly into heads
             new_heads -= group
-            if new_heads < group:
-                raise FtscopeError(f"cannot shrink to hidden {hidden}: no head count divides it (group {group})")
-        hd = hidden // new_heads
-        if hd % 2:
-            raise FtscopeError(f"cannot shrink to hidden {hidden}: head_dim {hd} would be odd (RoPE needs even)")
+        hd = max(2, hidden // new_heads // 2 * 2)         # even: RoPE rotates pairs
+        hidden = new_heads * hd                            # rounded when no head count divides it (Falcon-180B)
+        prf = c.get("partial_rotary_factor")
+        if prf:                                            # phi: the rotary part must be even as well
+            c["partial_rotary_factor"] = max(2, int(hd * prf) // 2 * 2) / hd
         c[h_key] = hidden
         if heads_key:
             c[heads_key] = new_heads
@@ -295,6 +296,25 @@ def _quantize_linears(model: Any, compute_dtype: Any, device: str) -> list[str]:
     return replaced
 
 
+@contextmanager
+def _v5_native_targets() -> Iterator[None]:
+    """Turn off PEFT's transformers-v4 -> v5 target conversion while wrapping.
+
+    PEFT rewrites target_modules of MoE families (Mixtral, Qwen-MoE, DeepSeek, ...) written for transformers 4:
+    every `gate_proj`/`up_proj`/`down_proj`/`w1`... becomes a fused-expert target_parameter (with gate_up's rank
+    doubled), which also drops LoRA from the dense and shared-expert MLPs that still carry those names. ftscope
+    already names v5 modules and fused parameters exactly, so the conversion would only change what is selected.
+    """
+    from peft.tuners import tuners_utils
+
+    saved = tuners_utils.is_transformers_ge_v5
+    tuners_utils.is_transformers_ge_v5 = False
+    try:
+        yield
+    finally:
+        tuners_utils.is_transformers_ge_v5 = saved
+
+
 def count_params(model: Any) -> tuple[int, int]:
     """(total, trainable) parameters, counting each tied tensor once and a 4-bit packed weight by the number of
     values it stores (2 per byte), the way the scenario's ModelSpec counts it."""
@@ -360,8 +380,16 @@ def build_model(scn: Scenario, device: str = "meta", shrink: dict[str, Any] | No
         hf_cfg = transformers.AutoConfig.for_model(**cfg)
     except (ValueError, TypeError, KeyError) as exc:
         raise FtscopeError(f"transformers cannot build a config for {spec.name}: {exc}") from None
-    with torch.device(device):
-        model = transformers.AutoModelForCausalLM.from_config(hf_cfg, dtype=base_dtype, **kwargs)
+    try:
+        with torch.device(device):
+            model = transformers.AutoModelForCausalLM.from_config(hf_cfg, dtype=base_dtype, **kwargs)
+    except ValueError as exc:
+        if attention != "sdpa" or "scaled_dot_product_attention" not in str(exc):
+            raise FtscopeError(f"transformers cannot build {spec.name}: {exc}") from None
+        attention = kwargs["attn_implementation"] = "eager"  # what transformers falls back to when not forced
+        notes.append(f"{type(hf_cfg).__name__.replace('Config', '')} has no sdpa attention in transformers; traced eager")
+        with torch.device(device):
+            model = transformers.AutoModelForCausalLM.from_config(hf_cfg, dtype=base_dtype, **kwargs)
     if spec.is_moe:
         experts_impl = getattr(model.config, "_experts_implementation", experts_impl)
     model.train()
@@ -387,7 +415,8 @@ def build_model(scn: Scenario, device: str = "meta", shrink: dict[str, Any] | No
         lcfg = peft.LoraConfig(r=mix.lora_rank, lora_alpha=2 * mix.lora_rank, lora_dropout=0.0, bias="none",
                                target_modules=modules or None, target_parameters=params or None,
                                task_type="CAUSAL_LM")
-        model = peft.get_peft_model(model, lcfg, autocast_adapter_dtype=False)
+        with _v5_native_targets():
+            model = peft.get_peft_model(model, lcfg, autocast_adapter_dtype=False)
         adapter_dtype = getattr(torch, adapter_name or "float32")
         for p in model.parameters():
             if p.requires_grad and p.dtype != adapter_dtype:
@@ -397,6 +426,8 @@ def build_model(scn: Scenario, device: str = "meta", shrink: dict[str, Any] | No
                          "intermediate) and down_proj; the merged W + BA of the whole stack is materialized each "
                          "forward")
     total, trainable = count_params(model)
+    if mix.trains_lora:
+        total -= trainable  # the scenario's model size: the base weights, adapters counted as trainable only
     info = BuildInfo(config=cfg, attention=attention, experts_implementation=experts_impl, top_k=top_k,
                      param_dtype=str(base_dtype).replace("torch.", ""), adapter_dtype=adapter_name,
                      autocast_dtype=auto_name, gradient_checkpointing=mix.gradient_checkpointing,

@@ -152,6 +152,7 @@ class _Frame:
     pending: int = 0  # backward: input grads (or parameter grads) still to arrive before the module is done
     opened: bool = False
     closed: bool = False
+    params: list[Any] = dataclasses.field(default_factory=list)  # anchors when no input requires grad
 
 
 class LayerTimer:
@@ -159,10 +160,12 @@ class LayerTimer:
 
     Backward boundaries come from tensor hooks rather than `register_full_backward_hook`: transformers calls
     attention with keyword arguments, which full backward hooks ignore (they would see no inputs and report
-    zero). A module's backward opens when the gradient of its first output arrives and closes when the
-    gradients of all its grad-requiring inputs are complete; a module with no such input (the first layer of
-    a LoRA model, whose input comes from a frozen embedding) closes when its trainable parameters' gradients
-    have been accumulated. Any frame still open when backward ends is closed then.
+    zero). A module's backward opens when the gradient of its first output arrives. To know when it ends, the
+    forward pre-hook hands the module a private alias (`view_as`, no copy) of each grad-requiring input,
+    positional or keyword; the alias's gradient is complete exactly when this module's backward is, even when
+    siblings (q/k/v projections, router and experts) share the input tensor. A module with no grad-requiring
+    input (the first layer of a LoRA model, fed by a frozen embedding) ends when its trainable parameters'
+    gradients have been accumulated. Any frame still open when backward ends is closed then.
 
     On CUDA each hook event calls `torch.cuda.synchronize()` (the only way to attribute asynchronous kernels to
     modules from the host); that serializes the stream, so time steps with and without the timer to report
@@ -251,27 +254,41 @@ class LayerTimer:
                 break
 
     # forward hooks --------------------------------------------------------------------------------------------
-    def _make_pre(self, cat: str) -> Callable[..., None]:
+    def _make_pre(self, cat: str) -> Callable[..., Any]:
         torch = self._torch
 
-        def pre(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        def pre(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             in_backward = _graph_task_active(torch)
             if not in_backward and self._stack and any(f.phase == "backward" for f in self._stack):
                 self._stack = [f for f in self._stack if f.phase != "backward"]  # left by a failed backward
             frame = _Frame(cat, "recompute" if in_backward else "forward")
             bw: _Frame | None = None
+            replaced = None
             if torch.is_grad_enabled():
                 bw = _Frame(cat, "backward")
-                ins = [t for t in _tensors((args, kwargs), torch) if t.requires_grad]
-                bw.pending = len(ins)
-                for t in ins:
-                    t.register_hook(lambda g, bw=bw: self._input_grad(bw))
+                # The module gets its own alias (a free view) of each grad-requiring input: the alias's gradient
+                # is complete exactly when this module's backward is, even if siblings share the input tensor.
+                new_args = [self._alias(a, bw) for a in args]
+                new_kwargs = {k: self._alias(v, bw) for k, v in kwargs.items()}
+                if bw.pending:
+                    replaced = (tuple(new_args), new_kwargs)
+                else:
+                    bw.params = self._module_params.get(id(module), [])
             if not in_backward:
                 self._calls[cat] += 1
             self._open_fwd[id(module)].append((frame, bw))
             self._push(frame)
+            return replaced
 
         return pre
+
+    def _alias(self, x: Any, bw: _Frame) -> Any:
+        if not (isinstance(x, self._torch.Tensor) and x.requires_grad):
+            return x
+        alias = x.view_as(x)
+        alias.register_hook(lambda g: self._input_grad(bw))
+        bw.pending += 1
+        return alias
 
     def _make_post(self) -> Callable[..., None]:
         torch = self._torch
@@ -284,24 +301,33 @@ class LayerTimer:
             self._pop(frame)
             if bw is None:
                 return
-            outs = [t for t in _tensors(output, torch) if t.requires_grad]
-            if not outs:
-                return
-            params = self._module_params.get(id(module), []) if bw.pending == 0 else []
-            for t in outs:
-                t.register_hook(lambda g, bw=bw, params=params: self._output_grad(bw, params))
+            for t in _tensors(output, torch):
+                if not t.requires_grad:
+                    continue
+                # Nested modules can return the very same tensor (PEFT ParamWrapper -> experts). One hook per
+                # tensor opens its frames outermost first, so the innermost ends up on top of the stack.
+                waiting = getattr(t, "_ftscope_bw", None)
+                if waiting is None:
+                    waiting = []
+                    t._ftscope_bw = waiting
+                    t.register_hook(lambda g, w=waiting: self._output_grad(w))
+                waiting.append(bw)
 
         return post
 
     # backward events ------------------------------------------------------------------------------------------
-    def _output_grad(self, bw: _Frame, params: list[Any]) -> None:
+    def _output_grad(self, waiting: list[_Frame]) -> None:
+        for bw in reversed(waiting):  # registered inner-first; push outer-first
+            self._open_backward(bw)
+
+    def _open_backward(self, bw: _Frame) -> None:
         if bw.opened:
             return
         bw.opened = True
         bw.task = self._torch._C._current_graph_task_id()
-        if bw.pending == 0 and params:
-            bw.pending = len(params)
-            for p in params:
+        if bw.pending == 0 and bw.params:
+            bw.pending = len(bw.params)
+            for p in bw.params:
                 self._param_waiters[id(p)].append(bw)
         self._push(bw)
         if bw.task not in self._queued_tasks:
@@ -319,7 +345,7 @@ class LayerTimer:
     def _param_done(self, p: Any) -> None:
         for bw in self._param_waiters.pop(id(p), ()):
             bw.pending -= 1
-            if bw.pending <= 0:
+            if bw.opened and bw.pending <= 0:
                 self._pop(bw)
 
     def _end_backward(self, task: int) -> None:
@@ -327,7 +353,13 @@ class LayerTimer:
         for f in [f for f in self._stack if f.phase == "backward" and f.task == task]:
             self._pop(f)
         self._tick()
-        self._param_waiters.clear()
+        # Only this task's waiters: a reentrant-checkpoint backward nested inside the outer one ends first.
+        for pid in list(self._param_waiters):
+            left = [f for f in self._param_waiters[pid] if f.task != task]
+            if left:
+                self._param_waiters[pid] = left
+            else:
+                del self._param_waiters[pid]
 
 
 # -- ExpertLoad -----------------------------------------------------------------------------------------------
@@ -349,6 +381,25 @@ class ExpertImbalance:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def imbalance_of(counts: list[list[int]]) -> ExpertImbalance:
+    """Imbalance of a [layers][experts] count matrix (layers with no tokens score 0)."""
+    mom, cvs = [], []
+    for row in counts:
+        n = len(row)
+        mean = sum(row) / n if n else 0.0
+        if mean == 0:
+            mom.append(0.0)
+            cvs.append(0.0)
+            continue
+        var = sum((c - mean) ** 2 for c in row) / n  # population variance: all experts, not a sample
+        mom.append(max(row) / mean)
+        cvs.append(var**0.5 / mean)
+    return ExpertImbalance(
+        max_over_mean=mom, cv=cvs,
+        mean_max_over_mean=sum(mom) / len(mom) if mom else 0.0, mean_cv=sum(cvs) / len(cvs) if cvs else 0.0,
+    )
 
 
 def _topk_position(module: Any) -> tuple[int, str] | None:
@@ -387,6 +438,10 @@ class ExpertLoad:
         for name, m in model.named_modules():
             pos = _topk_position(m)
             n = getattr(m, "num_experts", None)
+            if not isinstance(n, int):  # fall back to the config the module was built from
+                cfg = getattr(m, "config", None)
+                n = next((getattr(cfg, a) for a in ("num_local_experts", "num_experts", "n_routed_experts")
+                          if isinstance(getattr(cfg, a, None), int)), None)
             if pos is None or not isinstance(n, int):
                 continue
             row = len(self.layers)
@@ -455,21 +510,7 @@ class ExpertLoad:
 
     def imbalance(self) -> ExpertImbalance:
         """max/mean and population coefficient of variation of the per-expert counts, per layer."""
-        mom, cvs = [], []
-        for row in self.counts():
-            n = len(row)
-            mean = sum(row) / n if n else 0.0
-            if mean == 0:
-                mom.append(0.0)
-                cvs.append(0.0)
-                continue
-            var = sum((c - mean) ** 2 for c in row) / n  # population variance
-            mom.append(max(row) / mean)
-            cvs.append(var**0.5 / mean)
-        return ExpertImbalance(
-            max_over_mean=mom, cv=cvs,
-            mean_max_over_mean=sum(mom) / len(mom) if mom else 0.0, mean_cv=sum(cvs) / len(cvs) if cvs else 0.0,
-        )
+        return imbalance_of(self.counts())
 
     def to_dict(self) -> dict[str, Any]:
         return {

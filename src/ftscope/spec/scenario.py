@@ -237,4 +237,9 @@ def load_scenario(source: str | Path | Mapping[str, Any], overrides: Sequence[st
     raw = read_scenario_file(source) if isinstance(source, (str, Path)) else dict(source)
     if overrides:
         raw = apply_overrides(raw, overrides)
+    if isinstance(source, (str, Path)) and isinstance(raw.get("model"), str):
+        # a relative config path is read beside the scenario file, wherever the command runs from
+        beside = Path(source).parent / raw["model"]
+        if not Path(raw["model"]).exists() and (beside.is_file() or (beside / "config.json").is_file()):
+            raw = {**raw, "model": str(beside)}
     return scenario_from_dict(raw)

@@ -1,0 +1,117 @@
+"""Training batches for profiling: synthetic from the workload's length distribution, or a local JSONL.
+
+Synthetic lengths follow the same log-normal the estimator fits to the dataset statistics (median, mean,
+p99), capped at the cutoff; dynamic padding pads each batch to its longest sample and masks the padding out of
+the loss (labels -100), as HF's DataCollatorForSeq2Seq does.
+"""
+from __future__ import annotations
+
+import json
+import math
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from ..errors import FtscopeError
+from ..spec.scenario import Scenario
+
+
+@dataclass(frozen=True)
+class BatchShape:
+    """One batch: its per-sample lengths and the padded length."""
+
+    lengths: tuple[int, ...]
+    padded_len: int
+
+    @property
+    def tokens(self) -> int:
+        """Non-padding tokens."""
+        return sum(self.lengths)
+
+
+class LengthSampler:
+    """Draws sample lengths the way the workload describes them (deterministic for a seed)."""
+
+    def __init__(self, scn: Scenario, seed: int = 0, lengths: list[int] | None = None) -> None:
+        self.wl = scn.workload
+        self.rng = random.Random(seed)
+        self.lengths = lengths
+        self.cap = self.wl.peak_seq_len()
+
+    def sample(self) -> int:
+        if self.lengths:
+            return min(self.rng.choice(self.lengths), self.cap)
+        d = self.wl.dataset
+        if d is None or self.wl.padding in ("max_length", "packed"):
+            return self.cap
+        mu, sigma = d._lognormal()
+        return max(1, min(int(round(math.exp(self.rng.gauss(mu, sigma)))), self.cap))
+
+    def batch(self, size: int) -> BatchShape:
+        if self.wl.padding in ("max_length", "packed") and not self.lengths:
+            return BatchShape((self.cap,) * size, self.cap)
+        lengths = tuple(self.sample() for _ in range(size))
+        padded = self.cap if self.wl.padding == "max_length" else max(lengths)
+        return BatchShape(lengths, padded)
+
+    def worst(self, size: int) -> BatchShape:
+        """The longest batch the run can see (what memory must hold, and what max-batch search uses)."""
+        return BatchShape((self.cap,) * size, self.cap)
+
+
+def tensors(shape: BatchShape, vocab: int, device: str, generator: Any = None) -> dict[str, Any]:
+    """input_ids / attention_mask / labels for a batch shape (random token ids; padding masked)."""
+    import torch
+
+    b, s = len(shape.lengths), shape.padded_len
+    ids = torch.randint(0, vocab, (b, s), generator=generator)
+    mask = torch.zeros(b, s, dtype=torch.long)
+    for i, n in enumerate(shape.lengths):
+        mask[i, :n] = 1
+    labels = ids.masked_fill(mask == 0, -100)
+    return {"input_ids": ids.to(device), "attention_mask": mask.to(device), "labels": labels.to(device)}
+
+
+def read_jsonl_lengths(path: str | Path, tokenizer: str | Path, field: str = "text", limit: int = 5000) -> list[int]:
+    """Token lengths of a local JSONL (one object per line, text in `field`, or prompt + response) with a local
+    tokenizer (a tokenizer.json file or a folder holding one). No network."""
+    p = Path(path)
+    if not p.is_file():
+        raise FtscopeError(f"data file not found: {p}")
+    tpath = Path(tokenizer)
+    if tpath.is_dir():
+        tpath = tpath / "tokenizer.json"
+    if not tpath.is_file():
+        raise FtscopeError(f"tokenizer not found: {tpath} (give a tokenizer.json or a folder with one)")
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        raise FtscopeError("reading --data needs the tokenizers package: pip install 'ftscope[measure]'") from None
+    tok = Tokenizer.from_file(str(tpath))
+    out = []
+    with p.open() as fh:
+        for n, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise FtscopeError(f"{p}:{n}: not JSON ({exc.msg})") from None
+            text = obj.get(field) if isinstance(obj, dict) else None
+            if text is None and isinstance(obj, dict):
+                text = " ".join(str(obj[k]) for k in ("instruction", "input", "prompt", "question", "output",
+                                                       "response", "answer") if obj.get(k))
+            if not text:
+                raise FtscopeError(f"{p}:{n}: no '{field}' (or prompt/response) text")
+            out.append(len(tok.encode(str(text)).ids))
+            if len(out) >= limit:
+                break
+    if not out:
+        raise FtscopeError(f"{p} holds no samples")
+    return out
+
+
+def batches(sampler: LengthSampler, size: int, count: int) -> Iterator[BatchShape]:
+    for _ in range(count):
+        yield sampler.batch(size)

@@ -422,15 +422,21 @@ def show(
 @app.command()
 def validate(
     cases: Optional[List[Path]] = typer.Option(None, "--cases", help="Published case files (default: the bundled cases)."),
+    db: Optional[Path] = typer.Option(None, "--db", help="Also compare every measured point of this profile store."),
     json_out: bool = JSON_OPT,
     calibration: Optional[Path] = CAL_OPT,
 ) -> None:
-    """Predicted vs measured on published cases: absolute % error per case and metric, median and max."""
+    """Predicted vs measured on published cases (and profile runs): absolute % error per case and metric,
+    median and max. Memory is compared in the metric the source measured (allocated, reserved, nvidia-smi)."""
     from .validate.compare import run_validation, skipped_measurements, summary
     from .validate.cases import load_cases
 
     loaded = load_cases([str(c) for c in cases] if cases else None)
-    results = run_validation(loaded, calibration=str(calibration) if calibration else None)
+    extra = []
+    if db is not None:
+        from .validate.store_cases import store_checks
+        extra = store_checks(db)
+    results = run_validation(loaded, calibration=str(calibration) if calibration else None, extra=extra)
     skipped = [s for case in loaded for s in skipped_measurements(case)]
     if json_out:
         _print_json({"results": [r.to_dict() for r in results], "summary": summary(results),
@@ -439,7 +445,8 @@ def validate(
     from .report.tables import simple_table
     con = _console()
     con.print(simple_table(
-        f"predicted vs measured ({len(loaded)} cases)", ["case", "metric", "predicted", "measured", "error", "compared as"],
+        f"predicted vs measured ({len(loaded)} published cases" + (f", {len(extra)} profile points" if extra else "") + ")",
+        ["case", "metric", "predicted", "measured", "error", "compared as"],
         [[r.case_id, r.metric, r.fmt(r.predicted), r.fmt(r.measured), f"{r.error_pct:+.1f}%", r.note] for r in results]))
     con.print(simple_table("absolute % error by metric", ["metric", "n", "median", "max"],
                            [[k, v["n"], f"{v['median']:.1f}%", f"{v['max']:.1f}%"] for k, v in summary(results).items()]))

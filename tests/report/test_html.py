@@ -14,13 +14,25 @@ ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 
 
+def _small_store(tmp_path: Path) -> Path:
+    """A real profile store: the bundled tiny Mixtral measured on CPU at two batch sizes."""
+    import ftscope
+    from ftscope.measure.profile import profile
+
+    db = tmp_path / "runs.sqlite"
+    profile(ftscope.load_scenario(ROOT / "examples" / "tiny-mixtral.yaml"), device="cpu", steps=1, warmup=0,
+            batch_sizes=(1, 2), db=str(db))
+    return db
+
+
 def _write_report(tmp_path: Path) -> Path:
     plan = subprocess.run([str(BIN / "ftscope"), "plan", "examples/iiswc-mixtral-qlora.yaml", "--all", "--json",
                            "--gpus", "a40,a100-80gb,h100-80gb"], cwd=ROOT, capture_output=True, text=True, check=True)
     (tmp_path / "plan.json").write_text(plan.stdout)
     out = tmp_path / "report.html"
-    proc = subprocess.run([str(BIN / "ftscope"), "report", "--plan", str(tmp_path / "plan.json"), "--out", str(out),
-                           "--png", str(tmp_path / "png")], cwd=ROOT, capture_output=True, text=True)
+    proc = subprocess.run([str(BIN / "ftscope"), "report", "--plan", str(tmp_path / "plan.json"), "--db",
+                           str(_small_store(tmp_path)), "--out", str(out), "--png", str(tmp_path / "png")],
+                          cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     return out
 
@@ -29,7 +41,8 @@ def test_report_is_self_contained_with_every_chart(tmp_path):
     out = _write_report(tmp_path)
     html = out.read_text()
     imgs = re.findall(r"<img [^>]*src='([^']+)'", html)
-    assert len(imgs) >= 6
+    assert len(imgs) >= 11  # plan (3) + profile store (5) + published cases (3)
+    assert "Profile run" in html
     assert all(src.startswith("data:image/png;base64,") for src in imgs)
     assert "http://" not in html and "https://" not in html  # nothing to fetch
     assert len(list((tmp_path / "png").glob("*.png"))) == len(imgs)

@@ -115,6 +115,8 @@ def expert_load(matrix: Sequence[Sequence[float]], title: str = "tokens per expe
     vmax = max(max(max(row) for row in m) for _, m in panels) or 1
     for ax, (name, m) in zip(axes[0], panels):
         im = ax.imshow(m, aspect="auto", cmap="viridis", vmin=0, vmax=vmax)
+        ax.set_xticks(range(len(m[0])))
+        ax.set_yticks(range(len(m)))
         ax.set_xlabel("expert")
         ax.set_ylabel("layer")
         ax.set_title(f"{title} {name}".strip(), fontsize=9)

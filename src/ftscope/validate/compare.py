@@ -149,9 +149,12 @@ def all_checks(cases: Sequence[Case]) -> list[Check]:
     return [c for case in cases for c in case_checks(case)]
 
 
-def run_validation(cases: Sequence[Case], calibration: Calibration | str | None = None) -> list[CheckResult]:
+def run_validation(cases: Sequence[Case], calibration: Calibration | str | None = None,
+                   extra: Sequence[Check] = ()) -> list[CheckResult]:
+    """Predicted vs measured for every check of the cases (plus `extra` checks, e.g. from a profile store)."""
     cal = calibration if isinstance(calibration, Calibration) else load_calibration(calibration)
-    return [CheckResult(c.case_id, c.group, c.metric, c.predict(cal), c.measured, c.note) for c in all_checks(cases)]
+    return [CheckResult(c.case_id, c.group, c.metric, c.predict(cal), c.measured, c.note)
+            for c in [*all_checks(cases), *extra]]
 
 
 def metric_family(metric: str) -> str:

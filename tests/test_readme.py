@@ -1,6 +1,7 @@
 """Every command the README shows runs as written (from the repo root) and exits 0 without a traceback."""
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import subprocess
@@ -35,14 +36,13 @@ def test_readme_shows_commands_for_the_main_verbs():
 
 @pytest.mark.parametrize("cmd", [c for c in readme_commands() if _runnable(c)])
 def test_readme_command_runs(cmd: str):
-    argv = shlex.split(cmd)
-    if argv[0] == "ftscope":
-        argv[0] = str(BIN / "ftscope")
-    elif argv[0].startswith(".venv/bin/python"):
-        argv[0] = sys.executable
-    for arg in argv:
+    # run as a user would type it (redirects included), with this environment's ftscope first on PATH;
+    # commands run in README order, so a later one may read what an earlier one wrote to /tmp
+    for arg in shlex.split(cmd):
         if arg.startswith("../shared/") and not (ROOT / arg).exists():
             pytest.skip(f"{arg} is not beside this checkout")
-    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    line = cmd.replace(".venv/bin/python", sys.executable, 1) if cmd.startswith(".venv/bin/python") else cmd
+    proc = subprocess.run(["bash", "-c", line], cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr

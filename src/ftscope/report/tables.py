@@ -115,8 +115,8 @@ def recommend_table(rows, title: str) -> Table:
 
 def profile_table(result, title: str) -> Table:
     t = Table(title=title, title_justify="left")
-    for col in ("batch", "status", "step s", "fwd / bwd / opt s", "tokens/s", "samples/s", "peak MiB (measured)",
-                "peak MiB (ftscope)", "top layer types", "expert imbalance max/mean"):
+    for col in ("batch", "status", "step s", "fwd/bwd/opt s", "tokens/s", "samples/s", "peak MiB",
+                "ftscope MiB", "top layer types (s)", "experts max/mean"):
         t.add_column(col, justify="right" if col not in ("status", "top layer types") else "left")
     for p in result.points:
         if p.status != "ok":
@@ -128,11 +128,11 @@ def profile_table(result, title: str) -> Table:
         layers = ""
         if p.layer_times:
             tot = p.layer_times.get("total_s", {})
-            layers = ", ".join(f"{k} {v:.3f}" for k, v in sorted(tot.items(), key=lambda kv: -kv[1])[:3])
+            layers = ", ".join(f"{k} {v:.2f}" for k, v in sorted(tot.items(), key=lambda kv: -kv[1])[:2])
         imb = "-"
         if p.expert_load:
             imb = f"{p.expert_load['imbalance']['mean_max_over_mean']:.2f}"
-        t.add_row(str(p.batch), "ok", f"{p.step_s:.4f}", f"{p.forward_s:.3f} / {p.backward_s:.3f} / {p.optimizer_s:.3f}",
+        t.add_row(str(p.batch), "ok", f"{p.step_s:.3f}", f"{p.forward_s:.2f}/{p.backward_s:.2f}/{p.optimizer_s:.2f}",
                   f"{p.tokens_per_s:,.0f}", f"{p.samples_per_s:.2f}", f"{mem / 2**20:,.1f}",
                   f"{est_mib * 1024:,.1f}" if est_mib is not None else "-", layers, imb)
     return t

@@ -51,6 +51,8 @@ GRID: list[dict] = [
     _s("llama-3.2-1b", "qlora", 1, 1024, att="eager"),
     _s("llama-3.2-1b", "qlora", 4, 256, gc=True, att="eager"),
     _s("llama-3.2-1b", "full", 2, 1024, precision="bf16"),
+    _s("llama-3.2-1b", "full", 8, 2048, precision="bf16"),          # activations dominate a full fine-tune
+    _s("llama-3.2-1b", "full", 4, 4096, att="eager"),
     _s("llama-3.2-1b", "lora", 1, 512, precision="fp32"),
     _s("llama-3.2-1b", "lora", 2, 512, lora_targets="attention"),
     # dense, 7B class
@@ -109,6 +111,7 @@ def compare(raw: dict) -> dict:
     fl = step_flops(scn, r.batch, r.seq)
     row = {
         "label": f"{scn.model.name} {scn.mix.label()}" + (f" {scn.mix.experts_backend}" if scn.model.is_moe else "")
+                 + ("" if not scn.mix.trains_lora or scn.mix.lora_targets == "all-linear" else f" [{scn.mix.lora_targets}]")
                  + f" b{r.batch} s{r.seq}",
         "moe": scn.model.is_moe, "method": scn.mix.method, "gc": scn.mix.gradient_checkpointing,
         "attention": scn.mix.attention,

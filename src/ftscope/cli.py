@@ -204,6 +204,50 @@ def profile(
 
 
 @app.command()
+def trace(
+    scenario: Path = typer.Argument(..., help="Scenario YAML/JSON file."),
+    overrides: Optional[List[str]] = typer.Argument(None, help="key.path=value overrides."),
+    batch: Optional[int] = typer.Option(None, "--batch", help="Micro-batch to trace (default: the scenario's, 1 for max)."),
+    seq: Optional[int] = typer.Option(None, "--seq", help="Sequence length (default: the scenario's longest)."),
+    shrink: Optional[str] = typer.Option(None, "--shrink", help="Trace a smaller copy: layers=2,hidden=256,..."),
+    json_out: bool = JSON_OPT,
+) -> None:
+    """Exact tensor memory and FLOPs of the real HF implementation at full size, without allocating:
+    one training step under fake tensors, memory by category and phase, FLOPs by layer type, beside the estimate."""
+    from . import estimate as run_estimate
+    from .spec.scenario import load_scenario
+
+    scn = load_scenario(scenario, overrides or [])
+    if batch is not None and batch < 1 or seq is not None and seq < 1:
+        raise FtscopeError("--batch and --seq must be positive")
+    from .measure.trace import trace as run_trace
+
+    result = run_trace(scn, batch=batch, seq=seq, shrink=_parse_shrink(shrink))
+    data = result.to_dict()
+    est = None
+    if shrink is None:
+        est = run_estimate(scn.with_(micro_batch_size=result.batch), strict=False).to_dict()
+        data["estimate_memory"] = est["memory"]
+    if json_out:
+        _print_json(data)
+        return
+    from .report.tables import simple_table
+    mem = data["memory"]
+    rows = [[k, f"{v:.3f}", f"{est['memory']['breakdown_gib'].get(k, 0.0):.3f}" if est else "-"]
+            for k, v in mem["breakdown_gib"].items()]
+    rows.append(["peak (allocated)", f"{mem['allocated_gib']:.3f}", f"{est['memory']['allocated_gib']:.3f}" if est else "-"])
+    con = _console()
+    con.print(simple_table(f"{scn.model.name} | {scn.mix.label()} | b{result.batch} x {result.seq}: traced tensor memory "
+                           f"(GiB, peak at {mem['peak_phase']})", ["category", "trace", "ftscope estimate"], rows))
+    fl = data["flops"]
+    con.print(simple_table("FLOPs per step", ["phase / layer", "TFLOP"],
+                           [[k, f"{fl[k] / 1e12:.3f}"] for k in ("forward", "backward", "recompute", "total") if k in fl]
+                           + [[f"  {k}", f"{v / 1e12:.3f}"] for k, v in (fl.get("by_layer") or {}).items()]))
+    for note in data.get("notes", []) or result.build.notes:
+        con.print(f"note: {note}")
+
+
+@app.command()
 def recommend(
     scenario: Path = typer.Argument(..., help="Scenario YAML/JSON file: model, data and the mix to start from."),
     overrides: Optional[List[str]] = typer.Argument(None, help="key.path=value overrides."),

@@ -83,7 +83,7 @@ def test_flops_linear_in_batch_and_superlinear_in_seq():
 
 def test_top8_does_more_expert_work_than_top2():
     def expert_flops(k):
-        s = scn("mixtral-8x7b", {"method": "qlora", "experts_top_k": k}, 1, 256)
+        s = scn("mixtral-8x7b", {"method": "qlora", "experts_top_k": k, "experts_backend": "modules"}, 1, 256)
         return sum(op.flops for op in micro_batch_ops(s, 1, 256) if op.layer == "experts"), step_flops(s, 1, 256)
     e2, f2 = expert_flops(2)
     e8, f8 = expert_flops(8)
@@ -94,10 +94,24 @@ def test_top8_does_more_expert_work_than_top2():
 def test_mixtral_forward_matches_active_params():
     # 2 FLOPs per active weight per token (top-2 of 8 experts), plus attention
     b, seq = 1, 128
-    s = scn("mixtral-8x7b", {"method": "qlora", "experts_top_k": 2}, b, seq)
+    # per-expert modules (transformers 4.x): only the routed tokens' matmuls
+    s = scn("mixtral-8x7b", {"method": "qlora", "experts_top_k": 2, "experts_backend": "modules"}, b, seq)
     m = s.model
     active = m.active_params(2) - m.embedding_params
     assert step_flops(s, b, seq)["forward"] == pytest.approx(2 * active * b * seq, rel=0.02)
+
+
+def test_fused_expert_lora_adds_the_merge_matmuls_whatever_the_tokens():
+    # PEFT on transformers 5's fused experts computes W + B @ A for every expert stack, every pass
+    merged = {}
+    for seq in (128, 512):
+        fused = step_flops(scn("mixtral-8x7b", {"method": "lora", "experts_backend": "grouped_mm"}, 1, seq), 1, seq)
+        modules = step_flops(scn("mixtral-8x7b", {"method": "lora", "experts_backend": "modules"}, 1, seq), 1, seq)
+        merged[seq] = fused["forward"] - modules["forward"]
+    m = scn("mixtral-8x7b", {"method": "lora"}, 1, 128).model
+    a = m.arch
+    expected = 2 * 16 * a.hidden_size * a.moe_intermediate_size * a.num_experts * 3 * len(a.moe_layers)
+    assert merged[128] == pytest.approx(expected, rel=1e-9) and merged[512] == pytest.approx(expected, rel=1e-9)
 
 
 def test_eager_attention_computes_the_masked_half():

@@ -15,7 +15,8 @@ GPUS = ["a40", "a100-80gb", "h100-80gb", "l4", "t4"]
 def scn(model="mixtral-8x7b", mix=None, wl=None):
     ds = {"num_samples": 2000, "mean_tokens": 187, "median_tokens": 174, "p99_tokens": 411, "max_tokens": 1024}
     d = {"model": model, "hardware": {"gpu": "a40"},
-         "mix": {"method": "qlora", "gradient_checkpointing": True, "attention": "flash", **(mix or {})},
+         "mix": {"method": "qlora", "gradient_checkpointing": True, "attention": "flash",
+                 "experts_backend": "modules", **(mix or {})},  # the IISWC stack: quantized per-expert modules
          "workload": {"micro_batch_size": 1, "seq_len": 1024, "dataset": ds, **(wl or {})}}
     return ftscope.load_scenario(d)
 

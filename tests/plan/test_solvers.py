@@ -21,8 +21,10 @@ CASES = [
     dict(model="llama-2-7b", mix={"method": "qlora", "attention": "eager"}),
     dict(model="llama-3.2-1b", mix={"method": "full", "gradient_checkpointing": True}),
     dict(model="llama-3.2-1b", mix={"method": "full", "zero_stage": 3}, hw={"gpus_per_node": 8}),
-    dict(model="mixtral-8x7b", gpu="a40", mix={"method": "qlora", "experts_top_k": 2, "gradient_checkpointing": True}),
-    dict(model="mixtral-8x7b", gpu="a40", mix={"method": "qlora", "experts_top_k": 8, "experts_backend": "eager"}),
+    # the IISWC stack (transformers 4.x per-expert modules, which bitsandbytes quantizes)
+    dict(model="mixtral-8x7b", gpu="a40", mix={"method": "qlora", "experts_top_k": 2, "gradient_checkpointing": True,
+                                               "experts_backend": "modules"}),
+    dict(model="mixtral-8x7b", gpu="a40", mix={"method": "qlora", "experts_top_k": 8, "experts_backend": "modules"}),
     dict(model="blackmamba-2.8b", gpu="a40", mix={"method": "full", "precision": "bf16"}),
     dict(model="llama-3.1-8b", gpu="rtx-4090", mix={"method": "qlora", "loss": "chunked"}),
 ]

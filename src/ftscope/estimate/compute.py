@@ -65,13 +65,13 @@ def micro_batch_ops(scn: Scenario, batch: int, seq: float) -> list[Op]:
                     kernels, rows = 1.0, max(tokens, 1.0)
                 else:
                     w_bytes = c * w * hit
-                    kernels = hit if mix.experts_backend == "eager" else 1.0
+                    kernels = hit if mix.experts_backend in ("eager", "modules") else 1.0
                     rows = slots / max(hit, 1.0)
                 byts = w_bytes + c * slots * (lin.in_features + lin.out_features)
                 ops.append(Op("matmul", "experts", flops * n, byts * n, kernels * n, rows, bwd))
-                if mix.method == "qlora":
+                if mix.method == "qlora" and not mix.fused_experts:  # bitsandbytes quantizes per-expert modules only
                     ops.append(Op("dequant", "experts", 0.0, (NF4_BYTES + 2.0) * w * hit * n, hit * n, 1, 1.0))
-                if mix.experts_backend == "eager" and lin.role == "gate":
+                if mix.experts_backend in ("eager", "modules") and lin.role == "gate":
                     ops.append(Op("dispatch", "experts", 0.0, 0.0, hit * n, 1, 1.0))
                 used = hit
             else:
@@ -85,8 +85,13 @@ def micro_batch_ops(scn: Scenario, batch: int, seq: float) -> list[Op]:
                 # A: in -> r, B: r -> out, both trained (x2 in backward); experts get one adapter each
                 lflops = 2.0 * (tokens * (top_k if lin.group == "experts" else 1)) * rank * (lin.in_features + lin.out_features)
                 lbytes = c * (tokens * (top_k if lin.group == "experts" else 1)) * (lin.in_features + 2 * rank + lin.out_features)
-                ops.append(Op("matmul", "lora", lflops * n, lbytes * n, 3 * n * (used if mix.experts_backend == "eager" else 1),
+                ops.append(Op("matmul", "lora", lflops * n, lbytes * n, 3 * n * (used if mix.experts_backend in ("eager", "modules") else 1),
                               tokens, 2.0))
+                if lin.group == "experts" and mix.fused_experts:
+                    # PEFT merges W + B @ A for the whole stack every pass, whatever the token count
+                    merge = 2.0 * rank * lin.in_features * lin.out_features * lin.count
+                    # (inside the experts module, where the profiler's hooks see it too)
+                    ops.append(Op("matmul", "experts", merge * n, c * 2 * lin.params * n, 2 * n, lin.out_features, 2.0))
         # attention core and the elementwise traffic of the block
         if layer.mixer == "attention":
             qk = (a.qk_nope_head_dim + a.qk_rope_head_dim) if a.attention == "mla" else a.head_dim

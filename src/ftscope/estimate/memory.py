@@ -139,6 +139,21 @@ class MemoryModel:
         return self.peak_bytes(batch, seq) <= self.capacity_bytes * (1.0 - margin)
 
 
+def peft_merged_expert_bytes(scn: Scenario) -> float:
+    """PEFT's LoRA on fused 3-D experts computes W + B @ A for the whole expert stack in forward and autograd
+    keeps it for backward: every MoE layer's stack without checkpointing, one layer's with it."""
+    m, mix = scn.model, scn.mix
+    if not (mix.trains_lora and m.is_moe and mix.fused_experts):
+        return 0.0
+    c = 4.0 if mix.precision == "fp32" else 2.0
+    targeted = {id(lin) for lin, _ in m.lora_targets(mix.lora_targets) if lin.group == "experts"}
+    per_layer = [sum(lin.params for lin in layer.linears if id(lin) in targeted) * c for layer, _ in m.layer_groups]
+    counts = [n for _, n in m.layer_groups]
+    if mix.gradient_checkpointing:
+        return max(per_layer, default=0.0)
+    return sum(b * n for b, n in zip(per_layer, counts))
+
+
 def trainable_params(scn: Scenario) -> int:
     m, mix = scn.model, scn.mix
     if mix.method == "full":
@@ -176,6 +191,9 @@ def memory_model(scn: Scenario, allocator: AllocatorModel = DEFAULT_ALLOCATOR) -
     # frozen base weights
     if mix.method == "qlora":
         quantized = m.quantizable_params()
+        if m.is_moe and mix.fused_experts:
+            # bitsandbytes replaces nn.Linear only: transformers 5's fused 3-D experts stay in bf16
+            quantized -= sum(lin.params * k for lin, k in m.linears() if lin.group == "experts")
         frozen_bytes = quantized * NF4_BYTES + (total - quantized) * 2.0
     else:
         frozen_bytes = frozen * (4.0 if fp32 else 2.0)
@@ -207,7 +225,10 @@ def memory_model(scn: Scenario, allocator: AllocatorModel = DEFAULT_ALLOCATOR) -
     if mix.method == "full" and mixed and not deepspeed and not fsdp:
         transient += total * 2.0                 # autocast's bf16 weight cache, kept for backward
     if mix.method == "qlora":
-        transient += m.largest_linear_params() * 2.0  # the dequantized bf16 weight of the matmul in flight
+        largest = max((lin.params for lin, _ in m.linears() if not (lin.group == "experts" and mix.fused_experts)),
+                      default=0)
+        transient += largest * 2.0  # the dequantized bf16 weight of the matmul in flight
+    transient += peft_merged_expert_bytes(scn)
     if stage == 3:
         # ZeRO-3/FSDP gather the current block and prefetch the next (MoE blocks are gathered whole)
         per_param = NF4_BYTES if mix.method == "qlora" else 2.0

@@ -3,9 +3,10 @@
 The point of ftscope's measurements is to run the code people actually train with, so this module only
 assembles real pieces: `AutoModelForCausalLM.from_config` for the architecture, the config keys transformers 5
 reads for attention (`attn_implementation`), MoE experts (`experts_implementation`) and top-k
-(`num_experts_per_tok`), `gradient_checkpointing_enable` (non-reentrant, transformers' default), PEFT
-`LoraConfig` for LoRA (fused 3-D expert weights through `target_parameters`), and transformers'
-`replace_with_bnb_linear` for QLoRA's NF4 double-quantized layers.
+(`num_experts_per_tok`), activation checkpointing (non-reentrant, transformers' default), PEFT `LoraConfig`
+for LoRA (fused 3-D expert weights through `target_parameters`), and bitsandbytes `Linear4bit` (NF4, double
+quantization) for QLoRA, swapped in where transformers' `load_in_4bit` would: exact nn.Linear modules only, so
+transformers 5's fused expert stacks stay unquantized (bitsandbytes issue #1849).
 
 On `device="meta"` nothing is allocated: `trace` swaps the meta tensors for fake ones and runs the step.
 Precision follows the estimator's conventions (see estimate/memory.py):
@@ -368,13 +369,22 @@ def build_model(scn: Scenario, device: str = "meta", shrink: dict[str, Any] | No
     top_k = None
     if spec.is_moe:
         experts_impl = mix.experts_backend
+        if experts_impl == "modules":  # transformers 5 stores experts fused; no per-expert nn.Linear layout
+            experts_impl = "eager"
+            notes.append("experts_backend modules (transformers 4.x per-expert nn.Linear) does not exist in "
+                         "transformers 5: built the eager loop over fused experts instead")
         kwargs["experts_implementation"] = experts_impl
-        k_key = _first_key(cfg.get("text_config", cfg), "top_k")
+        text = cfg["text_config"] if isinstance(cfg.get("text_config"), dict) else cfg
+        k_key = _first_key(text, "top_k")
         if mix.experts_top_k:
             if k_key is None:
                 raise FtscopeError(f"{spec.name}: the config has no top-k key to override")
-            cfg[k_key] = mix.experts_top_k
-        top_k = int(cfg[k_key]) if k_key else None
+            e_key = _first_key(text, "num_experts")
+            if e_key is not None and mix.experts_top_k > int(text[e_key]):
+                raise FtscopeError(f"experts_top_k {mix.experts_top_k} exceeds the {text[e_key]} experts of the model "
+                                   "as built (did --shrink reduce the experts?)")
+            text[k_key] = mix.experts_top_k
+        top_k = int(text[k_key]) if k_key else None
     cfg["use_cache"] = False  # training: no KV cache (HF Trainer recipes set this; GC forces it)
     try:
         hf_cfg = transformers.AutoConfig.for_model(**cfg)
@@ -401,10 +411,17 @@ def build_model(scn: Scenario, device: str = "meta", shrink: dict[str, Any] | No
     quantized: list[str] = []
     if mix.method == "qlora":
         quantized = _quantize_linears(model, getattr(torch, auto_name or "bfloat16"), str(device))
-        notes.append("QLoRA: bitsandbytes quantizes nn.Linear layers only; fused 3-D expert weights stay in "
-                     f"{base_name}" if spec.is_moe else "QLoRA: NF4 double-quantized Linear layers (lm_head kept)")
+        if not quantized:
+            notes.append("QLoRA: transformers' bitsandbytes integration replaces exact nn.Linear modules only; this "
+                         f"model's layers subclass it and stay in {base_name}")
+        elif spec.is_moe:
+            notes.append("QLoRA: bitsandbytes quantizes nn.Linear layers only; the fused 3-D expert weights stay in "
+                         f"{base_name}")
     if mix.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x; the old name warns
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
     modules: list[str] = []
     params: list[str] = []

@@ -36,7 +36,7 @@ class SearchSpace:
     offload: tuple[str, ...] = ("none", "optimizer", "optimizer+params")
     attention: tuple[str, ...] = ("eager", "sdpa", "flash")
     optimizer: tuple[str, ...] = ("adamw", "adamw_8bit")
-    experts_backend: tuple[str, ...] = ("eager", "batched_mm", "grouped_mm")
+    experts_backend: tuple[str, ...] = ("eager", "batched_mm", "grouped_mm", "modules")
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ OFFLOAD = ("none", "optimizer", "optimizer+params")
 PRECISION = ("bf16-mixed", "bf16", "fp16-mixed", "fp32")
 OPTIMIZERS = ("adamw", "adamw_8bit", "paged_adamw_8bit", "sgd")
 FSDP = (None, "full_shard", "shard_grad_op")
-EXPERT_BACKENDS = ("eager", "batched_mm", "grouped_mm")
+EXPERT_BACKENDS = ("eager", "batched_mm", "grouped_mm", "modules")
 LOSSES = ("standard", "chunked")
 
 
@@ -42,7 +42,14 @@ class Mix:
     experts_top_k: int | None = None
     """Override the model's experts per token (sparse vs dense MoE)."""
     experts_backend: str = "grouped_mm"
-    """eager (loop over experts) | batched_mm | grouped_mm."""
+    """transformers 5 fused 3-D experts: eager (loop) | batched_mm | grouped_mm; or modules: one nn.Linear per
+    expert (transformers 4.x), which bitsandbytes quantizes and PEFT adapts without merging the stack."""
+
+    @property
+    def fused_experts(self) -> bool:
+        """Experts stored as fused 3-D parameters (transformers 5): bitsandbytes leaves them unquantized and
+        PEFT's LoRA on them materializes W + BA of the whole stack."""
+        return self.experts_backend != "modules"
     loss: str = "standard"
     """standard (HF: fp32 logits for the whole batch) | chunked (torchtune/Liger/Unsloth: bf16 logits, fp32 per chunk)."""
 

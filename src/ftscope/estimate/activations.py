@@ -117,6 +117,9 @@ def _ffn_bytes(layer: Layer, model: ModelSpec, mix: Mix, lora: frozenset[int], t
     per_expert_token = (c * h if e_trained else 0) + 2 * c * inter + c * inter + (c * inter if e_trained else 0) + c * h
     if mix.trains_lora:
         per_expert_token += sum(c * rank for lin in experts if id(lin) in lora)
+    if mix.experts_backend == "batched_mm":
+        # batched_mm gathers each routed token's expert weights into a batch of matrices; autograd keeps them
+        per_expert_token += sum(c * lin.in_features * lin.out_features for lin in experts)
     if a.fact("mixer") == "mamba" and "gate" not in roles:
         per_expert_token = (c * h if e_trained else 0) + 2 * c * inter + (c * inter if e_trained else 0) + c * h
     total = router + top_k * per_expert_token

@@ -1,5 +1,5 @@
 # Two commands do all set-up on a fresh machine:
-#   make run   - creates .venv, installs ftscope, runs the main job (plan) on the bundled IISWC example
+#   make run   - creates .venv, installs ftscope, estimates and plans the bundled IISWC example across GPUs
 #   make test  - installs what the tests need (the CPU torch wheel included) and runs pytest
 PYTHON ?= python3
 VENV := .venv
@@ -32,6 +32,7 @@ install: $(VENV)/.core
 install-test: $(VENV)/.test
 
 run: $(VENV)/.core
+	$(BIN)/ftscope estimate examples/iiswc-mixtral-qlora.yaml
 	$(BIN)/ftscope plan examples/iiswc-mixtral-qlora.yaml
 
 test: $(VENV)/.test chromium

@@ -154,6 +154,14 @@ def profile(
     db: Path = typer.Option(Path("ftscope-runs.sqlite"), "--db", help="SQLite results store."),
     resume: bool = typer.Option(False, "--resume", help="Continue an interrupted sweep without repeating finished points."),
     no_hooks: bool = typer.Option(False, "--no-hooks", help="No layer timing / expert counting hooks."),
+    nproc: int = typer.Option(1, "--nproc", help="Processes (GPUs) per node: >1 launches torchrun with the mix's "
+                                                 "engine (DDP, DeepSpeed ZeRO 1-3 (+offload) or FSDP2)."),
+    nnodes: int = typer.Option(1, "--nnodes", help="Nodes (run the command once per node)."),
+    node_rank: int = typer.Option(0, "--node-rank", help="This node's rank."),
+    master_addr: str = typer.Option("127.0.0.1", "--master-addr", help="Rank 0's address."),
+    emit_dir: Optional[Path] = typer.Option(None, "--emit", help="Distributed runs: write the DeepSpeed JSON / "
+                                                                  "accelerate YAML the run used."),
+    timeout_s: int = typer.Option(600, "--timeout", help="Distributed runs: give up (and kill every rank) after this."),
     plot_file: Optional[Path] = typer.Option(None, "--plot", help="Write the measured time breakdown chart (PNG/SVG)."),
     json_out: bool = JSON_OPT,
 ) -> None:
@@ -166,6 +174,28 @@ def profile(
     except ValueError:
         raise FtscopeError(f"--batch-sizes must be comma-separated integers; got {batch_sizes!r}") from None
     scn = load_scenario(scenario, overrides or [])
+    if nproc < 1 or nnodes < 1 or not 0 <= node_rank < nnodes:
+        raise FtscopeError("--nproc and --nnodes must be >= 1 and --node-rank in [0, nnodes)")
+    if nproc > 1 or nnodes > 1:
+        from .measure.distributed import profile_distributed
+
+        dist = profile_distributed(scn, nproc, nnodes=nnodes, node_rank=node_rank, master_addr=master_addr,
+                                   device=device, steps=steps, warmup=warmup, batch_sizes=sizes,
+                                   shrink=_parse_shrink(shrink), db=str(db), emit_dir=str(emit_dir) if emit_dir else None,
+                                   timeout_s=timeout_s)
+        if json_out:
+            _print_json(dist.to_dict())
+        else:
+            from .report.tables import simple_table
+            rows = dist.memory_rows()
+            _console().print(simple_table(
+                f"{scn.model.name} | {dist.engine} | {dist.world_size} ranks ({dist.backend}) | run {dist.run_id}: {dist.status}",
+                list(rows[0].keys()) if rows else ["result"], [list(r.values()) for r in rows] or [[dist.error or "no points"]]))
+            if dist.error:
+                _console().print(f"[red]failed[/red]: {dist.error}")
+        if dist.status != "done":
+            raise typer.Exit(1)
+        return
     from .measure.profile import profile as run_profile
 
     con = _console() if not json_out else None

@@ -213,7 +213,10 @@ def test_fsdp_full_shard_shards_weights():
     four = memory_model(scn(mix={"method": "full", "fsdp": "full_shard"}, hw={"gpus_per_node": 4}))
     op = memory_model(scn(mix={"method": "full", "fsdp": "shard_grad_op"}, hw={"gpus_per_node": 4}))
     assert four.weights == pytest.approx(one.weights / 4, rel=1e-9)
-    assert four.weights < op.weights
+    # FSDP2 shards the fp32 parameters under both strategies (measured on gloo, world 2); shard_grad_op keeps the
+    # gathered bf16 copy until backward ends instead of resharding after forward
+    assert op.weights == pytest.approx(four.weights, rel=1e-9)
+    assert four.weight_transient < op.weight_transient
     assert four.breakdown(1, 512).peak_bytes < op.breakdown(1, 512).peak_bytes
 
 

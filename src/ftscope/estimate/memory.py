@@ -198,7 +198,7 @@ def memory_model(scn: Scenario, allocator: AllocatorModel = DEFAULT_ALLOCATOR) -
     else:
         frozen_bytes = frozen * (4.0 if fp32 else 2.0)
 
-    shard_w = n if stage == 3 else 1
+    shard_w = n if (stage == 3 or fsdp) else 1  # FSDP2 shards parameters at both strategies
     shard_g = n if stage >= 2 else 1
     shard_o = n if stage >= 1 else 1
     weights = (frozen_bytes + trainable * w_b) / shard_w
@@ -212,6 +212,9 @@ def memory_model(scn: Scenario, allocator: AllocatorModel = DEFAULT_ALLOCATOR) -
         cpu += weights
         weights = 0.0
 
+    if stage == 0 and n > 1:
+        # DDP copies every gradient into its communication buckets (HF Trainer / accelerate default)
+        grads *= 2.0
     # gradients already allocated during forward
     grads_fwd = grads if (scn.workload.gradient_accumulation > 1 or deepspeed) else 0.0
     if deepspeed and stage >= 2:

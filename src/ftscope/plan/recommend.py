@@ -107,7 +107,7 @@ def _mixes(scn: Scenario, space: SearchSpace) -> Iterator[Mix]:
                       attention=att, optimizer=opt, experts_backend=be)
 
 
-def _mix_reason(scn: Scenario) -> str | None:
+def mix_reason(scn: Scenario) -> str | None:
     try:
         check_mix(scn.mix)
     except FtscopeError as exc:
@@ -119,7 +119,7 @@ def _mix_reason(scn: Scenario) -> str | None:
 
 
 def _evaluate(cand: Scenario, global_batch: int | None, cal: Calibration) -> Candidate:
-    reason = _mix_reason(cand)
+    reason = mix_reason(cand)
     if reason:
         return Candidate(cand, None, reason)
     world = cand.cluster.world_size

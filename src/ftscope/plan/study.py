@@ -14,7 +14,7 @@ from typing import Any, Sequence
 from ..errors import FtscopeError
 from ..estimate import estimate
 from ..estimate.efficiency import load_calibration
-from ..plan.recommend import _mix_reason
+from ..plan.recommend import mix_reason
 from ..spec.scenario import Scenario, scenario_from_dict
 
 DEFAULT_MODELS = ("phi-2", "llama-2-7b", "llama-2-13b", "llama-2-70b", "falcon-180b")
@@ -73,7 +73,7 @@ def study(models: Sequence[str] = DEFAULT_MODELS, gpu: str = "a100-80gb", gpus: 
             max_s = 0
             for seq in seq_lens:
                 scn = _scenario(model, gpu, gpus, seq, mix)
-                reason = _mix_reason(scn)
+                reason = mix_reason(scn)
                 if reason:
                     by_seq[seq] = {"fits": False, "reason": reason, "peak_gib": None, "step_s": None}
                     continue

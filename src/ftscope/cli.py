@@ -414,6 +414,54 @@ def report(
     _console().print(f"wrote {path} ({path.stat().st_size / 1024:,.0f} KiB, {sum(len(s.figures) for s in sections)} charts)")
 
 
+@study_app.command("moe")
+def study_moe_cmd(
+    scenario: Path = typer.Argument(..., help="Scenario of an MoE model (e.g. examples/moe-study-demo.yaml)."),
+    overrides: Optional[List[str]] = typer.Argument(None, help="key.path=value overrides."),
+    data: Path = typer.Option(..., "--data", help="Training JSONL ({prompt, answer} or {prompt, choices, answer})."),
+    eval_data: Path = typer.Option(..., "--eval", help="Evaluation JSONL, same format."),
+    tokenizer: Path = typer.Option(..., "--tokenizer", help="Local tokenizer.json."),
+    epochs: Optional[int] = typer.Option(None, "--epochs", help="Epochs (default: the scenario's)."),
+    top_k: Optional[str] = typer.Option(None, "--top-k", help="Top-k values to compare (default: the model's and all experts)."),
+    device: str = typer.Option("auto", "--device", help="auto | cuda | cpu."),
+    batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Micro-batch (default: the scenario's)."),
+    lr: float = typer.Option(1.5e-3, "--lr", help="Peak learning rate (AdamW, cosine decay)."),
+    memory_cap_gib: Optional[float] = typer.Option(None, "--memory-cap-gib", help="Budget for the measured max-batch search."),
+    no_max_batch: bool = typer.Option(False, "--no-max-batch", help="Skip the max-batch search."),
+    seed: int = typer.Option(0, "--seed", help="Same initial weights and batch order for every top-k."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Write study.json, tables.md and the plots here."),
+    plot: bool = typer.Option(True, "--plot/--no-plot", help="With --out: accuracy, loss and expert-load charts."),
+    json_out: bool = JSON_OPT,
+) -> None:
+    """Sparse vs dense MoE fine-tuning (the IISWC accuracy study): train with each top-k, evaluate every epoch,
+    compare loss, accuracy, throughput, max batch and the expert load before and after fine-tuning."""
+    from .spec.scenario import load_scenario
+
+    try:
+        ks = [int(k) for k in _split(top_k)] or None
+    except ValueError:
+        raise FtscopeError(f"--top-k must be comma-separated integers; got {top_k!r}") from None
+    scn = load_scenario(scenario, overrides or [])
+    if not scn.model.is_moe:
+        raise FtscopeError(f"study moe needs an MoE model; {scn.model.name} is dense")
+    from .measure.moe_study import study_moe, write_outputs
+
+    con = _console() if not json_out else None
+    result = study_moe(scn, str(data), str(eval_data), str(tokenizer), epochs=epochs, top_ks=ks, device=device,
+                       seed=seed, batch_size=batch_size, lr=lr, max_batch=not no_max_batch, memory_cap_gib=memory_cap_gib,
+                       progress=(lambda m: con.print(m)) if con is not None else None)
+    if out is not None:
+        write_outputs(result, out, plot)
+    if json_out:
+        _print_json(result.to_dict())
+        return
+    from .report.tables import simple_table
+    for title, columns, rows in result.tables():
+        con.print(simple_table(title, columns, rows))
+    if out is not None:
+        con.print(f"wrote {out}/")
+
+
 @app.command()
 def models(json_out: bool = JSON_OPT) -> None:
     """Bundled model presets (real HF config.json files) with parameter counts."""

@@ -73,6 +73,21 @@ def tensors(shape: BatchShape, vocab: int, device: str, generator: Any = None) -
     return {"input_ids": ids.to(device), "attention_mask": mask.to(device), "labels": labels.to(device)}
 
 
+def iter_jsonl(path: str | Path) -> Iterator[tuple[int, Any]]:
+    """(line number, parsed object) of each non-blank line of a local JSONL; bad input is a one-line FtscopeError."""
+    p = Path(path)
+    if not p.is_file():
+        raise FtscopeError(f"data file not found: {p}")
+    with p.open() as fh:
+        for n, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                yield n, json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise FtscopeError(f"{p}:{n}: not JSON ({exc.msg})") from None
+
+
 def read_jsonl_lengths(path: str | Path, tokenizer: str | Path, field: str = "text", limit: int = 5000) -> list[int]:
     """Token lengths of a local JSONL (one object per line, text in `field`, or prompt + response) with a local
     tokenizer (a tokenizer.json file or a folder holding one). No network."""
@@ -90,23 +105,16 @@ def read_jsonl_lengths(path: str | Path, tokenizer: str | Path, field: str = "te
         raise FtscopeError("reading --data needs the tokenizers package: pip install 'ftscope[measure]'") from None
     tok = Tokenizer.from_file(str(tpath))
     out = []
-    with p.open() as fh:
-        for n, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise FtscopeError(f"{p}:{n}: not JSON ({exc.msg})") from None
-            text = obj.get(field) if isinstance(obj, dict) else None
-            if text is None and isinstance(obj, dict):
-                text = " ".join(str(obj[k]) for k in ("instruction", "input", "prompt", "question", "output",
-                                                       "response", "answer") if obj.get(k))
-            if not text:
-                raise FtscopeError(f"{p}:{n}: no '{field}' (or prompt/response) text")
-            out.append(len(tok.encode(str(text)).ids))
-            if len(out) >= limit:
-                break
+    for n, obj in iter_jsonl(p):
+        text = obj.get(field) if isinstance(obj, dict) else None
+        if text is None and isinstance(obj, dict):
+            text = " ".join(str(obj[k]) for k in ("instruction", "input", "prompt", "question", "output",
+                                                   "response", "answer") if obj.get(k))
+        if not text:
+            raise FtscopeError(f"{p}:{n}: no '{field}' (or prompt/response) text")
+        out.append(len(tok.encode(str(text)).ids))
+        if len(out) >= limit:
+            break
     if not out:
         raise FtscopeError(f"{p} holds no samples")
     return out

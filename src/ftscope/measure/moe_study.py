@@ -39,6 +39,7 @@ from typing import Any, Callable, Sequence
 from ..errors import FtscopeError
 from ..spec.scenario import Scenario
 from . import require_torch
+from .batches import iter_jsonl
 
 EOS_NAMES = ("</s>", "<|end_of_text|>", "<|endoftext|>", "<|im_end|>", "<eos>", "[EOS]", "<|eot_id|>")
 DEFAULT_CPU_CAP_GIB = 0.0625
@@ -103,13 +104,7 @@ def load_samples(path: str | Path, tok: Any, cutoff: int | None = None) -> tuple
         raise FtscopeError(f"data file not found: {p}")
     out: list[Sample] = []
     cut = 0
-    for n, line in enumerate(p.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise FtscopeError(f"{p}:{n}: not JSON ({exc.msg})") from None
+    for n, obj in iter_jsonl(p):
         if not isinstance(obj, dict):
             raise FtscopeError(f"{p}:{n}: expected a JSON object")
         prompt = obj.get("prompt") or obj.get("question") or " ".join(

@@ -62,6 +62,20 @@ def test_memory_grows_with_batch_and_the_estimate_follows(tiny_result):
     assert 0.5 < dp / dm < 2.0
 
 
+def test_hooks_in_steps_of_their_own_leave_the_timed_steps_bare(tiny_result):
+    """The CUDA layout (the layer timer synchronizes, so it gets its own steps), run on CPU."""
+    scn = ftscope.load_scenario(TINY, ["workload.padding=max_length"])
+    r = profile(scn, device="cpu", steps=3, warmup=0, batch_sizes=(2,), db=None, separate_hooked_steps=True)
+    p = r.points[0]
+    assert p.status == "ok", p.error
+    assert p.hooked_step_s > 0 and p.step_s > 0
+    assert p.layer_times["total_s"]["experts"] > 0
+    load = p.expert_load  # counted over the two hooked steps only
+    assert all(sum(row) == tokens * load["top_k"] for row, tokens in zip(load["counts"], load["tokens"]))
+    assert load["tokens"] == [2 * 2 * scn.workload.seq_len] * len(load["tokens"])  # 2 hooked steps, not the 3 timed
+    assert next(q for q in tiny_result[0].points if q.batch == 2).hooked_step_s is None
+
+
 def test_points_and_environment_are_stored(tiny_result):
     result, db = tiny_result
     con = sqlite3.connect(db)

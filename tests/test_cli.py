@@ -126,7 +126,17 @@ def test_calibrate_cv_json(small_cases):
     d = ok_json("calibrate", "--cases", small_cases, "--cv", "--json")
     assert set(d["shared"]) >= {"matmul", "bandwidth", "kernel_floor_us"}
     assert d["provenance"]["points"] >= 5
-    assert set(d["cross_validation"]) == {"leave_one_case_out", "leave_one_gpu_out", "leave_one_model_out"}
+    assert set(d["cross_validation"]) == {"leave_one_case_out", "leave_one_gpu_out", "leave_one_model_out",
+                                          "per_gpu_leave_one_case_out"}
+
+
+def test_calibrate_fits_profile_stores_too(small_cases):
+    db = REPO / "data" / "measurements" / "gpu-timing.sqlite"
+    d = ok_json("calibrate", "--cases", small_cases, "--db", db, "--json")
+    assert "h200" in d["provenance"]["gpus"] and any("gpu-timing" in s for s in d["provenance"]["sources"])
+    assert "h200" in d["per_gpu"]  # 18 points: enough for its own refit
+    own = d["provenance"]["per_gpu"]["h200"]
+    assert own["points"] == 18 and own["in_sample_median_abs_pct_error_own"] < 25
 
 
 def test_calibrate_out_feeds_estimate(small_cases, tmp_path, dense):

@@ -554,12 +554,13 @@ def validate(
     from .validate.cases import load_cases
 
     loaded = load_cases([str(c) for c in cases] if cases else None)
-    extra = []
+    extra: list[Any] = []
+    skipped = [s for case in loaded for s in skipped_measurements(case)]
     if db is not None:
         from .validate.store_cases import store_checks
-        extra = store_checks(db)
+        extra, left_out = store_checks(db)
+        skipped += left_out
     results = run_validation(loaded, calibration=str(calibration) if calibration else None, extra=extra)
-    skipped = [s for case in loaded for s in skipped_measurements(case)]
     if json_out:
         _print_json({"results": [r.to_dict() for r in results], "summary": summary(results),
                      "skipped": [{"measurement": m, "why": w} for m, w in skipped]})
@@ -582,17 +583,24 @@ def calibrate(
     out: Optional[Path] = typer.Option(None, "--out", help="Write the calibration JSON here (default: print it)."),
     cv: bool = typer.Option(False, "--cv", help="Also print leave-one-case/GPU/model-out cross-validation errors."),
     baseline: Optional[str] = typer.Option(None, "--baseline", help="Also fit a baseline model on the same data: iiswc."),
+    db: Optional[List[Path]] = typer.Option(None, "--db", help="Also fit on the CUDA step times of this profile store (repeatable)."),
     json_out: bool = JSON_OPT,
 ) -> None:
-    """Fit the time model's efficiency parameters to measured times; `--cv` says how well it predicts
-    what it did not see."""
-    from .validate.calibrate import calibrate as run_calibrate, cross_validate, time_points
+    """Fit the time model's efficiency parameters to measured times (published cases, plus your own profile
+    runs with --db); `--cv` says how well it predicts what it did not see."""
+    from .validate.calibrate import calibrate as run_calibrate, cross_validate, cross_validate_per_gpu, time_points
     from .validate.cases import load_cases
     from .validate.compare import all_checks
 
     paths = [str(c) for c in cases] if cases else None
     checks = all_checks(load_cases(paths))
-    cal = run_calibrate(checks, paths or ["bundled dev-cases.yaml"])
+    sources = list(paths or ["bundled dev-cases.yaml"])
+    if db:
+        from .validate.store_cases import store_checks
+        for store in db:
+            checks += store_checks(store)[0]
+            sources.append(f"profile store {store.name}")
+    cal = run_calibrate(checks, sources)
     data: dict[str, Any] = cal.to_dict()
     if cv:
         pts = time_points(checks)
@@ -600,6 +608,7 @@ def calibrate(
             "leave_one_case_out": cross_validate(pts, lambda p: p.check.case_id),
             "leave_one_gpu_out": cross_validate(pts, lambda p: p.check.scenario.cluster.gpu.key),
             "leave_one_model_out": cross_validate(pts, lambda p: p.check.scenario.model.name),
+            "per_gpu_leave_one_case_out": cross_validate_per_gpu(pts),
         }
     if baseline is not None:
         if baseline != "iiswc":
@@ -619,6 +628,9 @@ def calibrate(
     con.print(simple_table(f"fitted efficiencies -> {out}", ["parameter", "value"],
                            [[k, v] for k, v in data["shared"].items()]))
     con.print(f"in-sample median abs error {cal.provenance['in_sample_median_abs_pct_error']}% over {cal.provenance['points']} points")
+    for gpu, v in cal.provenance.get("per_gpu", {}).items():
+        con.print(f"{gpu}: own refit over {v['points']} points, in-sample median {v['in_sample_median_abs_pct_error_own']}% "
+                  f"(shared values: {v['in_sample_median_abs_pct_error_shared']}%)")
     if "baseline_iiswc" in data:
         con.print(simple_table("IISWC baseline, fitted in-sample on the same data", ["metric", "n", "median", "max", "how"],
                                [[r["metric"], r["n"], f"{r['median_abs_pct']:.1f}%", f"{r['max_abs_pct']:.1f}%", r["how"]]

@@ -60,16 +60,23 @@ def test_backward_twice_forward_for_full_once_for_frozen():
     assert q["backward"] / q["forward"] == pytest.approx(1.0, rel=0.03)
 
 
-def test_gradient_checkpointing_recomputes_one_forward_of_the_blocks():
+def test_gradient_checkpointing_recomputes_the_blocks_up_to_their_last_saved_tensor():
     b, seq = 2, 128
     plain = step_flops(scn(mix={"method": "full"}, b=b, seq=seq), b, seq)
     gc = step_flops(scn(mix={"method": "full", "gradient_checkpointing": True}, b=b, seq=seq), b, seq)
     assert plain["recompute"] == 0
-    s = scn()
-    head_fwd = 2 * b * seq * s.model.arch.hidden_size * s.model.arch.vocab_size  # LM head is outside the blocks
-    assert gc["recompute"] == pytest.approx(gc["forward"] - head_fwd, rel=1e-9)
+    a = scn().model.arch
+    head_fwd = 2 * b * seq * a.hidden_size * a.vocab_size  # LM head is outside the blocks
+    # torch's checkpoint stops once the down projection's input (the last saved tensor) is back: its matmul is
+    # not rerun (the fake-tensor trace of HF Llama shows exactly this)
+    down_fwd = 2 * b * seq * a.intermediate_size * a.hidden_size * a.num_layers
+    assert gc["recompute"] == pytest.approx(gc["forward"] - head_fwd - down_fwd, rel=1e-9)
     assert gc["forward"] == pytest.approx(plain["forward"], rel=1e-12)
     assert gc["total"] == pytest.approx(plain["total"] + gc["recompute"], rel=1e-12)
+    # a LoRA adapter on down_proj saves tensors after the base matmul, so the base matmul is recomputed
+    lora = step_flops(scn(mix={"method": "lora", "gradient_checkpointing": True}, b=b, seq=seq), b, seq)
+    lora_fwd_blocks = lora["forward"] - head_fwd
+    assert lora["recompute"] == pytest.approx(lora_fwd_blocks, rel=1e-9)
 
 
 def test_flops_linear_in_batch_and_superlinear_in_seq():
@@ -102,16 +109,20 @@ def test_mixtral_forward_matches_active_params():
 
 
 def test_fused_expert_lora_adds_the_merge_matmuls_whatever_the_tokens():
-    # PEFT on transformers 5's fused experts computes W + B @ A for every expert stack, every pass
-    merged = {}
+    # PEFT on transformers 5's fused experts computes W + B @ A for every expert stack, twice per forward (the
+    # experts module reads the parametrized weight twice), instead of per-token adapter matmuls; and the merged
+    # weight's gradient makes the expert GEMMs' backward twice their forward (fake-tensor trace of Mixtral)
+    a = scn("mixtral-8x7b", {"method": "lora"}, 1, 128).model.arch
+    h, i, layers, r = a.hidden_size, a.moe_intermediate_size, len(a.moe_layers), 16
+    merge = 2 * r * h * i * a.num_experts * 3 * layers
     for seq in (128, 512):
         fused = step_flops(scn("mixtral-8x7b", {"method": "lora", "experts_backend": "grouped_mm"}, 1, seq), 1, seq)
         modules = step_flops(scn("mixtral-8x7b", {"method": "lora", "experts_backend": "modules"}, 1, seq), 1, seq)
-        merged[seq] = fused["forward"] - modules["forward"]
-    m = scn("mixtral-8x7b", {"method": "lora"}, 1, 128).model
-    a = m.arch
-    expected = 2 * 16 * a.hidden_size * a.moe_intermediate_size * a.num_experts * 3 * len(a.moe_layers)
-    assert merged[128] == pytest.approx(expected, rel=1e-9) and merged[512] == pytest.approx(expected, rel=1e-9)
+        per_token_adapters = 2 * seq * a.top_k * r * 3 * (h + i) * layers  # what the modules path runs instead
+        assert fused["forward"] - modules["forward"] + per_token_adapters == pytest.approx(2 * merge, rel=1e-9)
+        expert_gemms = 2 * seq * a.top_k * 3 * h * i * layers
+        extra_bwd = fused["backward"] - modules["backward"] + 2 * per_token_adapters
+        assert extra_bwd == pytest.approx(expert_gemms + 2 * merge, rel=1e-9)
 
 
 def test_eager_attention_computes_the_masked_half():

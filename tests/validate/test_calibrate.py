@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections import Counter
 
 import pytest
 
 import ftscope
 from ftscope.estimate.efficiency import Calibration, Efficiency
-from ftscope.validate.calibrate import (FIT_PARAMS, TimePoint, abs_pct_errors, calibrate, cross_validate, fit,
-                                        time_points)
+from ftscope.validate.calibrate import (FIT_PARAMS, MIN_PER_GPU_POINTS, TimePoint, abs_pct_errors, calibrate,
+                                        cross_validate, cross_validate_per_gpu, fit, time_points)
 from ftscope.validate.cases import load_cases
 from ftscope.validate.compare import Check, all_checks
 
@@ -88,7 +89,13 @@ def test_fit_respects_bounds(synthetic_points):
 
 def test_calibration_of_synthetic_checks(synthetic_points):
     cal = calibrate([p.check for p in synthetic_points], ["synthetic"])
-    assert isinstance(cal, Calibration) and cal.per_gpu == {}
+    counts = Counter(p.check.scenario.cluster.gpu.key for p in synthetic_points)
+    assert isinstance(cal, Calibration)
+    assert set(cal.per_gpu) == {g for g, n in counts.items() if n >= MIN_PER_GPU_POINTS} != set()
+    for gpu, eff in cal.per_gpu.items():  # one truth behind every point: the own refit finds it too
+        assert cal.provenance["per_gpu"][gpu]["in_sample_median_abs_pct_error_own"] < 1.0
+        assert eff.matmul == pytest.approx(TRUTH.matmul, rel=0.07)
+    assert calibrate([p.check for p in synthetic_points], ["synthetic"], min_per_gpu_points=10**6).per_gpu == {}
     prov = cal.provenance
     assert prov["points"] == len(synthetic_points)
     assert prov["sources"] == ["synthetic"]
@@ -106,6 +113,15 @@ def test_cross_validation_predicts_held_out_groups(synthetic_points):
         assert v["n"] == sum(1 for p in small if p.check.metric == g)
         assert 0 <= v["median"] <= v["max"] and math.isfinite(v["max"])
     assert cross_validate(small, lambda p: "all") == {}  # nothing left to fit on
+
+
+def test_per_gpu_cross_validation_leaves_each_case_out_of_both_fits(synthetic_points):
+    small = [p for p in synthetic_points if p.check.scenario.model.name == "llama-3.2-1b"]
+    cv = cross_validate_per_gpu(small, min_points=5)
+    assert set(cv) == {p.check.scenario.cluster.gpu.key for p in small}
+    (v,) = cv.values()
+    assert v["n"] == len(small) and v["median"] < 5.0  # noiseless truth: held-out cases are predicted
+    assert cross_validate_per_gpu(small, min_points=len(small) + 1) == {}
 
 
 @pytest.fixture(scope="module")

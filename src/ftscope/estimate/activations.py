@@ -5,7 +5,8 @@ Counted from what the HF implementations save (checked against fake-tensor trace
 - a linear layer saves its input only when its weight (or a LoRA adapter on it) needs a gradient;
 - SiLU-gated MLPs save gate, act(gate), up and (if `down` is trained) their product;
 - sdpa/flash save q, k, v, the output and a log-sum-exp; eager also keeps the fp32 softmax and its bf16 copy
-  (6 bytes per head x s x s);
+  (6 bytes per head x s x s), and its backward holds 6 more (the fp32 upcast gradient and softmax's fp32
+  input gradient) while the bf16 copy is already freed;
 - routed experts save their per-token tensors once per selected expert (top-k);
 - the loss upcasts logits to fp32: log_softmax saves B x T x V fp32; a chunked (compiled) loss keeps the
   bf16 logits and upcasts one chunk at a time.
@@ -33,6 +34,10 @@ class ActivationCoefficients:
     layer_per_token: float
     """The largest single block's saved bytes per token (recomputed one at a time under checkpointing)."""
     layer_per_token_quadratic: float
+    layer_ffn_per_token: float
+    """The FFN/MoE part of that block's bytes: already freed when its attention's backward runs."""
+    backward_quadratic: float
+    """Extra bytes per token x context while one eager attention backward runs (0 for sdpa/flash)."""
     checkpoint_per_token: float
     """Under gradient checkpointing: the block inputs kept for every block, per token."""
     head_per_token: float
@@ -49,8 +54,8 @@ def _trained(lin: Linear, mix: Mix, lora: frozenset[int]) -> bool:
     return mix.method == "full" or id(lin) in lora
 
 
-def _block_bytes(layer: Layer, model: ModelSpec, mix: Mix, lora: frozenset[int], top_k: int) -> tuple[float, float]:
-    """(bytes per token, bytes per token per context token) that one block saves."""
+def _block_bytes(layer: Layer, model: ModelSpec, mix: Mix, lora: frozenset[int], top_k: int) -> tuple[float, float, float]:
+    """(bytes per token, bytes per token per context token, the FFN's part of the first) that one block saves."""
     a = model.arch
     h = a.hidden_size
     c = 4 if mix.precision == "fp32" else 2                      # matmul activation dtype
@@ -61,6 +66,7 @@ def _block_bytes(layer: Layer, model: ModelSpec, mix: Mix, lora: frozenset[int],
     by_role = {lin.role: lin for lin in layer.linears}
     total = 0.0
     quad = 0.0
+    ffn = 0.0
 
     def inp(*roles: str, width: int) -> float:
         lins = [by_role[x] for x in roles if x in by_role]
@@ -89,13 +95,15 @@ def _block_bytes(layer: Layer, model: ModelSpec, mix: Mix, lora: frozenset[int],
         total += inp("o", width=o_w)
         if not a.fact("parallel"):
             total += norm * (a.fact("norms_per_layer", 2) // 2)
-        total += _ffn_bytes(layer, model, mix, lora, top_k, c, inp)
+        ffn = _ffn_bytes(layer, model, mix, lora, top_k, c, inp)
+        total += ffn
     elif layer.mixer == "mamba":
         di = a.mamba_d_inner
         total += norm + inp("in", width=h) + c * 2 * di + c * di + inp("x", width=di) + c * di * 3 + inp("out", width=di)
     else:  # BlackMamba's standalone MoE block
-        total += norm + _ffn_bytes(layer, model, mix, lora, top_k, c, inp)
-    return total, quad
+        ffn = _ffn_bytes(layer, model, mix, lora, top_k, c, inp)
+        total += norm + ffn
+    return total, quad, ffn
 
 
 def _ffn_bytes(layer: Layer, model: ModelSpec, mix: Mix, lora: frozenset[int], top_k: int, c: int, inp) -> float:
@@ -134,13 +142,13 @@ def activation_coefficients(model: ModelSpec, mix: Mix, top_k: int) -> Activatio
     """Per-token (and per token x context) saved bytes for this model and mix, on one GPU."""
     lora = model.lora_target_ids(mix.lora_targets) if mix.trains_lora else frozenset()
     saved = quad = 0.0
-    worst = worst_q = 0.0
+    worst = worst_q = worst_ffn = 0.0
     for layer, n in model.layer_groups:
-        b, q = _block_bytes(layer, model, mix, lora, top_k)
+        b, q, f = _block_bytes(layer, model, mix, lora, top_k)
         saved += b * n
         quad += q * n
         if b > worst:
-            worst, worst_q = b, q
+            worst, worst_q, worst_ffn = b, q, f
     a = model.arch
     h, v = a.hidden_size, a.vocab_size
     full_mixed = mix.method == "full" and mix.precision in ("bf16-mixed", "fp16-mixed") and mix.shard_stage == 0
@@ -154,6 +162,7 @@ def activation_coefficients(model: ModelSpec, mix: Mix, top_k: int) -> Activatio
         logits = (4.0 * v, (c + 4.0) * v, 8.0 * v)
     return ActivationCoefficients(
         saved_per_token=saved, saved_per_token_quadratic=quad, layer_per_token=worst, layer_per_token_quadratic=worst_q,
+        layer_ffn_per_token=worst_ffn, backward_quadratic=worst_q,
         checkpoint_per_token=r * h * model.num_layers, head_per_token=head,
         logits_saved_per_token=logits[0], logits_forward_extra_per_token=logits[1],
         logits_backward_extra_per_token=logits[2],

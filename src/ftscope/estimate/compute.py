@@ -29,6 +29,8 @@ class Op:
     """Backward work as a multiple of the forward work."""
     recompute: bool = True
     """Recomputed under gradient checkpointing (everything inside a block)."""
+    grouped: bool = False
+    """One grouped/batched GEMM over all experts (grouped_mm, batched_mm): its own efficiency class."""
 
 
 def _expected_experts_hit(tokens: float, k: int, experts: int) -> float:
@@ -52,7 +54,10 @@ def micro_batch_ops(scn: Scenario, batch: int, seq: float) -> list[Op]:
     causal = 0.5 if mix.attention in ("flash", "sdpa") else 1.0  # fused kernels skip masked blocks
     for layer, n in m.layer_groups:
         for lin in layer.linears:
-            bwd = 2.0 if full else 1.0  # frozen weights need input gradients only
+            # frozen weights need input gradients only; PEFT's LoRA on a fused expert stack trains W + B @ A,
+            # whose weight gradient the grouped GEMM computes in full
+            merged = mix.fused_experts and lin.group == "experts" and id(lin) in lora
+            bwd = 2.0 if (full or merged) else 1.0
             w = lin.in_features * lin.out_features
             lt = lin.group if lin.group in ("attention", "mlp", "experts", "router", "mamba") else (
                 "experts" if lin.group == "shared_expert" else "router")
@@ -68,7 +73,8 @@ def micro_batch_ops(scn: Scenario, batch: int, seq: float) -> list[Op]:
                     kernels = hit if mix.experts_backend in ("eager", "modules") else 1.0
                     rows = slots / max(hit, 1.0)
                 byts = w_bytes + c * slots * (lin.in_features + lin.out_features)
-                ops.append(Op("matmul", "experts", flops * n, byts * n, kernels * n, rows, bwd))
+                ops.append(Op("matmul", "experts", flops * n, byts * n, kernels * n, rows, bwd,
+                              grouped=mix.experts_backend in ("grouped_mm", "batched_mm")))
                 if mix.method == "qlora" and not mix.fused_experts:  # bitsandbytes quantizes per-expert modules only
                     ops.append(Op("dequant", "experts", 0.0, (NF4_BYTES + 2.0) * w * hit * n, hit * n, 1, 1.0))
                 if mix.experts_backend in ("eager", "modules") and lin.role == "gate":
@@ -77,21 +83,25 @@ def micro_batch_ops(scn: Scenario, batch: int, seq: float) -> list[Op]:
             else:
                 flops = 2.0 * tokens * w
                 byts = c * (w + tokens * (lin.in_features + lin.out_features))
-                ops.append(Op("matmul", lt, flops * n, byts * n, n, tokens, bwd))
+                # torch's checkpoint stops recomputing at the block's last saved tensor: the dense down
+                # projection's input, unless a LoRA adapter on it saves later ones (then lora_B is the skipped op)
+                rec = not (lin.role == "down" and layer.ffn == "dense" and (full or id(lin) not in lora))
+                ops.append(Op("matmul", lt, flops * n, byts * n, n, tokens, bwd, recompute=rec))
                 if mix.method == "qlora" and lin.group != "router":
                     ops.append(Op("dequant", lt, 0.0, (NF4_BYTES + 2.0) * w * n, n, 1, 1.0))
                 used = 1.0
-            if id(lin) in lora:
+            if merged:
+                # PEFT merges W + B @ A for the whole stack whatever the token count; the experts module reads
+                # the parametrized weight twice per forward (two merges, one of them in the graph: backward
+                # dA + dB = one merge's FLOPs twice). Inside the experts module, where the profiler's hooks see it.
+                merge = 2.0 * rank * lin.in_features * lin.out_features * lin.count
+                ops.append(Op("matmul", "experts", 2 * merge * n, 2 * c * 2 * lin.params * n, 2 * 2 * n, lin.out_features, 1.0))
+            elif id(lin) in lora:
                 # A: in -> r, B: r -> out, both trained (x2 in backward); experts get one adapter each
                 lflops = 2.0 * (tokens * (top_k if lin.group == "experts" else 1)) * rank * (lin.in_features + lin.out_features)
                 lbytes = c * (tokens * (top_k if lin.group == "experts" else 1)) * (lin.in_features + 2 * rank + lin.out_features)
                 ops.append(Op("matmul", "lora", lflops * n, lbytes * n, 3 * n * (used if mix.experts_backend in ("eager", "modules") else 1),
                               tokens, 2.0))
-                if lin.group == "experts" and mix.fused_experts:
-                    # PEFT merges W + B @ A for the whole stack every pass, whatever the token count
-                    merge = 2.0 * rank * lin.in_features * lin.out_features * lin.count
-                    # (inside the experts module, where the profiler's hooks see it too)
-                    ops.append(Op("matmul", "experts", merge * n, c * 2 * lin.params * n, 2 * n, lin.out_features, 2.0))
         # attention core and the elementwise traffic of the block
         if layer.mixer == "attention":
             qk = (a.qk_nope_head_dim + a.qk_rope_head_dim) if a.attention == "mla" else a.head_dim

@@ -25,6 +25,8 @@ class Efficiency:
     """Fraction of dense tensor peak that large GEMMs reach."""
     matmul_half_rows: float = 64.0
     """GEMM rows (tokens) at which efficiency is half of `matmul`: short GEMMs run far below peak."""
+    grouped_matmul: float = 1.0
+    """Grouped expert GEMMs (one kernel over all experts: grouped_mm, batched_mm) relative to `matmul`."""
     attention: float = 0.45
     """Fraction of peak fused attention kernels (flash / sdpa) reach."""
     bandwidth: float = 0.80

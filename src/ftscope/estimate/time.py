@@ -28,6 +28,8 @@ def _op_time(op: Op, eff: Efficiency, peak_flops: float, bandwidth: float) -> fl
     mem_t = op.bytes / (bandwidth * eff.bandwidth)
     if op.kind == "matmul":
         e = eff.matmul * op.rows / (op.rows + eff.matmul_half_rows)
+        if op.grouped:
+            e *= eff.grouped_matmul
         return max(op.flops / (peak_flops * e), mem_t) + floor
     if op.kind == "attention":
         return max(op.flops / (peak_flops * eff.attention), mem_t) + floor

@@ -168,10 +168,12 @@ class ModelSpec:
                 chosen.append((lin, n))
         return tuple(chosen)
 
-    def lora_params(self, rank: int, targets: str | Sequence[str]) -> int:
-        """Trainable LoRA parameters: A (r x in) and B (out x r) per targeted matrix and per expert."""
+    def lora_params(self, rank: int, targets: str | Sequence[str], fused_experts: bool = False) -> int:
+        """Trainable LoRA parameters: A (r x in) and B (out x r) per targeted matrix and per expert. Fused 3-D
+        experts (transformers 5) hold gate and up in one gate_up parameter: PEFT gives it one adapter, so the
+        two share an A."""
         key = targets if isinstance(targets, str) else tuple(targets)
-        return rank * _lora_width(self, key)
+        return rank * _lora_width(self, key, fused_experts)
 
 
 @lru_cache(maxsize=4096)
@@ -200,8 +202,16 @@ def _lora_targets(model: ModelSpec, targets: str | tuple[str, ...]) -> tuple[tup
 
 
 @lru_cache(maxsize=4096)
-def _lora_width(model: ModelSpec, targets: str | tuple[str, ...]) -> int:
-    return sum((lin.in_features + lin.out_features) * lin.count * n for lin, n in _lora_targets(model, targets))
+def _lora_width(model: ModelSpec, targets: str | tuple[str, ...], fused_experts: bool = False) -> int:
+    selected = _lora_targets(model, targets)
+    width = sum((lin.in_features + lin.out_features) * lin.count * n for lin, n in selected)
+    if fused_experts:
+        ids = {id(lin) for lin, _ in selected}
+        for layer, n in model.layer_groups:
+            pair = [lin for lin in layer.linears if lin.group == "experts" and lin.role in ("gate", "up") and id(lin) in ids]
+            if len(pair) == 2:
+                width -= pair[0].in_features * pair[0].count * n
+    return width
 
 
 @lru_cache(maxsize=4096)

@@ -20,6 +20,7 @@ from .compare import TIME_METRICS, Check
 FIT_PARAMS: tuple[tuple[str, float, float], ...] = (
     ("matmul", 0.2, 0.95),
     ("matmul_half_rows", 1.0, 4096.0),
+    ("grouped_matmul", 0.2, 1.0),
     ("attention", 0.1, 0.9),
     ("bandwidth", 0.3, 0.95),
     ("dequant_bandwidth", 0.1, 0.95),
@@ -44,6 +45,7 @@ class TimePoint:
         passes = 3.0 if self.check.scenario.mix.gradient_checkpointing else 2.0
         return {
             "samples_per_s": lambda: t.samples_per_s, "tokens_per_s": lambda: t.tokens_per_s, "step_s": lambda: t.step_s,
+            "fwd_bwd_opt_s": lambda: t.step_s - b["other"],
             "forward_s": lambda: b["forward"] + b["dequant"] / passes,
             "backward_s": lambda: b["backward"] + b["recompute"] + b["dequant"] * (passes - 1) / passes,
             "optimizer_s": lambda: b["optimizer"],
@@ -93,21 +95,49 @@ def abs_pct_errors(points: Sequence[TimePoint], eff: Efficiency) -> list[float]:
     return [abs(p.predict(eff) / p.check.measured - 1) * 100 for p in points]
 
 
-def calibrate(checks: Sequence[Check], sources: Sequence[str]) -> Calibration:
-    """The shared fit over every time measurement, with provenance."""
+MIN_PER_GPU_POINTS = 12
+"""A GPU gets its own refit only with at least this many time points (8 parameters are fitted)."""
+
+
+def _gpu(p: TimePoint) -> str:
+    return p.check.scenario.cluster.gpu.key
+
+
+def per_gpu_fits(points: Sequence[TimePoint], shared: Efficiency,
+                 min_points: int = MIN_PER_GPU_POINTS) -> dict[str, Efficiency]:
+    """Refit every parameter on one GPU's own points, starting from the shared fit, for GPUs with enough."""
+    out = {}
+    for gpu in sorted({_gpu(p) for p in points}):
+        own = [p for p in points if _gpu(p) == gpu]
+        if len(own) >= min_points:
+            out[gpu] = fit(own, base=shared)[0]
+    return out
+
+
+def calibrate(checks: Sequence[Check], sources: Sequence[str], min_per_gpu_points: int = MIN_PER_GPU_POINTS) -> Calibration:
+    """The shared fit over every time measurement, per-GPU refits where a GPU has enough points, with provenance."""
     pts = time_points(checks)
     eff, rms = fit(pts)
+    per_gpu = {k: _rounded(v) for k, v in per_gpu_fits(pts, eff, min_per_gpu_points).items()}
     errs = abs_pct_errors(pts, eff)
     prov = {
-        "method": "scipy least_squares on log(predicted/measured), shared across GPUs",
+        "method": "scipy least_squares on log(predicted/measured), shared across GPUs; per-GPU refits from the "
+                  f"shared values for GPUs with >= {min_per_gpu_points} points",
         "sources": list(sources),
         "points": len(pts),
-        "gpus": sorted({p.check.scenario.cluster.gpu.key for p in pts}),
+        "gpus": sorted({_gpu(p) for p in pts}),
         "fitted_parameters": [p[0] for p in FIT_PARAMS],
         "in_sample_median_abs_pct_error": round(statistics.median(errs), 2) if errs else None,
         "rms_log_error": round(rms, 4),
     }
-    return Calibration(shared=_rounded(eff), per_gpu={}, provenance=prov)
+    for gpu, g_eff in per_gpu.items():
+        own = [p for p in pts if _gpu(p) == gpu]
+        prov.setdefault("per_gpu", {})[gpu] = {
+            "points": len(own),
+            "in_sample_median_abs_pct_error_shared": round(statistics.median(abs_pct_errors(own, eff)), 2),
+            "in_sample_median_abs_pct_error_own": round(statistics.median(abs_pct_errors(own, g_eff)), 2),
+        }
+    return Calibration(shared=_rounded(eff), per_gpu=per_gpu, provenance=prov)
 
 
 def _rounded(eff: Efficiency) -> Efficiency:
@@ -127,4 +157,22 @@ def cross_validate(points: Sequence[TimePoint], key: Callable[[TimePoint], str])
         eff, _ = fit(train)
         errs = abs_pct_errors(held, eff)
         out[g] = {"n": len(held), "median": statistics.median(errs), "max": max(errs)}
+    return out
+
+
+def cross_validate_per_gpu(points: Sequence[TimePoint], min_points: int = MIN_PER_GPU_POINTS) -> dict[str, dict[str, float]]:
+    """For each GPU with its own refit: leave one of its cases out of both fits (shared and own), predict it.
+    Says what measuring a GPU buys: compare with the same GPU under leave-one-GPU-out."""
+    out = {}
+    for gpu in sorted({_gpu(p) for p in points}):
+        own = [p for p in points if _gpu(p) == gpu]
+        if len(own) < min_points:
+            continue
+        errs = []
+        for case in sorted({p.check.case_id for p in own}):
+            shared, _ = fit([p for p in points if p.check.case_id != case])
+            train = [p for p in own if p.check.case_id != case]
+            eff = fit(train, base=shared)[0] if len(train) >= min_points else shared
+            errs += abs_pct_errors([p for p in own if p.check.case_id == case], eff)
+        out[gpu] = {"n": len(errs), "median": statistics.median(errs), "max": max(errs)}
     return out

@@ -68,9 +68,18 @@ def _block_bytes(layer: Layer, model: ModelSpec, mix: Mix, lora: frozenset[int],
     quad = 0.0
     ffn = 0.0
 
+    # Autocast casts an activation anew for every op that needs it in the low dtype (it caches only weights), so
+    # when the input is not already in that dtype each linear saves its own copy: the fp32 residual stream of
+    # full AMP, and PEFT's fp32 adapters (it casts x to the adapter's dtype, autocast casts it back per lora_A).
+    mixed = mix.precision in ("bf16-mixed", "fp16-mixed")
+    per_linear = mixed and (full_mixed or (mix.trains_lora and mix.method != "full"))
+
     def inp(*roles: str, width: int) -> float:
         lins = [by_role[x] for x in roles if x in by_role]
-        saved = c * width if any(_trained(lin, mix, lora) for lin in lins) else 0.0
+        if per_linear:
+            saved = sum(c * width for lin in lins if (full_mixed and _trained(lin, mix, lora)) or id(lin) in lora)
+        else:
+            saved = c * width if any(_trained(lin, mix, lora) for lin in lins) else 0.0
         return saved + sum(c * rank for lin in lins if id(lin) in lora)  # lora_A output
 
     if layer.mixer == "attention":

@@ -69,7 +69,8 @@ class MemoryModel:
     optimizer_transient: float
     """Extra bytes during optimizer.step (foreach temporaries, fp32 grad partitions)."""
     weight_transient: float
-    """Extra bytes alive in forward/backward: autocast copies, dequantized block, gathered ZeRO-3/FSDP blocks."""
+    """Extra bytes alive in forward/backward: autocast copies, gathered ZeRO-3/FSDP blocks, PEFT's merged expert
+    stacks kept for backward."""
     acts: ActivationCoefficients
     checkpointing: bool
     cpu_bytes: float
@@ -78,6 +79,9 @@ class MemoryModel:
     """Device memory the caching allocator can reserve (total minus CUDA context)."""
     trainable_params: int
     allocator: AllocatorModel = field(default=DEFAULT_ALLOCATOR)
+    block_transient: float = 0.0
+    """Extra bytes alive only while a block computes (not at the loss): QLoRA's dequantized weight in flight,
+    under checkpointing the recomputed block's merged expert stack."""
 
     # --- per shape -----------------------------------------------------------------------------------------
     def activation_bytes(self, batch: float, seq: float) -> tuple[float, float]:
@@ -115,11 +119,12 @@ class MemoryModel:
         else:
             rec_act = after_head + att_bwd
         end_act = layer
+        bt = wt + self.block_transient
         return (
             ("forward", g_fwd, fwd_act, wt, static + g_fwd + fwd_act + wt),
             ("backward", g_fwd, bwd_act, wt, static + g_fwd + bwd_act + wt),
-            ("backward", g_fwd, rec_act, wt, static + g_fwd + rec_act + wt),
-            ("backward", g_end, end_act, wt, static + g_end + end_act + wt),
+            ("backward", g_fwd, rec_act, bt, static + g_fwd + rec_act + bt),
+            ("backward", g_end, end_act, bt, static + g_end + end_act + bt),
             ("optimizer", self.gradients, 0.0, self.optimizer_transient,
              static + self.gradients + self.optimizer_transient),
         )
@@ -238,11 +243,15 @@ def memory_model(scn: Scenario, allocator: AllocatorModel = DEFAULT_ALLOCATOR) -
     transient = 0.0
     if mix.method == "full" and mixed and not deepspeed and not fsdp:
         transient += total * 2.0                 # autocast's bf16 weight cache, kept for backward
+    block = 0.0
     if mix.method == "qlora":
         largest = max((lin.params for lin, _ in m.linears() if not (lin.group == "experts" and mix.fused_experts)),
                       default=0)
-        transient += largest * 2.0  # the dequantized bf16 weight of the matmul in flight
-    transient += peft_merged_expert_bytes(scn)
+        block += largest * 2.0  # the dequantized bf16 weight of the matmul in flight
+    if mix.gradient_checkpointing:
+        block += peft_merged_expert_bytes(scn)  # one recomputed layer's
+    else:
+        transient += peft_merged_expert_bytes(scn)  # every layer's, saved for backward
     if stage == 3:
         # ZeRO-3/FSDP gather the current block and prefetch the next (MoE blocks are gathered whole)
         per_param = NF4_BYTES if mix.method == "qlora" else 2.0
@@ -263,7 +272,7 @@ def memory_model(scn: Scenario, allocator: AllocatorModel = DEFAULT_ALLOCATOR) -
     capacity = cl.gpu.memory_bytes - allocator.cuda_context_gib * GIB
     return MemoryModel(
         weights=weights, gradients=grads, gradients_in_forward=grads_fwd, optimizer=optimizer,
-        optimizer_transient=opt_transient, weight_transient=transient, acts=acts,
+        optimizer_transient=opt_transient, weight_transient=transient, block_transient=block, acts=acts,
         checkpointing=mix.gradient_checkpointing, cpu_bytes=cpu, capacity_bytes=capacity,
         trainable_params=trainable, allocator=allocator,
     )

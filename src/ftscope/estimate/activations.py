@@ -38,6 +38,9 @@ class ActivationCoefficients:
     """The FFN/MoE part of that block's bytes: already freed when its attention's backward runs."""
     backward_quadratic: float
     """Extra bytes per token x context while one eager attention backward runs (0 for sdpa/flash)."""
+    forward_transient_per_token: float
+    """Extra bytes per token while the last block's forward runs: batched_mm under AMP gathers fp32 expert
+    weights for every routed token before casting them (the bf16 copies are what is saved)."""
     checkpoint_per_token: float
     """Under gradient checkpointing: the block inputs kept for every block, per token."""
     head_per_token: float
@@ -134,6 +137,8 @@ def _ffn_bytes(layer: Layer, model: ModelSpec, mix: Mix, lora: frozenset[int], t
     per_expert_token = (c * h if e_trained else 0) + 2 * c * inter + c * inter + (c * inter if e_trained else 0) + c * h
     if mix.trains_lora:
         per_expert_token += sum(c * rank for lin in experts if id(lin) in lora)
+    if mix.experts_backend in ("eager", "modules"):
+        per_expert_token += c * h  # the per-expert loop's index_add_ saves its source (each expert's output)
     if mix.experts_backend == "batched_mm":
         # batched_mm gathers each routed token's expert weights into a batch of matrices; autograd keeps them
         per_expert_token += sum(c * lin.in_features * lin.out_features for lin in experts)
@@ -164,6 +169,12 @@ def activation_coefficients(model: ModelSpec, mix: Mix, top_k: int) -> Activatio
     r = 4 if (mix.precision == "fp32" or full_mixed) else 2
     c = 4 if mix.precision == "fp32" else 2
     head = 4 * h + (c * h if mix.method == "full" else 0)
+    fwd_transient = 0.0
+    if model.is_moe and mix.experts_backend == "batched_mm" and full_mixed:
+        experts = [lin for layer, _ in model.layer_groups for lin in layer.linears if lin.group == "experts"]
+        per_layer = max((sum(lin.in_features * lin.out_features for lin in layer.linears if lin.group == "experts")
+                         for layer, _ in model.layer_groups), default=0) if experts else 0
+        fwd_transient = 4.0 * per_layer * top_k
     if mix.loss == "chunked":
         chunk = 1.0 / LOSS_CHUNKS
         logits = (c * v, 4.0 * v * chunk, (4.0 + c) * v * chunk)
@@ -171,7 +182,7 @@ def activation_coefficients(model: ModelSpec, mix: Mix, top_k: int) -> Activatio
         logits = (4.0 * v, (c + 4.0) * v, 8.0 * v)
     return ActivationCoefficients(
         saved_per_token=saved, saved_per_token_quadratic=quad, layer_per_token=worst, layer_per_token_quadratic=worst_q,
-        layer_ffn_per_token=worst_ffn, backward_quadratic=worst_q,
+        layer_ffn_per_token=worst_ffn, backward_quadratic=worst_q, forward_transient_per_token=fwd_transient,
         checkpoint_per_token=r * h * model.num_layers, head_per_token=head,
         logits_saved_per_token=logits[0], logits_forward_extra_per_token=logits[1],
         logits_backward_extra_per_token=logits[2],

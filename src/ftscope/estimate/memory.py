@@ -120,8 +120,10 @@ class MemoryModel:
             rec_act = after_head + att_bwd
         end_act = layer
         bt = wt + self.block_transient
+        in_block = after_head - a.head_per_token * t + a.forward_transient_per_token * t  # last block's forward
         return (
             ("forward", g_fwd, fwd_act, wt, static + g_fwd + fwd_act + wt),
+            ("forward", g_fwd, in_block, bt, static + g_fwd + in_block + bt),
             ("backward", g_fwd, bwd_act, wt, static + g_fwd + bwd_act + wt),
             ("backward", g_fwd, rec_act, bt, static + g_fwd + rec_act + bt),
             ("backward", g_end, end_act, bt, static + g_end + end_act + bt),

@@ -200,6 +200,24 @@ def test_moe_expert_flops_are_top_k_tokens(backend):
         assert any("balanced routing" in n for n in r.build.notes)
 
 
+def test_mla_attention_runs_the_kernel_cuda_would():
+    """DeepSeek's MLA has q/k heads of 192 and v heads of 128: CPU sdpa would take its math path (fp32 S x S
+    scores, no causal skipping); the trace routes it to the memory-efficient kernel CUDA picks."""
+    small, big = (run("deepseek-v2-lite", seq=seq, method="lora", lora_targets="attention") for seq in (64, 128))
+    cfg = small.build.config
+    heads, layers = cfg["num_attention_heads"], cfg["num_hidden_layers"]
+    d_qk, d_v = cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"], cfg["v_head_dim"]
+
+    def core(seq):  # causal QK^T + PV, lower triangle with the diagonal
+        return layers * 2 * B * heads * seq * seq * (d_qk + d_v) * (seq + 1) / (2 * seq)
+
+    # attention FLOPs beyond the projections grow with the causal core, nothing else quadratic
+    extra = big.flops_by_phase_layer["forward"]["attention"] - 2 * small.flops_by_phase_layer["forward"]["attention"]
+    assert extra == pytest.approx(core(128) - 2 * core(64), rel=1e-6)
+    # saved activations double with the sequence (no S x S tensor kept)
+    assert big.saved_bytes / small.saved_bytes == pytest.approx(2.0, rel=0.05)
+
+
 # ---- output and errors ---------------------------------------------------------------------------------------
 
 def test_to_dict_has_the_estimate_shape(lora):

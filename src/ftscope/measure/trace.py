@@ -145,6 +145,18 @@ def _sdpa_cpu_backward_flops(grad_out, query, key, value, out, logsumexp, dropou
     return int(2 * b * h * s_q * s_k * (3 * d_q + 2 * d_v) * _causal_fraction(s_q, s_k, is_causal))
 
 
+def _sdpa_efficient_flops(query, key, value, attn_bias=None, compute_log_sumexp=False, dropout_p=0.0,
+                          is_causal=False, *args, out_shape=None, **kwargs) -> int:
+    """Memory-efficient attention forward (what CUDA runs when q/k and v head dims differ, e.g. MLA)."""
+    return _sdpa_cpu_flops(query, key, value, dropout_p, is_causal)
+
+
+def _sdpa_efficient_backward_flops(grad_out, query, key, value, attn_bias, out, logsumexp, philox_seed,
+                                   philox_offset, dropout_p, grad_input_mask, is_causal=False, *args,
+                                   out_shape=None, **kwargs) -> int:
+    return _sdpa_cpu_backward_flops(grad_out, query, key, value, out, logsumexp, dropout_p, is_causal)
+
+
 def _grouped_mm_flops(mat_a, mat_b, *args, out_shape=None, **kwargs) -> int:
     """grouped_mm: each row of a 2-D operand meets one group's matrix, so FLOPs are 2 x rows x K x N whatever
     the split (forward 2-D x 3-D, input grad 2-D x 3-D, weight grad 2-D x 2-D -> 3-D); 3-D x 3-D is a bmm."""
@@ -169,6 +181,8 @@ def _flop_formulas() -> dict[Any, Any]:
     aten = torch.ops.aten
     out = {aten._scaled_dot_product_flash_attention_for_cpu: _sdpa_cpu_flops,
            aten._scaled_dot_product_flash_attention_for_cpu_backward: _sdpa_cpu_backward_flops,
+           aten._scaled_dot_product_efficient_attention: _sdpa_efficient_flops,
+           aten._scaled_dot_product_efficient_attention_backward: _sdpa_efficient_backward_flops,
            aten._grouped_mm: _grouped_mm_flops}
     if hasattr(torch.ops, "bitsandbytes") and hasattr(torch.ops.bitsandbytes, "gemm_4bit"):
         out[torch.ops.bitsandbytes.gemm_4bit] = _gemm_4bit_flops
@@ -545,9 +559,37 @@ def _unpacked_batch() -> Iterator[None]:
     saved = masking_utils.find_packed_sequence_indices
     masking_utils.find_packed_sequence_indices = lambda position_ids: None
     try:
-        yield
+        with _cuda_attention_kernels():
+            yield
     finally:
         masking_utils.find_packed_sequence_indices = saved
+
+
+@contextmanager
+def _cuda_attention_kernels() -> Iterator[None]:
+    """Pick the attention kernel CUDA would: with q/k and v head dims that differ (DeepSeek's MLA: 192 vs 128)
+    CPU sdpa falls back to the math path (it materializes B x H x S x S scores in fp32), while CUDA runs the
+    memory-efficient kernel. Its fake-tensor implementation runs anywhere, so the trace uses that."""
+    import torch
+    import torch.nn.functional as F
+
+    sdpa = F.scaled_dot_product_attention
+
+    def routed(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+        if (query.shape[-1] != value.shape[-1] and attn_mask is None and not enable_gqa
+                and query.shape[-3] == key.shape[-3] == value.shape[-3]):
+            out = torch.ops.aten._scaled_dot_product_efficient_attention(
+                query, key, value, None, query.requires_grad or key.requires_grad or value.requires_grad,
+                dropout_p, is_causal, scale=scale)
+            return out[0]
+        return sdpa(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
+                    enable_gqa=enable_gqa)
+
+    F.scaled_dot_product_attention = routed
+    try:
+        yield
+    finally:
+        F.scaled_dot_product_attention = sdpa
 
 
 def _check_traceable(scn: Scenario) -> list[str]:

@@ -70,9 +70,16 @@ def _from_x(x: Sequence[float], base: Efficiency, names: Sequence[str]) -> Effic
     return replace(base, **{n: math.exp(v) for n, v in zip(names, x)})
 
 
+PRIOR_WEIGHT = 0.2
+"""Per-GPU refits: a parameter's log distance from the shared value costs this much per unit, like a point's
+log error. It keeps what one GPU's points cannot see (attention without long contexts, grouped GEMMs without
+MoE runs) at the shared value instead of letting it drift to a bound."""
+
+
 def fit(points: Sequence[TimePoint], base: Efficiency = Efficiency(),
-        params: Sequence[tuple[str, float, float]] = FIT_PARAMS) -> tuple[Efficiency, float]:
-    """Least-squares fit of the parameters on log(predicted / measured); returns (efficiency, rms log error)."""
+        params: Sequence[tuple[str, float, float]] = FIT_PARAMS, prior: Efficiency | None = None) -> tuple[Efficiency, float]:
+    """Least-squares fit of the parameters on log(predicted / measured), optionally pulled towards `prior`;
+    returns (efficiency, rms log error of the points)."""
     import numpy as np
     from scipy.optimize import least_squares
 
@@ -81,13 +88,19 @@ def fit(points: Sequence[TimePoint], base: Efficiency = Efficiency(),
     hi = np.log([p[2] for p in params])
     x0 = np.clip(np.array(_to_x(base, names)), lo + 1e-9, hi - 1e-9)
 
+    x_prior = np.clip(np.array(_to_x(prior, names)), lo + 1e-9, hi - 1e-9) if prior is not None else None
+
     def residuals(x):
         eff = _from_x(x, base, names)
-        return np.array([math.log(max(p.predict(eff), 1e-12) / p.check.measured) for p in points])
+        r = [math.log(max(p.predict(eff), 1e-12) / p.check.measured) for p in points]
+        if x_prior is not None:
+            r += list(PRIOR_WEIGHT * (x - x_prior))
+        return np.array(r)
 
     res = least_squares(residuals, x0, bounds=(lo, hi), method="trf", x_scale="jac", max_nfev=400)
     eff = _from_x(res.x, base, names)
-    rms = float(np.sqrt(np.mean(res.fun ** 2))) if len(res.fun) else 0.0
+    point_res = res.fun[:len(points)]
+    rms = float(np.sqrt(np.mean(point_res ** 2))) if len(point_res) else 0.0
     return eff, rms
 
 
@@ -105,12 +118,13 @@ def _gpu(p: TimePoint) -> str:
 
 def per_gpu_fits(points: Sequence[TimePoint], shared: Efficiency,
                  min_points: int = MIN_PER_GPU_POINTS) -> dict[str, Efficiency]:
-    """Refit every parameter on one GPU's own points, starting from the shared fit, for GPUs with enough."""
+    """Refit every parameter on one GPU's own points, starting from and pulled towards the shared fit, for GPUs
+    with enough points."""
     out = {}
     for gpu in sorted({_gpu(p) for p in points}):
         own = [p for p in points if _gpu(p) == gpu]
         if len(own) >= min_points:
-            out[gpu] = fit(own, base=shared)[0]
+            out[gpu] = fit(own, base=shared, prior=shared)[0]
     return out
 
 
@@ -172,7 +186,7 @@ def cross_validate_per_gpu(points: Sequence[TimePoint], min_points: int = MIN_PE
         for case in sorted({p.check.case_id for p in own}):
             shared, _ = fit([p for p in points if p.check.case_id != case])
             train = [p for p in own if p.check.case_id != case]
-            eff = fit(train, base=shared)[0] if len(train) >= min_points else shared
+            eff = fit(train, base=shared, prior=shared)[0] if len(train) >= min_points else shared
             errs += abs_pct_errors([p for p in own if p.check.case_id == case], eff)
         out[gpu] = {"n": len(errs), "median": statistics.median(errs), "max": max(errs)}
     return out

@@ -148,7 +148,8 @@ def profile(
     memory_cap_gib: Optional[float] = typer.Option(None, "--memory-cap-gib", help="Pretend the device has this much "
                                                    "memory (CPU: the tensor tracker raises OOM past it)."),
     shrink: Optional[str] = typer.Option(None, "--shrink", help="Shrink the real config: layers=2,hidden=256,experts=4."),
-    weights: Optional[str] = typer.Option(None, "--weights", help="Local weights folder (default: random weights)."),
+    weights: Optional[str] = typer.Option(None, "--weights", help="Local Hugging Face model folder: config.json + "
+                                          "*.safetensors matching the scenario's model (default: random weights)."),
     data: Optional[str] = typer.Option(None, "--data", help="Local JSONL to draw sample lengths from."),
     tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="Local tokenizer.json for --data."),
     db: Path = typer.Option(Path("ftscope-runs.sqlite"), "--db", help="SQLite results store."),
@@ -179,6 +180,9 @@ def profile(
     if nproc > 1 or nnodes > 1:
         from .measure.distributed import profile_distributed
 
+        if weights is not None:
+            raise FtscopeError("--weights with --nproc/--nnodes > 1 is not supported yet: each engine would need its own "
+                               "loading path (ZeRO-3 / FSDP shard while loading); profile one process, or use random weights")
         dist = profile_distributed(scn, nproc, nnodes=nnodes, node_rank=node_rank, master_addr=master_addr,
                                    device=device, steps=steps, warmup=warmup, batch_sizes=sizes,
                                    shrink=_parse_shrink(shrink), db=str(db), emit_dir=str(emit_dir) if emit_dir else None,
@@ -429,6 +433,7 @@ def study_moe_cmd(
     memory_cap_gib: Optional[float] = typer.Option(None, "--memory-cap-gib", help="Budget for the measured max-batch search."),
     no_max_batch: bool = typer.Option(False, "--no-max-batch", help="Skip the max-batch search."),
     seed: int = typer.Option(0, "--seed", help="Same initial weights and batch order for every top-k."),
+    weights: Optional[str] = typer.Option(None, "--weights", help="Local Hugging Face model folder to start from (default: random weights)."),
     out: Optional[Path] = typer.Option(None, "--out", help="Write study.json, tables.md and the plots here."),
     plot: bool = typer.Option(True, "--plot/--no-plot", help="With --out: accuracy, loss and expert-load charts."),
     json_out: bool = JSON_OPT,
@@ -449,7 +454,7 @@ def study_moe_cmd(
     con = _console() if not json_out else None
     result = study_moe(scn, str(data), str(eval_data), str(tokenizer), epochs=epochs, top_ks=ks, device=device,
                        seed=seed, batch_size=batch_size, lr=lr, max_batch=not no_max_batch, memory_cap_gib=memory_cap_gib,
-                       progress=(lambda m: con.print(m)) if con is not None else None)
+                       progress=(lambda m: con.print(m)) if con is not None else None, weights=weights)
     if out is not None:
         write_outputs(result, out, plot)
     if json_out:

@@ -189,3 +189,50 @@ def test_config_comes_from_a_local_file(tmp_path):
     assert scenario_config(scn)["num_hidden_layers"] == 1
     _, info = build_model(scn)
     assert info.total_params == load_model(str(path)).total_params
+
+
+# ---- local weights -----------------------------------------------------------------------------------------------
+
+def test_local_weights_are_loaded_under_every_method(checkpoint):
+    folder, saved = checkpoint
+    for method in ("full", "lora"):
+        scn = ftscope.load_scenario({"model": str(folder / "config.json"), "mix": {"method": method, "precision": "bf16"},
+                                     "workload": {"micro_batch_size": 1, "seq_len": 16}})
+        torch.manual_seed(7)  # a different seed: random init would not reproduce the saved weights
+        model, info = build_model(scn, device="cpu", weights=folder)
+        assert any("weights loaded from" in n for n in info.notes)
+        state = {k.replace("base_model.model.", "").replace(".base_layer", ""): v for k, v in model.state_dict().items()}
+        for key in ("model.embed_tokens.weight", "model.layers.0.mlp.experts.gate_up_proj", "lm_head.weight"):
+            match = [v for k, v in state.items() if k == key or k.endswith(key.split("model.", 1)[-1])]
+            assert match and torch.equal(match[0], saved[key]), key
+
+
+@pytest.mark.parametrize("change, message", [
+    ("missing", "is not a folder"), ("empty", "no \\*.safetensors"), ("other", "different model than the scenario's"),
+])
+def test_bad_weight_folders_are_one_line_errors(checkpoint, tmp_path, change, message):
+    import json
+    import shutil
+    folder, _ = checkpoint
+    target = tmp_path / "w"
+    if change != "missing":
+        target.mkdir()
+        shutil.copy(folder / "config.json", target / "config.json")
+    if change == "other":
+        for f in folder.glob("*.safetensors"):
+            shutil.copy(f, target / f.name)
+        cfg = json.loads((target / "config.json").read_text())
+        cfg["hidden_size"] *= 2
+        (target / "config.json").write_text(json.dumps(cfg))
+    scn = ftscope.load_scenario({"model": str(folder / "config.json"), "mix": {"method": "lora"}, "workload": {"seq_len": 16}})
+    with pytest.raises(FtscopeError, match=message):
+        build_model(scn, device="cpu", weights=target)
+
+
+def test_weights_do_not_mix_with_shrink_or_trace(checkpoint):
+    folder, _ = checkpoint
+    scn = ftscope.load_scenario({"model": str(folder / "config.json"), "mix": {"method": "lora"}, "workload": {"seq_len": 16}})
+    with pytest.raises(FtscopeError, match="cannot be combined"):
+        build_model(scn, device="cpu", shrink={"layers": 1}, weights=folder)
+    with pytest.raises(FtscopeError, match="trace needs no weights"):
+        build_model(scn, device="meta", weights=folder)

@@ -146,3 +146,17 @@ def test_sigkill_midway_then_resume_runs_every_point_exactly_once(tmp_path):
     rows = sqlite3.connect(db).execute("select key, count(*) from points group by key").fetchall()
     assert sorted(k for k, _ in rows) == [f"batch={b}" for b in range(1, 7)]
     assert all(n == 1 for _, n in rows)
+
+
+def test_profile_runs_from_local_weights(checkpoint, tmp_path):
+    folder, _ = checkpoint
+    scn = ftscope.load_scenario({"model": str(folder / "config.json"), "mix": {"method": "lora", "lora_rank": 4,
+                                 "precision": "bf16"}, "workload": {"micro_batch_size": 1, "seq_len": 16}})
+    r = profile(scn, device="cpu", steps=1, warmup=0, batch_sizes=(1, 2), weights=str(folder),
+                db=str(tmp_path / "w.sqlite"))
+    assert [p.status for p in r.points] == ["ok", "ok"]
+    assert any("weights loaded from" in n for n in r.build["notes"])
+    with sqlite3.connect(tmp_path / "w.sqlite") as con:
+        (opts,) = con.execute("select scenario from runs").fetchone()
+    assert json.loads(opts)["options"]["weights"] == str(folder)
+

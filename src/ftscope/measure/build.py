@@ -1,4 +1,4 @@
-"""Build the real HF model of a scenario (random weights, no downloads), with the scenario's mix applied.
+"""Build the real HF model of a scenario (random weights or a local checkpoint, never a download), with the scenario's mix applied.
 
 The point of ftscope's measurements is to run the code people actually train with, so this module only
 assembles real pieces: `AutoModelForCausalLM.from_config` for the architecture, the config keys transformers 5
@@ -335,9 +335,50 @@ def count_params(model: Any) -> tuple[int, int]:
     return total, trainable
 
 
+WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin")
+CONFIG_MATCH = ("hidden_size", "num_hidden_layers", "vocab_size", "intermediate_size", "num_attention_heads")
+
+
+def check_weights(weights: str | Path, cfg: dict[str, Any], shrink: dict[str, Any] | None, device: str) -> Path:
+    """A local Hugging Face model folder whose config matches the scenario's model (one-line errors)."""
+    folder = Path(weights).expanduser()
+    if device == "meta":
+        raise FtscopeError("--weights: trace needs no weights (it allocates nothing); drop --weights")
+    if shrink:
+        raise FtscopeError("--weights and --shrink cannot be combined: shrinking changes every weight's shape")
+    if not folder.is_dir():
+        raise FtscopeError(f"--weights: {folder} is not a folder (a local Hugging Face model: config.json + *.safetensors)")
+    if not any(any(folder.glob(pattern)) for pattern in WEIGHT_FILES):
+        raise FtscopeError(f"--weights: no *.safetensors or pytorch_model*.bin in {folder}")
+    try:
+        theirs = json.loads((folder / "config.json").read_text())
+    except FileNotFoundError:
+        raise FtscopeError(f"--weights: {folder} has no config.json") from None
+    except json.JSONDecodeError as exc:
+        raise FtscopeError(f"--weights: {folder / 'config.json'} is not valid JSON ({exc.msg}, line {exc.lineno})") from None
+    ours_text = cfg["text_config"] if isinstance(cfg.get("text_config"), dict) else cfg
+    theirs_text = theirs["text_config"] if isinstance(theirs.get("text_config"), dict) else theirs
+    for key in CONFIG_MATCH:
+        if key in ours_text and key in theirs_text and ours_text[key] != theirs_text[key]:
+            raise FtscopeError(f"--weights: {folder} holds a different model than the scenario's ({key} "
+                               f"{theirs_text[key]} there, {ours_text[key]} in the scenario; point `model:` at "
+                               f"{folder / 'config.json'})")
+    return folder
+
+
+def _from_pretrained(transformers: Any, folder: Path, hf_cfg: Any, dtype: Any, device: str, kwargs: dict[str, Any]) -> Any:
+    try:
+        return transformers.AutoModelForCausalLM.from_pretrained(
+            str(folder), config=hf_cfg, dtype=dtype, device_map=device if device.startswith("cuda") else None,
+            local_files_only=True, **kwargs)
+    except (OSError, RuntimeError) as exc:
+        raise FtscopeError(f"--weights: transformers cannot load {folder}: {str(exc).splitlines()[0][:300]}") from None
+
+
 def build_model(scn: Scenario, device: str = "meta", shrink: dict[str, Any] | None = None,
-                dtype: Any = None) -> tuple[Any, BuildInfo]:
-    """The scenario's model with its mix applied, random weights, in training mode.
+                dtype: Any = None, weights: str | Path | None = None) -> tuple[Any, BuildInfo]:
+    """The scenario's model with its mix applied, in training mode: random weights, or the local Hugging Face
+    checkpoint in `weights` (loaded by transformers, so older per-expert layouts are converted as usual).
 
     device: meta (no memory; what `trace` uses) | cpu | cuda. shrink: smaller sizes for tests and CPU
     profiles (see apply_shrink). dtype: override the base weight dtype the precision implies.
@@ -351,6 +392,7 @@ def build_model(scn: Scenario, device: str = "meta", shrink: dict[str, Any] | No
         raise FtscopeError(f"device must be meta, cpu or cuda; got {device!r}")
     mix, spec = scn.mix, scn.model
     cfg = apply_shrink(scenario_config(scn), shrink)
+    folder = check_weights(weights, cfg, shrink, str(device)) if weights is not None else None
     notes: list[str] = []
     base_name, adapter_name, auto_name = precision_dtypes(scn)
     base_dtype = dtype if dtype is not None else getattr(torch, base_name)
@@ -391,15 +433,23 @@ def build_model(scn: Scenario, device: str = "meta", shrink: dict[str, Any] | No
     except (ValueError, TypeError, KeyError) as exc:
         raise FtscopeError(f"transformers cannot build a config for {spec.name}: {exc}") from None
     try:
-        with torch.device(device):
-            model = transformers.AutoModelForCausalLM.from_config(hf_cfg, dtype=base_dtype, **kwargs)
+        if folder is not None:
+            model = _from_pretrained(transformers, folder, hf_cfg, base_dtype, str(device), kwargs)
+        else:
+            with torch.device(device):
+                model = transformers.AutoModelForCausalLM.from_config(hf_cfg, dtype=base_dtype, **kwargs)
     except ValueError as exc:
         if attention != "sdpa" or "scaled_dot_product_attention" not in str(exc):
             raise FtscopeError(f"transformers cannot build {spec.name}: {exc}") from None
         attention = kwargs["attn_implementation"] = "eager"  # what transformers falls back to when not forced
         notes.append(f"{type(hf_cfg).__name__.replace('Config', '')} has no sdpa attention in transformers; traced eager")
-        with torch.device(device):
-            model = transformers.AutoModelForCausalLM.from_config(hf_cfg, dtype=base_dtype, **kwargs)
+        if folder is not None:
+            model = _from_pretrained(transformers, folder, hf_cfg, base_dtype, str(device), kwargs)
+        else:
+            with torch.device(device):
+                model = transformers.AutoModelForCausalLM.from_config(hf_cfg, dtype=base_dtype, **kwargs)
+    if folder is not None:
+        notes.append(f"weights loaded from {folder}")
     if spec.is_moe:
         experts_impl = getattr(model.config, "_experts_implementation", experts_impl)
     model.train()

@@ -20,8 +20,8 @@ Variance: the IISWC figure (Fig. 11) shows the variance of the average tokens pe
 and mixes sample and population variance between panels. Here both are given, per layer, over the experts of
 that layer: population (divide by E: the experts are the whole population) and sample (divide by E - 1).
 
-Models have random weights (measure.build builds from the config); loading local pretrained weights is the
-same open item as `profile --weights`. torch is imported inside the functions; nothing here runs at import.
+Models have random weights (measure.build builds from the config), or the local checkpoint given as `weights`
+(every top-k starts from it). torch is imported inside the functions; nothing here runs at import.
 """
 from __future__ import annotations
 
@@ -493,7 +493,8 @@ def study_moe(scn: Scenario, data: str | Path, eval_data: str | Path, tokenizer:
               shrink: dict[str, Any] | None = None, seed: int = 0, batch_size: int | None = None,
               lr: float = 1.5e-3, warmup_frac: float = 0.05,
               eval_batch: int = 64, max_batch: bool = True, memory_cap_gib: float | None = None,
-              max_batch_cap: int = 1024, progress: Callable[[str], None] | None = None) -> MoEStudyResult:
+              max_batch_cap: int = 1024, progress: Callable[[str], None] | None = None,
+              weights: str | Path | None = None) -> MoEStudyResult:
     """Fine-tune the scenario's MoE model once per top-k on `data`, evaluating on `eval_data` after every epoch.
 
     epochs / batch_size: default the scenario's workload.epochs and workload.micro_batch_size (8 when "max").
@@ -545,7 +546,7 @@ def study_moe(scn: Scenario, data: str | Path, eval_data: str | Path, tokenizer:
     for k in top_ks:
         scn_k = scn.with_(experts_top_k=int(k))
         torch.manual_seed(seed)  # same initial weights for every top-k: only the routing differs
-        model, info = build_model(scn_k, device=dev, shrink=shrink)
+        model, info = build_model(scn_k, device=dev, shrink=shrink, weights=weights)
         vocab = int((info.config.get("text_config") or info.config).get("vocab_size") or 0)
         if vocab and tok.get_vocab_size() > vocab:
             raise FtscopeError(f"the tokenizer has {tok.get_vocab_size()} tokens but the model's vocabulary is {vocab}")

@@ -186,9 +186,7 @@ def profile(scn: Scenario, device: str = "auto", steps: int = 3, warmup: int = 1
     dev = resolve_device(device)
     torch.manual_seed(seed)
     say = progress or (lambda _msg: None)
-    if weights is not None:
-        raise FtscopeError("--weights: loading local weights is not supported yet (random weights are used)")
-    model, info = build_model(scn, device=dev, shrink=shrink)
+    model, info = build_model(scn, device=dev, shrink=shrink, weights=weights)
     if info.config.get("vocab_size") is None:
         raise FtscopeError("the built config has no vocab_size")
     vocab = int(info.config.get("vocab_size"))
@@ -199,7 +197,7 @@ def profile(scn: Scenario, device: str = "auto", steps: int = 3, warmup: int = 1
     gen = torch.Generator().manual_seed(seed)
     cap = int(memory_cap_gib * 2**30) if memory_cap_gib else None
     env = environment(dev)
-    options = {"device": dev, "steps": steps, "warmup": warmup, "shrink": shrink, "data": data,
+    options = {"device": dev, "steps": steps, "warmup": warmup, "shrink": shrink, "data": data, "weights": weights,
                "memory_cap_gib": memory_cap_gib, "find_max_batch": find_max_batch, "seed": seed}
     store = Store(db) if db else None
     run_id = None

@@ -1,10 +1,8 @@
-"""Model instruments (measure/hooks.py): layer-type timing on synthetic modules with known sleep times and on
-tiny real transformers models, expert token counts for Mixtral / Qwen2-MoE / OLMoE, the NVML sampler."""
+"""Layer-type timing (measure/hooks.py) on synthetic modules with known sleep times and on tiny real
+transformers models (the builders are shared with test_expert_load.py)."""
 from __future__ import annotations
 
-import sys
 import time
-import types
 
 import pytest
 
@@ -12,9 +10,8 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 nn = torch.nn
 
-from ftscope.measure.hooks import (  # noqa: E402
-    ExpertLoad, LayerTimer, UtilizationSampler, classify, imbalance_of,
-)
+from ftscope.measure.expert_load import ExpertLoad  # noqa: E402
+from ftscope.measure.hooks import LayerTimer, classify  # noqa: E402
 
 U = 0.03  # time unit of the synthetic modules (seconds); misattribution moves at least 2 U
 
@@ -199,94 +196,6 @@ def test_gradient_checkpointing_recompute_and_single_count(reentrant: bool) -> N
     assert r.backward_s.get("attention", 0) > 0
     assert r.calls["attention"] == 2  # recomputation is not a call
     assert el.tokens() == [32, 32] and [sum(row) for row in el.counts()] == [64, 64]  # not doubled
-
-
-@pytest.mark.parametrize("build", [tiny_mixtral, tiny_qwen2_moe, tiny_olmoe], ids=["mixtral", "qwen2_moe", "olmoe"])
-def test_expert_counts_sum_to_tokens_times_top_k(build) -> None:  # type: ignore[no-untyped-def]
-    model = build()
-    top_k = model.config.num_experts_per_tok
-    b, s = 3, 17
-    ids = torch.randint(1, 256, (b, s))
-    with ExpertLoad(model) as el:
-        model(input_ids=ids, labels=ids).loss.backward()
-        model(input_ids=ids[:1])  # a second forward adds up
-    assert el.is_moe and len(el.layers) == model.config.num_hidden_layers
-    assert el.top_k == top_k
-    tokens = (b + 1) * s
-    assert el.tokens() == [tokens] * len(el.layers)
-    for row in el.counts():
-        assert len(row) == el.num_experts[0] and sum(row) == tokens * top_k and min(row) >= 0
-    assert el.dropped() == [0] * len(el.layers)
-    imb = el.imbalance()
-    assert all(v >= 1.0 for v in imb.max_over_mean) and all(v >= 0 for v in imb.cv)
-    d = el.to_dict()
-    assert d["counts"] == el.counts() and d["top_k"] == top_k
-    el.reset()
-    assert all(sum(r) == 0 for r in el.counts())
-
-
-def test_expert_load_on_a_dense_model_is_empty() -> None:
-    cfg = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                   num_attention_heads=2, num_key_value_heads=2, vocab_size=64)
-    el = ExpertLoad(transformers.LlamaForCausalLM(cfg))
-    assert not el.is_moe and el.counts() == []
-
-
-def test_imbalance_definitions() -> None:
-    imb = imbalance_of([[4, 0, 0, 0], [2, 2, 2, 2], [3, 1, 3, 1], [0, 0, 0, 0]])
-    assert imb.max_over_mean == [4.0, 1.0, 1.5, 0.0]
-    # population std: sqrt(((4-1)^2 + 3 * 1^2) / 4) = sqrt(3); of [3,1,3,1]: 1 -> cv 0.5
-    assert imb.cv == pytest.approx([3**0.5, 0.0, 0.5, 0.0])
-    assert imb.mean_max_over_mean == pytest.approx(6.5 / 4)
-
-
-def test_utilization_sampler_without_gpu_is_a_recorded_noop() -> None:
-    with UtilizationSampler() as s:
-        pass
-    summary = s.summary()
-    assert not summary.available and summary.reason and summary.samples == 0
-
-
-def _fake_nvml(gpm: bool) -> types.ModuleType:
-    nv = types.ModuleType("pynvml")
-    nv.nvmlInit = lambda: None
-    nv.nvmlShutdown = lambda: None
-    nv.nvmlDeviceGetHandleByUUID = lambda uuid: ("h", uuid)
-    nv.nvmlDeviceGetHandleByIndex = lambda i: ("h", i)
-    nv.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(used=5 * 2**30)
-    nv.nvmlDeviceGetUtilizationRates = lambda h: types.SimpleNamespace(gpu=87, memory=41)
-    if gpm:
-        nv.NVML_GPM_METRIC_SM_UTIL, nv.NVML_GPM_METRIC_DRAM_BW_UTIL, nv.NVML_GPM_METRICS_GET_VERSION = 2, 10, 1
-        nv.nvmlGpmQueryDeviceSupport = lambda h: types.SimpleNamespace(isSupportedDevice=1)
-        nv.nvmlGpmSampleAlloc = lambda: types.SimpleNamespace()
-        nv.nvmlGpmSampleGet = lambda h, s: None
-        nv.nvmlGpmSampleFree = lambda s: None
-
-        class Req:
-            def __init__(self) -> None:
-                self.metrics = [types.SimpleNamespace(metricId=0, value=0.0) for _ in range(4)]
-
-        def metrics_get(req):  # type: ignore[no-untyped-def]
-            for m in req.metrics[: req.numMetrics]:
-                m.value = {2: 63.0, 10: 29.0}[m.metricId]
-
-        nv.c_nvmlGpmMetricsGet_t = Req
-        nv.nvmlGpmMetricsGet = metrics_get
-    return nv
-
-
-@pytest.mark.parametrize("gpm", [False, True], ids=["utilization_rates", "gpm"])
-def test_utilization_sampler_with_fake_nvml(monkeypatch, gpm: bool) -> None:  # type: ignore[no-untyped-def]
-    monkeypatch.setitem(sys.modules, "pynvml", _fake_nvml(gpm))
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: types.SimpleNamespace(uuid="abc"))
-    with UtilizationSampler(device_index=0, interval_s=0.1) as s:
-        time.sleep(0.45)
-    summary = s.summary()
-    assert summary.available and summary.samples >= 2, summary
-    assert summary.source == ("gpm" if gpm else "utilization_rates")
-    assert (summary.sm_mean, summary.mem_bw_max) == ((63.0, 29.0) if gpm else (87.0, 41.0))
-    assert summary.device_mem_used_peak_bytes == 5 * 2**30
 
 
 def test_lora_adapters_and_quantized_base_layers() -> None:

@@ -191,7 +191,7 @@ class LoadSnapshot:
     """The same dividing by E - 1 (some IISWC panels use this one)."""
 
     def __post_init__(self) -> None:
-        from .hooks import imbalance_of
+        from .expert_load import imbalance_of
 
         imb = imbalance_of(self.counts)
         self.max_over_mean, self.cv = imb.max_over_mean, imb.cv
@@ -431,7 +431,7 @@ def expert_load(model: Any, evals: Sequence[Sample], eos: int | None, device: st
     batch so that no padding token is routed (ExpertLoad counts every token the router sees)."""
     import torch
 
-    from .hooks import ExpertLoad
+    from .expert_load import ExpertLoad
 
     load = ExpertLoad(model)
     if not load.is_moe:

@@ -170,7 +170,9 @@ def profile(scn: Scenario, device: str = "auto", steps: int = 3, warmup: int = 1
     from .batches import LengthSampler, read_jsonl_lengths, tensors
     from .build import build_model
     from .environment import environment
-    from .hooks import ExpertLoad, LayerTimer, UtilizationSampler
+    from .expert_load import ExpertLoad
+    from .hooks import LayerTimer
+    from .utilization import UtilizationSampler
     from .memory import MemoryMeter, is_oom
     from .search import find_max_batch as search_max
     from .store import Store

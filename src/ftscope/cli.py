@@ -449,7 +449,8 @@ def study_moe_cmd(
     scn = load_scenario(scenario, overrides or [])
     if not scn.model.is_moe:
         raise FtscopeError(f"study moe needs an MoE model; {scn.model.name} is dense")
-    from .measure.moe_study import study_moe, write_outputs
+    from .measure.moe_study import study_moe
+    from .report.moe_study import write_outputs
 
     con = _console() if not json_out else None
     result = study_moe(scn, str(data), str(eval_data), str(tokenizer), epochs=epochs, top_ks=ks, device=device,

@@ -270,6 +270,7 @@ def trace(
     rows = [[k, f"{v:.3f}", f"{est['memory']['breakdown_gib'].get(k, 0.0):.3f}" if est else "-"]
             for k, v in mem["breakdown_gib"].items()]
     rows.append(["peak (allocated)", f"{mem['allocated_gib']:.3f}", f"{est['memory']['allocated_gib']:.3f}" if est else "-"])
+    rows.append(["peak (reserved: allocator model)", f"{mem['peak_gib']:.3f}", f"{est['memory']['peak_gib']:.3f}" if est else "-"])
     con = _console()
     con.print(simple_table(f"{scn.model.name} | {scn.mix.label()} | b{result.batch} x {result.seq}: traced tensor memory "
                            f"(GiB, peak at {mem['peak_phase']})", ["category", "trace", "ftscope estimate"], rows))

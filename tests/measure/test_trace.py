@@ -225,7 +225,10 @@ def test_to_dict_has_the_estimate_shape(lora):
     mem = d["memory"]
     assert set(mem["breakdown_gib"]) == set(CATEGORIES)
     assert set(mem["phases_gib"]) == set(PHASES) and mem["peak_phase"] in PHASES
-    assert mem["peak_gib"] == max(mem["phases_gib"].values())
+    assert mem["allocated_gib"] == max(mem["phases_gib"].values())
+    # reserved (the caching-allocator replay) holds at least the tensors and at most the rounding and splits
+    # a 2-layer model's few hundred storages can add
+    assert mem["allocated_gib"] <= mem["peak_gib"] <= mem["allocated_gib"] * 3 + 0.1
     assert {"forward", "backward", "total", "by_layer"} <= set(d["flops"])
     assert d["model"]["trainable_params"] == lora.trainable_params
     assert d["scenario"]["workload"]["seq_len"] == S

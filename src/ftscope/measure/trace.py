@@ -69,6 +69,11 @@ class TraceResult:
     flops_by_phase_layer: dict[str, dict[str, float]] = field(default_factory=dict)
     saved_bytes: int = 0
     """Activations alive when forward ends (what autograd saved for backward, and the loss)."""
+    recs: list[Any] = field(default_factory=list, repr=False)
+    """Every storage the step allocated (size, creation and free event), for allocator replays."""
+    reserved_bytes: int = 0
+    """Peak reserved memory: the step's allocations replayed for 3 steps through a model of PyTorch's CUDA caching
+    allocator (measure/allocator.py); what torch.cuda.max_memory_reserved would show, less CUDA's own buffers."""
     wall_s: float = 0.0
 
     @property
@@ -92,7 +97,7 @@ class TraceResult:
             "model": {"name": scn.model.name, "total_params": self.total_params,
                       "trainable_params": self.trainable_params, "source": scn.model.source},
             "memory": {
-                "peak_gib": gib(self.peak_bytes),
+                "peak_gib": gib(self.reserved_bytes),
                 "allocated_gib": gib(self.peak_bytes),
                 "breakdown_gib": {k: gib(v) for k, v in self.categories.items()},
                 "phases_gib": {k: gib(v) for k, v in self.phases.items()},
@@ -100,8 +105,9 @@ class TraceResult:
                 "saved_after_forward_gib": gib(self.saved_bytes),
                 "peak_phase": self.peak_phase,
                 "seq_len": self.seq,
-                "metric": "allocated (tensor bytes of a fake-tensor trace, torch.cuda.max_memory_allocated); "
-                          "no allocator overhead or CUDA context",
+                "metric": "allocated_gib: tensor bytes of a fake-tensor trace (torch.cuda.max_memory_allocated); "
+                          "peak_gib: those allocations replayed through a CUDA caching-allocator model "
+                          "(max_memory_reserved); no CUDA context",
             },
             "flops": {
                 **{k: float(v) for k, v in self.flops.items()},
@@ -699,8 +705,44 @@ def trace(scn: Scenario, batch: int | None = None, seq: int | None = None,
                 if r is not None:
                     r.kind = "opt"
     result = _summarize(scn, batch, seq, info, rec, t_fwd_end)
+    result.reserved_bytes = replay_steps(rec.recs).peak_reserved
+    result.recs = rec.recs
     result.wall_s = time.perf_counter() - t_start
     return result
+
+
+def replay_steps(recs: list[_Rec], steps: int = 3, allocator: Any = None) -> Any:
+    """The traced step as a training loop would repeat it, through the caching-allocator model: weights first;
+    each step allocates and frees as traced, except that optimizer states are created in the first step only and
+    kept, gradients are freed at the end of every step (zero_grad(set_to_none=True)), and whatever the step left
+    alive (input, loss) is freed then too. With `allocator`, continue that allocator's history (a profile sweep:
+    the weights and optimizer states are already there)."""
+    from .allocator import CachingAllocator
+
+    fresh = allocator is None
+    alloc = CachingAllocator() if fresh else allocator
+    if fresh:
+        for r in recs:
+            if r.kind == "param":
+                alloc.malloc(id(r), r.nbytes)
+    call = object()  # keys of this replay never collide with an earlier one's
+    body = [r for r in recs if r.kind != "param"]
+    for step in range(steps):
+        events = []
+        for r in body:
+            if r.kind == "opt" and (step > 0 or not fresh):
+                continue
+            events.append((r.t0, 1, r))
+            if r.kind != "opt":
+                events.append((r.t1, 0, r))  # math.inf (alive at the end) sorts last: freed when the step ends
+        events.sort(key=lambda e: (e[0], e[1]))
+        for _, is_malloc, r in events:
+            key = (call, step, id(r)) if r.kind != "opt" else id(r)
+            if is_malloc:
+                alloc.malloc(key, r.nbytes)
+            else:
+                alloc.free(key)
+    return alloc
 
 
 def _category(r: _Rec) -> str:

@@ -35,7 +35,9 @@ def points(store: str, only: str):
             mem = m.get("memory") or {}
             if m.get("status") != "ok" or not mem.get("peak_reserved_bytes"):
                 continue
-            label = f"{raw['model']} {ftscope.load_scenario(raw).mix.label()} b{m['batch']}"
+            scn = ftscope.load_scenario(raw)
+            experts = f" {scn.mix.experts_backend}-experts" if scn.model.is_moe else ""
+            label = f"{raw['model']} {scn.mix.label()}{experts} s{raw['workload']['seq_len']} b{m['batch']}"
             if only in label:
                 yield label, raw, cfg, m, (store, run["id"]), sc.get("options") or {}
 

@@ -16,7 +16,8 @@ import pytest
 import ftscope
 from ftscope.errors import FtscopeError
 from ftscope.measure.distributed import DistributedResult, profile_distributed
-from ftscope.measure.dist_worker import COLLECTIVE_PATTERN, engine_name
+from ftscope.measure.engines import engine_name
+from ftscope.measure.rank_metrics import COLLECTIVE_PATTERN
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY_MOE = ROOT / "examples" / "tiny-mixtral.yaml"

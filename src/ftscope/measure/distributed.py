@@ -229,7 +229,7 @@ def profile_distributed(scn: Scenario, nproc: int, nnodes: int = 1, node_rank: i
     """
     require_torch()
     from .environment import environment
-    from .dist_worker import engine_name
+    from .engines import engine_name
     from .profile import resolve_device, sweep_id
     from .store import Store
 

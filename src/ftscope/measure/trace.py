@@ -27,10 +27,7 @@ checkpointed block's recompute are reported apart from backward.
 """
 from __future__ import annotations
 
-import math
 import time
-import weakref
-from collections import defaultdict
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterator
@@ -40,6 +37,9 @@ from ..spec.hardware import GIB
 from ..spec.scenario import Scenario
 from . import require_torch
 from .build import NF4_BLOCKSIZE, BuildInfo, build_model
+from .trace_flops import flop_formulas
+from .trace_layers import GlobalOnly, LayerContext, make_tagger
+from .trace_recorder import BalancedRouting, Rec, make_recorder
 
 CATEGORIES = ("weights", "gradients", "optimizer", "activations", "temporary")
 PHASES = ("forward", "backward", "optimizer")
@@ -125,369 +125,6 @@ class TraceResult:
                 "notes": list(self.build.notes),
             },
         }
-
-
-# ---- FLOP formulas torch's FlopCounterMode lacks -------------------------------------------------------------
-
-def _causal_fraction(s_q: int, s_k: int, is_causal: bool) -> float:
-    """Share of the score matrix a causal kernel computes: the lower triangle with its diagonal."""
-    if not is_causal or s_q != s_k or s_q == 0:
-        return 1.0
-    return (s_q + 1) / (2 * s_q)
-
-
-def _sdpa_cpu_flops(query, key, value, dropout_p=0.0, is_causal=False, *args, out_shape=None, **kwargs) -> int:
-    """CPU flash attention forward: QK^T and PV, 2 FLOPs per multiply-add (GQA keys are broadcast)."""
-    b, h, s_q, d_q = query
-    s_k, d_v = key[-2], value[-1]
-    return int(2 * b * h * s_q * s_k * (d_q + d_v) * _causal_fraction(s_q, s_k, is_causal))
-
-
-def _sdpa_cpu_backward_flops(grad_out, query, key, value, out, logsumexp, dropout_p=0.0, is_causal=False,
-                             *args, out_shape=None, **kwargs) -> int:
-    """Backward: recomputed scores, dV, dP, dQ, dK (torch's sdpa_backward_flop_count: 2bhs^2 (3 d_qk + 2 d_v))."""
-    b, h, s_q, d_q = query
-    s_k, d_v = key[-2], value[-1]
-    return int(2 * b * h * s_q * s_k * (3 * d_q + 2 * d_v) * _causal_fraction(s_q, s_k, is_causal))
-
-
-def _sdpa_efficient_flops(query, key, value, attn_bias=None, compute_log_sumexp=False, dropout_p=0.0,
-                          is_causal=False, *args, out_shape=None, **kwargs) -> int:
-    """Memory-efficient attention forward (what CUDA runs when q/k and v head dims differ, e.g. MLA)."""
-    return _sdpa_cpu_flops(query, key, value, dropout_p, is_causal)
-
-
-def _sdpa_efficient_backward_flops(grad_out, query, key, value, attn_bias, out, logsumexp, philox_seed,
-                                   philox_offset, dropout_p, grad_input_mask, is_causal=False, *args,
-                                   out_shape=None, **kwargs) -> int:
-    return _sdpa_cpu_backward_flops(grad_out, query, key, value, out, logsumexp, dropout_p, is_causal)
-
-
-def _grouped_mm_flops(mat_a, mat_b, *args, out_shape=None, **kwargs) -> int:
-    """grouped_mm: each row of a 2-D operand meets one group's matrix, so FLOPs are 2 x rows x K x N whatever
-    the split (forward 2-D x 3-D, input grad 2-D x 3-D, weight grad 2-D x 2-D -> 3-D); 3-D x 3-D is a bmm."""
-    if len(mat_a) == 2 and len(mat_b) == 3:
-        return 2 * mat_a[0] * mat_a[1] * mat_b[-1]
-    if len(mat_a) == 2 and len(mat_b) == 2:
-        return 2 * mat_a[0] * mat_a[1] * mat_b[1]
-    if len(mat_a) == 3 and len(mat_b) == 2:   # b's columns are split among a's groups
-        return 2 * mat_a[1] * mat_a[2] * mat_b[-1]
-    return 2 * mat_a[0] * mat_a[1] * mat_a[2] * mat_b[-1]
-
-
-def _gemm_4bit_flops(a, b, shape_b, *args, out_shape=None, **kwargs) -> int:
-    """bitsandbytes' fused NF4 GEMM: x [.., K] times the dequantized [N, K] weight."""
-    n, k = shape_b
-    return 2 * math.prod(a[:-1]) * k * n
-
-
-def _flop_formulas() -> dict[Any, Any]:
-    import torch
-
-    aten = torch.ops.aten
-    out = {aten._scaled_dot_product_flash_attention_for_cpu: _sdpa_cpu_flops,
-           aten._scaled_dot_product_flash_attention_for_cpu_backward: _sdpa_cpu_backward_flops,
-           aten._scaled_dot_product_efficient_attention: _sdpa_efficient_flops,
-           aten._scaled_dot_product_efficient_attention_backward: _sdpa_efficient_backward_flops,
-           aten._grouped_mm: _grouped_mm_flops}
-    if hasattr(torch.ops, "bitsandbytes") and hasattr(torch.ops.bitsandbytes, "gemm_4bit"):
-        out[torch.ops.bitsandbytes.gemm_4bit] = _gemm_4bit_flops
-    return out
-
-
-# ---- layer attribution -----------------------------------------------------------------------------------------
-
-_LORA_MARKS = ("lora_A", "lora_B", "LoraFactorsProxy", "LoraParameterProxy", "parametrizations")
-
-
-def _layer_of(parents: frozenset[str]) -> str:
-    """Layer type of an op from the dotted names of the modules running it (ancestors included): LoRA adapters
-    and PEFT's parametrization proxies first, then router, experts (shared ones too), attention, MLP, LM head."""
-    parts: set[str] = set()
-    for name in parents:
-        parts.update(name.split("."))
-    if any(m in p for p in parts for m in _LORA_MARKS):
-        return "lora"
-    if parts & {"gate", "router", "shared_expert_gate"}:
-        return "router"
-    if parts & {"experts", "shared_expert", "shared_experts"}:
-        return "experts"
-    if parts & {"self_attn", "self_attention"}:
-        return "attention"
-    if "mlp" in parts:
-        return "mlp"
-    if "lm_head" in parts:
-        return "lm_head"
-    return "other"
-
-
-class _LayerContext:
-    """Which layer type the running op belongs to, in forward and in backward.
-
-    Forward (and a checkpointed block's recompute): a stack of the modules whose forward is running, from global
-    forward pre/post hooks. Backward: the autograd node being executed, tagged in forward by a TorchFunctionMode
-    with the layer that created it. (torch's ModuleTracker misses the backward exit of modules called with
-    keyword arguments only, as HF calls its attention, and then books all later backward work to them.)
-    """
-
-    KEY = "ftscope_layer"
-
-    def __init__(self, model: Any) -> None:
-        self.names = {id(m): name for name, m in model.named_modules(remove_duplicate=False)}
-        self.stack: list[str] = []
-        self._cache: dict[tuple[str, ...], str] = {}
-        self._handles: list[Any] = []
-
-    def in_experts(self) -> bool:
-        return bool(self.stack) and "experts" in self.stack[-1].split(".")
-
-    def forward_layer(self) -> str:
-        key = tuple(self.stack)
-        layer = self._cache.get(key)
-        if layer is None:
-            layer = self._cache[key] = _layer_of(frozenset(self.stack))
-        return layer
-
-    def current(self, phase: str) -> str:
-        if phase == "backward":
-            import torch
-
-            node = torch._C._current_autograd_node()
-            return node.metadata.get(self.KEY, "other") if node is not None else "other"
-        return self.forward_layer() if phase in ("forward", "recompute") else "other"
-
-    def _pre(self, mod: Any, args: Any) -> None:
-        self.stack.append(self.names.get(id(mod)) or type(mod).__name__)
-
-    def _post(self, mod: Any, args: Any, out: Any) -> None:
-        if self.stack:
-            self.stack.pop()
-
-    def tag(self, out: Any) -> None:
-        """Tag the autograd nodes an op just created (and the untagged nodes behind them) with the layer."""
-        import torch
-        from torch.utils._pytree import tree_leaves
-
-        layer = None
-        for t in tree_leaves(out):
-            if not isinstance(t, torch.Tensor) or t.grad_fn is None:
-                continue
-            todo = [t.grad_fn]
-            while todo:
-                node = todo.pop()
-                if node is None:
-                    continue
-                md = node.metadata
-                if self.KEY in md:
-                    continue
-                if layer is None:
-                    layer = self.forward_layer()
-                md[self.KEY] = layer
-                todo.extend(n for n, _ in node.next_functions)
-
-    def __enter__(self) -> "_LayerContext":
-        import torch
-
-        self._handles = [torch.nn.modules.module.register_module_forward_pre_hook(self._pre),
-                         torch.nn.modules.module.register_module_forward_hook(self._post, always_call=True)]
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        for h in self._handles:
-            h.remove()
-        self._handles = []
-
-
-class _GlobalOnly:
-    """Stands in for FlopCounterMode's ModuleTracker: FLOPs are attributed by _LayerContext instead, and the
-    tracker's multi-grad hooks form reference cycles with autograd nodes that keep saved tensors alive past
-    backward until Python's cycle collector runs (an artifact of the tooling that a plain training step lacks)."""
-
-    parents = frozenset({"Global"})
-
-    def __enter__(self) -> "_GlobalOnly":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
-
-
-def _make_tagger(layers: _LayerContext) -> Any:
-    import torch
-    from torch.overrides import TorchFunctionMode
-
-    class Tagger(TorchFunctionMode):
-        def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-            out = func(*args, **(kwargs or {}))
-            if torch.is_grad_enabled():
-                layers.tag(out)
-            return out
-
-    return Tagger()
-
-
-# ---- the recorder ----------------------------------------------------------------------------------------------
-
-class _Rec:
-    __slots__ = ("nbytes", "t0", "t1", "phase", "kind")
-
-    def __init__(self, nbytes: int, t0: int, phase: str, kind: str) -> None:
-        self.nbytes, self.t0, self.t1, self.phase, self.kind = nbytes, t0, math.inf, phase, kind
-
-
-def _make_recorder(counter: Any, routing: "_BalancedRouting | None", layers: "_LayerContext") -> Any:
-    """The dispatch mode that books every storage and attributes FLOPs (built lazily: torch is optional)."""
-    import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils._pytree import tree_leaves
-
-    aten = torch.ops.aten
-    # ops whose output is a weight-sized copy when an input is a parameter (autocast casts, PEFT's W + BA)
-    copy_ops = {aten._to_copy.default, aten.clone.default, aten.baddbmm.default, aten.add.Tensor, aten.mul.Tensor}
-    dequant_ops = set()
-    if hasattr(torch.ops, "bitsandbytes"):
-        dequant_ops.add(torch.ops.bitsandbytes.dequantize_4bit.default)  # packed 4-bit weight -> bf16 copy
-
-    class Recorder(TorchDispatchMode):
-        def __init__(self) -> None:
-            super().__init__()
-            self.live: dict[int, _Rec] = {}
-            self.refs: dict[int, Any] = {}
-            self.recs: list[_Rec] = []
-            self.t = 0
-            self.cur = 0
-            self.phase = "setup"
-            self.peaks: dict[str, tuple[int, int]] = {}
-            self.param_numel: dict[int, int] = {}
-            self.flops: dict[tuple[str, str], float] = defaultdict(float)
-
-        # bookkeeping
-        def set_phase(self, phase: str) -> None:
-            self.phase = phase
-            self.peaks[phase] = (self.cur, self.t)
-
-        def track(self, tensor: Any, kind: str) -> _Rec | None:
-            st = tensor.untyped_storage()
-            key = id(st)
-            rec = self.live.get(key)
-            if rec is not None:
-                return rec
-            nbytes = st.nbytes()
-            rec = _Rec(nbytes, self.t, self.phase, kind)
-            self.t += 1
-            self.live[key] = rec
-            self.refs[key] = weakref.ref(st, lambda _r, key=key: self._free(key))
-            self.recs.append(rec)
-            self.cur += nbytes
-            peak = self.peaks.get(self.phase)
-            if peak is None or self.cur > peak[0]:
-                self.peaks[self.phase] = (self.cur, self.t)
-            return rec
-
-        def _free(self, key: int) -> None:
-            rec = self.live.pop(key, None)
-            self.refs.pop(key, None)
-            if rec is not None:
-                rec.t1 = self.t
-                self.t += 1
-                self.cur -= rec.nbytes
-
-        def rec_of(self, tensor: Any) -> _Rec | None:
-            return self.live.get(id(tensor.untyped_storage()))
-
-        def register_weights(self, tensors: list[Any]) -> None:
-            for t in tensors:
-                self.track(t, "param")
-                self.param_numel[id(t.untyped_storage())] = t.numel()
-
-        def _global_flops(self) -> int:
-            return sum(counter.flop_counts["Global"].values()) if counter is not None else 0
-
-        def _kind(self, func: Any, args: Any) -> tuple[str, int | None]:
-            """(kind of the op's new storages, numel a weight copy must have; -1: any)."""
-            kind = "recompute" if self.phase == "backward" and layers.stack else self.phase
-            if self.phase in ("forward", "backward"):
-                if func in dequant_ops:
-                    return kind, -1
-                if func in copy_ops:
-                    for a in tree_leaves(args):
-                        if isinstance(a, torch.Tensor):
-                            n = self.param_numel.get(id(a.untyped_storage()))
-                            if n is not None and n > 1:
-                                return kind, n
-            return kind, None
-
-        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-            kwargs = kwargs or {}
-            if routing is not None:
-                handled = routing.handle(func, args)
-                if handled is not _NOT_HANDLED:
-                    return handled
-            before = self._global_flops()
-            out = func(*args, **kwargs)
-            delta = self._global_flops() - before
-            if delta:
-                # a module's forward running inside backward: a checkpointed block being recomputed (grad mode
-                # cannot tell: custom autograd Functions such as bitsandbytes' run their forward without grad)
-                phase = "recompute" if self.phase == "backward" and layers.stack else self.phase
-                self.flops[(phase, layers.current(phase))] += delta
-            kind, copy_numel = self._kind(func, args)
-            for t in tree_leaves(out):
-                if isinstance(t, torch.Tensor) and t.device.type != "meta":
-                    is_copy = copy_numel is not None and (copy_numel < 0 or t.numel() == copy_numel)
-                    self.track(t, "wcopy" if is_copy else kind)
-            return out
-
-    return Recorder()
-
-
-_NOT_HANDLED = object()
-
-
-class _BalancedRouting:
-    """Answers the data-dependent ops of transformers' eager expert loop as if routing were perfectly balanced.
-
-    The eager backend loops over the experts a batch hits (`nonzero` on the routing mask) and gathers each
-    expert's tokens (`torch.where`): under fake tensors those sizes are unknown. Balanced routing hits every
-    expert with tokens x top_k / experts slots, which is also what the estimator assumes; grouped_mm and
-    batched_mm need no such help (their shapes do not depend on the routing).
-    """
-
-    def __init__(self, experts: int, layers: "_LayerContext") -> None:
-        import torch
-
-        self.torch = torch
-        self.experts = experts
-        self.layers = layers
-        self.calls = 0
-        self.index = 0
-        aten = torch.ops.aten
-        self.nonzero = aten.nonzero.default
-        self.scalar_ops = {aten.is_nonzero.default, aten._local_scalar_dense.default}
-
-    def handle(self, func: Any, args: Any) -> Any:
-        torch = self.torch
-        if (func is not self.nonzero and func not in self.scalar_ops) or not self.layers.in_experts():
-            return _NOT_HANDLED
-        if func is self.nonzero:
-            x = args[0]
-            e = self.experts
-            if x.dim() == 1 and x.shape[0] in (e, e + 1):
-                return torch.empty((e, 1), dtype=torch.long, device=x.device)
-            if x.dim() == 2:
-                slots = x.numel()   # (top_k, tokens): each token sits in top_k of the experts' masks
-                i = self.calls % e
-                self.calls += 1
-                share = math.floor((i + 1) * slots / e) - math.floor(i * slots / e)
-                return torch.empty((max(share, 0), 2), dtype=torch.long, device=x.device)
-            raise FtscopeError(f"data-dependent op nonzero on a {tuple(x.shape)} tensor: not traceable")
-        if func in self.scalar_ops and args and args[0].dim() == 0:
-            if args[0].dtype == torch.bool:
-                return False  # `if expert_idx == num_experts`: the no-expert sentinel is never hit
-            if not args[0].dtype.is_floating_point:
-                self.index = (self.index + 1) % self.experts  # `expert_mask[expert_idx]`: the next expert
-                return self.index
-        return _NOT_HANDLED
 
 
 # ---- fake weights ------------------------------------------------------------------------------------------------
@@ -668,16 +305,16 @@ def trace(scn: Scenario, batch: int | None = None, seq: int | None = None,
     if not trainable:
         raise FtscopeError("nothing to train: the mix leaves no parameter trainable")
     auto = getattr(torch, info.autocast_dtype) if info.autocast_dtype else None
-    counter = FlopCounterMode(display=False, custom_mapping=_flop_formulas())
-    counter.mod_tracker = _GlobalOnly()
-    layers = _LayerContext(model)
+    counter = FlopCounterMode(display=False, custom_mapping=flop_formulas())
+    counter.mod_tracker = GlobalOnly()
+    layers = LayerContext(model)
     routing = None
     if scn.model.is_moe and info.experts_implementation == "eager":
         experts = int(next(v for k, v in info.config.items()
                            if k in ("num_local_experts", "num_experts", "n_routed_experts") and v))
-        routing = _BalancedRouting(experts, layers)
+        routing = BalancedRouting(experts, layers)
         info.notes.append("eager experts traced with balanced routing (each expert gets tokens x top_k / experts)")
-    rec = _make_recorder(counter, routing, layers)
+    rec = make_recorder(counter, routing, layers)
     vocab = int(getattr(model.config, "vocab_size", 0) or info.config.get("vocab_size", 2))
     with fake_mode:
         ids = torch.randint(0, max(vocab, 2), (batch, seq), dtype=torch.long)
@@ -686,11 +323,11 @@ def trace(scn: Scenario, batch: int | None = None, seq: int | None = None,
             rec.register_weights(weights)
             rec.track(ids, "setup")
             rec.set_phase("forward")
-            with _unpacked_batch(), _make_tagger(layers), torch.autocast("cpu", dtype=auto, enabled=auto is not None):
+            with _unpacked_batch(), make_tagger(layers), torch.autocast("cpu", dtype=auto, enabled=auto is not None):
                 loss = model(input_ids=ids, labels=ids, use_cache=False).loss
             t_fwd_end = rec.t
             rec.set_phase("backward")
-            with _unpacked_batch(), _make_tagger(layers):  # a checkpointed block's recompute runs forward again
+            with _unpacked_batch(), make_tagger(layers):  # a checkpointed block's recompute runs forward again
                 loss.backward()
             del loss
             for p in trainable:
@@ -711,7 +348,7 @@ def trace(scn: Scenario, batch: int | None = None, seq: int | None = None,
     return result
 
 
-def replay_steps(recs: list[_Rec], steps: int = 3, allocator: Any = None) -> Any:
+def replay_steps(recs: list[Any], steps: int = 3, allocator: Any = None) -> Any:
     """The traced step as a training loop would repeat it, through the caching-allocator model: weights first;
     each step allocates and frees as traced, except that optimizer states are created in the first step only and
     kept, gradients are freed at the end of every step (zero_grad(set_to_none=True)), and whatever the step left
@@ -745,7 +382,7 @@ def replay_steps(recs: list[_Rec], steps: int = 3, allocator: Any = None) -> Any
     return alloc
 
 
-def _category(r: _Rec) -> str:
+def _category(r: Rec) -> str:
     if r.kind == "param":
         return "weights"
     if r.kind == "grad":
@@ -757,7 +394,7 @@ def _category(r: _Rec) -> str:
     return "activations"
 
 
-def _breakdown(recs: list[_Rec], t: int) -> dict[str, int]:
+def _breakdown(recs: list[Rec], t: int) -> dict[str, int]:
     """Bytes per category of the storages alive at event time t."""
     out = dict.fromkeys(CATEGORIES, 0)
     for r in recs:

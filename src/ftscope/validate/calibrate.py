@@ -14,7 +14,7 @@ from typing import Callable, Sequence
 from ..estimate import estimate
 from ..estimate.efficiency import Calibration, Efficiency
 from ..estimate.time import step_time
-from .compare import TIME_METRICS, Check
+from .compare import TIME_METRICS, Check, time_metric
 
 # (name, lower, upper): bounds keep every parameter physical
 FIT_PARAMS: tuple[tuple[str, float, float], ...] = (
@@ -40,16 +40,7 @@ class TimePoint:
 
     def predict(self, eff: Efficiency) -> float:
         t = step_time(self.check.scenario, self.batch, eff, self.trainable)
-        m = self.check.metric
-        b = t.breakdown_s
-        passes = 3.0 if self.check.scenario.mix.gradient_checkpointing else 2.0
-        return {
-            "samples_per_s": lambda: t.samples_per_s, "tokens_per_s": lambda: t.tokens_per_s, "step_s": lambda: t.step_s,
-            "fwd_bwd_opt_s": lambda: t.step_s - b["other"],
-            "forward_s": lambda: b["forward"] + b["dequant"] / passes,
-            "backward_s": lambda: b["backward"] + b["recompute"] + b["dequant"] * (passes - 1) / passes,
-            "optimizer_s": lambda: b["optimizer"],
-        }[m]()
+        return time_metric(t, self.check.metric, self.check.scenario.mix.gradient_checkpointing)
 
 
 def time_points(checks: Sequence[Check]) -> list[TimePoint]:

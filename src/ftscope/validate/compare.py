@@ -13,6 +13,7 @@ from typing import Any, Sequence
 from ..errors import FtscopeError
 from ..estimate import estimate
 from ..estimate.efficiency import Calibration, load_calibration
+from ..estimate.result import TimeEstimate
 from ..spec.scenario import Scenario, apply_overrides, scenario_from_dict
 from .cases import Case
 
@@ -49,25 +50,29 @@ class Check:
             return est.to_dict()["memory"][MEMORY_FIELD[m.split(":")[1]]]
         if est.time is None:
             return float("nan")
-        t = est.time
-        if m == "samples_per_s":
-            return t.samples_per_s
-        if m == "tokens_per_s":
-            return t.tokens_per_s
-        if m == "step_s":
-            return t.step_s
-        b = t.breakdown_s
-        if m == "fwd_bwd_opt_s":
-            return t.step_s - b["other"]
-        # profilers put dequantization inside the pass that triggers it: one forward, the rest in backward
-        passes = 3.0 if self.scenario.mix.gradient_checkpointing else 2.0
-        if m == "forward_s":
-            return b["forward"] + b["dequant"] / passes
-        if m == "backward_s":
-            return b["backward"] + b["recompute"] + b["dequant"] * (passes - 1) / passes
-        if m == "optimizer_s":
-            return b["optimizer"]
-        raise FtscopeError(f"unknown metric {m}")
+        return time_metric(est.time, m, self.scenario.mix.gradient_checkpointing)
+
+
+def time_metric(t: TimeEstimate, metric: str, gradient_checkpointing: bool) -> float:
+    """One TIME_METRICS value from a step-time estimate, as the source measured it."""
+    b = t.breakdown_s
+    if metric == "samples_per_s":
+        return t.samples_per_s
+    if metric == "tokens_per_s":
+        return t.tokens_per_s
+    if metric == "step_s":
+        return t.step_s
+    if metric == "fwd_bwd_opt_s":
+        return t.step_s - b["other"]
+    # profilers put dequantization inside the pass that triggers it: one forward, the rest in backward
+    passes = 3.0 if gradient_checkpointing else 2.0
+    if metric == "forward_s":
+        return b["forward"] + b["dequant"] / passes
+    if metric == "backward_s":
+        return b["backward"] + b["recompute"] + b["dequant"] * (passes - 1) / passes
+    if metric == "optimizer_s":
+        return b["optimizer"]
+    raise FtscopeError(f"unknown metric {metric}")
 
 
 @dataclass(frozen=True)

@@ -36,8 +36,6 @@ class ActivationCoefficients:
     layer_per_token_quadratic: float
     layer_ffn_per_token: float
     """The FFN/MoE part of that block's bytes: already freed when its attention's backward runs."""
-    backward_quadratic: float
-    """Extra bytes per token x context while one eager attention backward runs (0 for sdpa/flash)."""
     forward_transient_per_token: float
     """Extra bytes per token while the last block's forward runs: batched_mm under AMP gathers fp32 expert
     weights for every routed token before casting them (the bf16 copies are what is saved)."""
@@ -171,9 +169,8 @@ def activation_coefficients(model: ModelSpec, mix: Mix, top_k: int) -> Activatio
     head = 4 * h + (c * h if mix.method == "full" else 0)
     fwd_transient = 0.0
     if model.is_moe and mix.experts_backend == "batched_mm" and full_mixed:
-        experts = [lin for layer, _ in model.layer_groups for lin in layer.linears if lin.group == "experts"]
-        per_layer = max((sum(lin.in_features * lin.out_features for lin in layer.linears if lin.group == "experts")
-                         for layer, _ in model.layer_groups), default=0) if experts else 0
+        per_layer = max(sum(lin.in_features * lin.out_features for lin in layer.linears if lin.group == "experts")
+                        for layer, _ in model.layer_groups)
         fwd_transient = 4.0 * per_layer * top_k
     if mix.loss == "chunked":
         chunk = 1.0 / LOSS_CHUNKS
@@ -182,7 +179,7 @@ def activation_coefficients(model: ModelSpec, mix: Mix, top_k: int) -> Activatio
         logits = (4.0 * v, (c + 4.0) * v, 8.0 * v)
     return ActivationCoefficients(
         saved_per_token=saved, saved_per_token_quadratic=quad, layer_per_token=worst, layer_per_token_quadratic=worst_q,
-        layer_ffn_per_token=worst_ffn, backward_quadratic=worst_q, forward_transient_per_token=fwd_transient,
+        layer_ffn_per_token=worst_ffn, forward_transient_per_token=fwd_transient,
         checkpoint_per_token=r * h * model.num_layers, head_per_token=head,
         logits_saved_per_token=logits[0], logits_forward_extra_per_token=logits[1],
         logits_backward_extra_per_token=logits[2],

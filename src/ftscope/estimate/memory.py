@@ -110,10 +110,11 @@ class MemoryModel:
         fwd_act = saved + a.logits_forward_extra_per_token * t
         bwd_act = saved + a.logits_backward_extra_per_token * t
         # once the head's backward has run, the loss tensors are freed; then each block's backward holds (under
-        # checkpointing, recomputed) its activations and, in eager attention, as many again per score. By the
-        # time the attention's backward runs, the block's FFN activations are freed.
+        # checkpointing, recomputed) its activations and, in eager attention, as many bytes again per score as it
+        # saved (layer_per_token_quadratic: zero for sdpa/flash). By the time the attention's backward runs, the
+        # block's FFN activations are freed.
         after_head = saved - a.logits_saved_per_token * t
-        att_bwd = a.backward_quadratic * t * seq
+        att_bwd = a.layer_per_token_quadratic * t * seq
         if self.checkpointing:
             rec_act = after_head + max(layer, layer - a.layer_ffn_per_token * t + att_bwd)
         else:

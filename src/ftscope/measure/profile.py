@@ -186,6 +186,7 @@ def profile(scn: Scenario, device: str = "auto", steps: int = 3, warmup: int = 1
     if (data is None) != (tokenizer is None):
         raise FtscopeError("--data and --tokenizer go together (a local JSONL and a local tokenizer.json)")
     dev = resolve_device(device)
+    cuda = dev.startswith("cuda")
     torch.manual_seed(seed)
     say = progress or (lambda _msg: None)
     model, info = build_model(scn, device=dev, shrink=shrink, weights=weights)
@@ -201,7 +202,7 @@ def profile(scn: Scenario, device: str = "auto", steps: int = 3, warmup: int = 1
     env = environment(dev)
     options = {"device": dev, "steps": steps, "warmup": warmup, "shrink": shrink, "data": data, "weights": weights,
                "memory_cap_gib": memory_cap_gib, "find_max_batch": find_max_batch, "seed": seed,
-               "empty_cache_per_point": dev.startswith("cuda")}
+               "empty_cache_per_point": cuda}
     store = Store(db) if db else None
     run_id = None
     done: set[str] = set()
@@ -222,7 +223,7 @@ def profile(scn: Scenario, device: str = "auto", steps: int = 3, warmup: int = 1
         step(tensors(shape, vocab, dev, gen))
 
     def measure(b: int) -> ProfilePoint:
-        if dev.startswith("cuda"):
+        if cuda:
             # each point starts from an emptied cache, as a run at this batch size alone would: blocks cached
             # for earlier batch sizes otherwise raise its reserved peak (measured on an H200: +27 % at 8B b8)
             import gc
@@ -237,7 +238,7 @@ def profile(scn: Scenario, device: str = "auto", steps: int = 3, warmup: int = 1
         # On CUDA the layer timer synchronizes at every module boundary, which makes a small step host-bound
         # (measured on an H200: 1B LoRA b1 0.136 s hooked); so there the timed steps run bare and the hooks
         # get steps of their own. On CPU synchronizing is free and the hooks ride along (+2 % measured).
-        separate = hooks and (dev.startswith("cuda") if separate_hooked_steps is None else separate_hooked_steps)
+        separate = hooks and (cuda if separate_hooked_steps is None else separate_hooked_steps)
         timer = LayerTimer(model) if hooks and not separate else None
         load = ExpertLoad(model) if hooks and not separate else None
         sampler_util = UtilizationSampler()

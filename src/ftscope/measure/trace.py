@@ -363,17 +363,13 @@ def replay_steps(recs: list[Any], steps: int = 3, allocator: Any = None) -> Any:
             if r.kind == "param":
                 alloc.malloc(id(r), r.nbytes)
     call = object()  # keys of this replay never collide with an earlier one's
-    body = [r for r in recs if r.kind != "param"]
+    # math.inf (alive at the end) sorts last: freed when the step ends; optimizer states are never freed
+    steady = sorted([(r.t0, 1, r) for r in recs if r.kind not in ("param", "opt")]
+                    + [(r.t1, 0, r) for r in recs if r.kind not in ("param", "opt")], key=lambda e: (e[0], e[1]))
+    states = [(r.t0, 1, r) for r in recs if r.kind == "opt"]
+    first = sorted(steady + states, key=lambda e: (e[0], e[1])) if fresh else steady
     for step in range(steps):
-        events = []
-        for r in body:
-            if r.kind == "opt" and (step > 0 or not fresh):
-                continue
-            events.append((r.t0, 1, r))
-            if r.kind != "opt":
-                events.append((r.t1, 0, r))  # math.inf (alive at the end) sorts last: freed when the step ends
-        events.sort(key=lambda e: (e[0], e[1]))
-        for _, is_malloc, r in events:
+        for _, is_malloc, r in first if step == 0 else steady:
             key = (call, step, id(r)) if r.kind != "opt" else id(r)
             if is_malloc:
                 alloc.malloc(key, r.nbytes)

@@ -86,6 +86,11 @@ def scenario_config(scn: Scenario) -> dict[str, Any]:
     raise FtscopeError(f"cannot find the config.json of model '{spec.name}' to build it")
 
 
+def _text_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The language model's part of a config (multimodal wrappers keep it in text_config), not a copy."""
+    return cfg["text_config"] if isinstance(cfg.get("text_config"), dict) else cfg
+
+
 def _first_key(cfg: dict[str, Any], field_name: str) -> str | None:
     return next((k for k in ALIASES[field_name] if cfg.get(k) is not None), None)
 
@@ -356,8 +361,7 @@ def check_weights(weights: str | Path, cfg: dict[str, Any], shrink: dict[str, An
         raise FtscopeError(f"--weights: {folder} has no config.json") from None
     except json.JSONDecodeError as exc:
         raise FtscopeError(f"--weights: {folder / 'config.json'} is not valid JSON ({exc.msg}, line {exc.lineno})") from None
-    ours_text = cfg["text_config"] if isinstance(cfg.get("text_config"), dict) else cfg
-    theirs_text = theirs["text_config"] if isinstance(theirs.get("text_config"), dict) else theirs
+    ours_text, theirs_text = _text_config(cfg), _text_config(theirs)
     for key in CONFIG_MATCH:
         if key in ours_text and key in theirs_text and ours_text[key] != theirs_text[key]:
             raise FtscopeError(f"--weights: {folder} holds a different model than the scenario's ({key} "
@@ -416,7 +420,7 @@ def build_model(scn: Scenario, device: str = "meta", shrink: dict[str, Any] | No
             notes.append("experts_backend modules (transformers 4.x per-expert nn.Linear) does not exist in "
                          "transformers 5: built the eager loop over fused experts instead")
         kwargs["experts_implementation"] = experts_impl
-        text = cfg["text_config"] if isinstance(cfg.get("text_config"), dict) else cfg
+        text = _text_config(cfg)
         k_key = _first_key(text, "top_k")
         if mix.experts_top_k:
             if k_key is None:
@@ -432,22 +436,20 @@ def build_model(scn: Scenario, device: str = "meta", shrink: dict[str, Any] | No
         hf_cfg = transformers.AutoConfig.for_model(**cfg)
     except (ValueError, TypeError, KeyError) as exc:
         raise FtscopeError(f"transformers cannot build a config for {spec.name}: {exc}") from None
-    try:
+    def instantiate() -> Any:
         if folder is not None:
-            model = _from_pretrained(transformers, folder, hf_cfg, base_dtype, str(device), kwargs)
-        else:
-            with torch.device(device):
-                model = transformers.AutoModelForCausalLM.from_config(hf_cfg, dtype=base_dtype, **kwargs)
+            return _from_pretrained(transformers, folder, hf_cfg, base_dtype, str(device), kwargs)
+        with torch.device(device):
+            return transformers.AutoModelForCausalLM.from_config(hf_cfg, dtype=base_dtype, **kwargs)
+
+    try:
+        model = instantiate()
     except ValueError as exc:
         if attention != "sdpa" or "scaled_dot_product_attention" not in str(exc):
             raise FtscopeError(f"transformers cannot build {spec.name}: {exc}") from None
         attention = kwargs["attn_implementation"] = "eager"  # what transformers falls back to when not forced
         notes.append(f"{type(hf_cfg).__name__.replace('Config', '')} has no sdpa attention in transformers; traced eager")
-        if folder is not None:
-            model = _from_pretrained(transformers, folder, hf_cfg, base_dtype, str(device), kwargs)
-        else:
-            with torch.device(device):
-                model = transformers.AutoModelForCausalLM.from_config(hf_cfg, dtype=base_dtype, **kwargs)
+        model = instantiate()
     if folder is not None:
         notes.append(f"weights loaded from {folder}")
     if spec.is_moe:

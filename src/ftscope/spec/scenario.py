@@ -11,7 +11,7 @@ import yaml
 from ..errors import FtscopeError, did_you_mean
 from .hardware import Cluster, GpuSpec, gpu_from_catalog, gpu_from_inline
 from .mix import Mix, check_mix
-from .model import ModelSpec, load_model
+from .model import ModelSpec, load_model, model_from_config
 from .workload import DatasetStats, Workload, check_workload
 
 SECTIONS = {
@@ -115,6 +115,13 @@ def _dataset(value: Any) -> DatasetStats | None:
     return DatasetStats(**{k: _int_or(v, k) for k, v in value.items() if k in known})
 
 
+def _model(value: Any) -> ModelSpec:
+    """A preset, HF id or config path; or an inline config.json mapping (its `_name_or_path` names it)."""
+    if isinstance(value, Mapping):
+        return model_from_config(dict(value), name=str(value.get("_name_or_path") or "inline config"))
+    return load_model(str(value))
+
+
 def _gpu(value: Any) -> GpuSpec:
     if isinstance(value, str):
         return gpu_from_catalog(value)
@@ -140,7 +147,7 @@ def scenario_from_dict(raw: Mapping[str, Any]) -> Scenario:
     _check_keys("", raw, TOP_KEYS)
     if "model" not in raw or raw["model"] in (None, ""):
         raise FtscopeError("scenario has no 'model' (a preset from `ftscope models`, an HF id or a config.json path)")
-    model = load_model(str(raw["model"]))
+    model = _model(raw["model"])
     hw = _section(raw, "hardware")
     gpu = _gpu(hw.get("gpu", "a100-80gb"))
     cluster = Cluster(
@@ -185,7 +192,7 @@ def scenario_from_dict(raw: Mapping[str, Any]) -> Scenario:
     if usd is not None:
         usd = float(_positive(usd, "price.usd_per_gpu_hour", integer=False))
     return Scenario(model=model, cluster=cluster, mix=mix, workload=workload, usd_per_gpu_hour=usd,
-                    model_ref=str(raw["model"]), name=str(raw.get("name") or ""))
+                    model_ref=model.name if isinstance(raw["model"], Mapping) else str(raw["model"]), name=str(raw.get("name") or ""))
 
 
 def parse_overrides(pairs: Sequence[str]) -> list[tuple[list[str], Any]]:

@@ -3,10 +3,18 @@ physical claim FINDINGS.md rests on (bitsandbytes 0.42's ctx.tensors hold exactl
 that need grad; no other setting holds them)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
+
+from ftscope import catalog
+from ftscope.estimate.activations import activation_coefficients
+from ftscope.measure.build import shrink_config
+from ftscope.spec.mix import Mix
+from ftscope.spec.model import model_from_config
+from ftscope.spec.recipe import load_recipe
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "iiswc-stack" / "per-token-bytes.json"
 RUN_KEYS = {"stack", "variant", "layers", "hidden", "intermediate", "experts", "top_k", "vocab", "batch", "seq",
@@ -55,3 +63,29 @@ def test_bnb_ctx_bytes_follow_the_formula_and_only_under_bnb_042_nonreentrant(do
             assert held == pytest.approx(_bnb_formula(r), rel=1e-3), r["variant"]
         else:  # reentrant checkpointing, bf16 LoRA, or today's bitsandbytes: nothing kept on ctx
             assert held == 0.0, r["variant"]
+
+
+def _estimator_inputs(r: dict):
+    """The run's shrunk Mixtral as a ModelSpec, and the mix and recipe of its stack and variant."""
+    cfg = shrink_config(catalog.model_config("mixtral-8x7b"), layers=r["layers"], hidden=r["hidden"], vocab=r["vocab"])
+    cfg["num_experts_per_tok"] = r["top_k"]
+    model = model_from_config(cfg, "mixtral-shrunk")
+    assert (model.arch.hidden_size, model.arch.moe_intermediate_size) == (r["hidden"], r["intermediate"])
+    recipe = load_recipe("llama-factory-2024" if r["stack"] == "2024" else "hf-trainer")
+    if r["variant"] == "study-reentrant":
+        recipe = dataclasses.replace(recipe, checkpoint_impl="reentrant")
+    mix = Mix(method="lora" if r["variant"].endswith("bf16-lora") else "qlora", lora_rank=16,
+              lora_targets=("w1", "w2", "w3", "gate"), gradient_checkpointing=True, attention="flash",
+              experts_backend="modules" if r["stack"] == "2024" else "grouped_mm")
+    return model, mix, recipe
+
+
+def test_the_estimators_term_is_the_measured_bytes(doc):
+    """At every measured shape and setting, the estimator's held 4-bit inputs are the bytes bitsandbytes kept, and
+    its checkpointed bytes per token are those plus the measured layer inputs."""
+    for r in doc["runs"]:
+        model, mix, recipe = _estimator_inputs(r)
+        acts = activation_coefficients(model, mix, r["top_k"], recipe)
+        terms = r["terms_bytes_per_token"]
+        assert acts.kbit_inputs_per_token == terms.get("bnb_ctx_inputs", 0.0), r["variant"]
+        assert acts.checkpoint_per_token == terms.get("bnb_ctx_inputs", 0.0) + terms["checkpoint_layer_inputs"]

@@ -6,7 +6,7 @@ import math
 import pytest
 
 import ftscope
-from ftscope.estimate.activations import LOSS_CHUNKS, activation_coefficients
+from ftscope.estimate.activations import LOSS_CHUNKS, activation_coefficients, block_inputs
 
 
 def scn(model="llama-3.2-1b", mix=None):
@@ -125,3 +125,76 @@ def test_chunked_loss_upcasts_one_chunk_at_a_time():
     assert ch.logits_backward_extra_per_token < std.logits_backward_extra_per_token
     # blocks are unaffected by the loss
     assert ch.saved_per_token == std.saved_per_token
+
+
+# --- 4-bit inputs a k-bit matmul keeps under non-reentrant checkpointing (recipe kbit_matmul_keeps_input) -----
+
+def held(model="llama-2-7b", framework="llama-factory-2024", **mix):
+    d = {"model": model, "framework": framework, "hardware": {"gpu": "a40"},
+         "mix": {"method": "qlora", "gradient_checkpointing": True, "attention": "flash", **mix},
+         "workload": {"micro_batch_size": 1, "seq_len": 512}}
+    s = ftscope.load_scenario(d)
+    return activation_coefficients(s.model, s.mix, s.top_k, s.recipe), s
+
+
+def test_block_inputs_list_each_linear_once():
+    for name in ("llama-2-7b", "mixtral-8x7b", "qwen1.5-moe-a2.7b", "deepseek-v2-lite", "blackmamba-2.8b"):
+        s = scn(name)
+        for layer, _ in s.model.layer_groups:
+            listed = [id(lin) for g in block_inputs(layer, s.model, s.top_k) for lin in g.linears]
+            assert len(listed) == len(set(listed)), name
+            for g in block_inputs(layer, s.model, s.top_k):
+                assert {lin.in_features for lin in g.linears} == {g.width}, (name, g.key)
+
+
+def test_dense_qlora_holds_every_4bit_input_after_the_first_block():
+    a, s = held(lora_targets="all-linear")
+    arch, layers = s.model.arch, s.model.num_layers
+    h, o, inter = arch.hidden_size, arch.num_heads * arch.head_dim, arch.intermediate_size
+    # block 0: the q/k/v input is the frozen embeddings' normed output (no grad); o, gate/up and down follow adapters
+    first = o + h + inter
+    rest = h + o + h + inter
+    assert a.kbit_inputs_per_token == 2 * (first + (layers - 1) * rest)
+    assert a.checkpoint_per_token == 2 * h * layers + a.kbit_inputs_per_token
+
+
+def test_first_block_holds_only_inputs_downstream_of_its_adapters():
+    mlp, s = held(lora_targets=["gate_proj", "up_proj"])
+    arch, layers = s.model.arch, s.model.num_layers
+    h, o, inter = arch.hidden_size, arch.num_heads * arch.head_dim, arch.intermediate_size
+    assert mlp.kbit_inputs_per_token == 2 * (inter + (layers - 1) * (h + o + h + inter))
+
+
+def test_mixtral_term_is_the_measured_formula():
+    for k in (2, 8):
+        a, s = held("mixtral-8x7b", lora_targets=["w1", "w2", "w3", "gate"], experts_top_k=k, experts_backend="modules")
+        arch, layers = s.model.arch, s.model.num_layers
+        h, inter, o = arch.hidden_size, arch.moe_intermediate_size, arch.num_heads * arch.head_dim
+        assert a.kbit_inputs_per_token == 2 * (k * inter + (layers - 1) * (h + o + h + k * (h + inter)))
+
+
+@pytest.mark.parametrize("change", [{"framework": "hf-trainer"}, {"framework": "llama-factory"},
+                                    {"gradient_checkpointing": False}, {"method": "lora"}])
+def test_no_held_inputs_without_the_fact_non_reentrant_checkpointing_and_4bit(change):
+    framework = change.pop("framework", "llama-factory-2024")
+    a, _ = held(framework=framework, lora_targets="all-linear", **change)
+    assert a.kbit_inputs_per_token == 0
+
+
+def test_fused_experts_are_not_4bit():
+    modules, _ = held("mixtral-8x7b", lora_targets="all-linear", experts_backend="modules")
+    fused, s = held("mixtral-8x7b", lora_targets="all-linear", experts_backend="grouped_mm")
+    arch, layers = s.model.arch, s.model.num_layers
+    assert 0 < fused.kbit_inputs_per_token < modules.kbit_inputs_per_token
+    # only attention is 4-bit: q/k/v's input from the second block on, o's input in every block
+    assert fused.kbit_inputs_per_token == 2 * (arch.num_heads * arch.head_dim * layers + arch.hidden_size * (layers - 1))
+
+
+def test_held_inputs_shrink_the_max_batch():
+    def max_batch(framework):
+        d = {"model": "mixtral-8x7b", "framework": framework, "hardware": {"gpu": "a40"},
+             "mix": {"method": "qlora", "lora_targets": ["w1", "w2", "w3", "gate"], "gradient_checkpointing": True,
+                     "experts_backend": "modules", "attention": "flash"},
+             "workload": {"micro_batch_size": 1, "seq_len": 512}}
+        return ftscope.estimate(ftscope.load_scenario(d), with_time=False).max_micro_batch_size
+    assert max_batch("llama-factory-2024") * 4 < max_batch("hf-trainer")

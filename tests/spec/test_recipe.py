@@ -5,8 +5,8 @@ import ftscope
 from ftscope.errors import FtscopeError
 from ftscope.spec.recipe import DEFAULT_FRAMEWORK, framework_names, load_recipe, recipe_from_dict
 
-FRAMEWORKS = ("hf-trainer", "peft-kbit", "trl-sft", "axolotl", "llama-factory", "unsloth", "torchtune", "litgpt",
-              "torchtitan")
+FRAMEWORKS = ("hf-trainer", "peft-kbit", "trl-sft", "axolotl", "llama-factory", "llama-factory-2024", "unsloth",
+              "torchtune", "litgpt", "torchtitan")
 
 
 def _scn(**top):

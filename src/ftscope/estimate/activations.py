@@ -9,7 +9,12 @@ Counted from what the HF implementations save (checked against fake-tensor trace
   input gradient) while the bf16 copy is already freed;
 - routed experts save their per-token tensors once per selected expert (top-k);
 - the loss upcasts logits to fp32: log_softmax saves B x T x V fp32; a chunked (compiled) loss keeps the
-  bf16 logits and upcasts one chunk at a time.
+  bf16 logits and upcasts one chunk at a time;
+- under non-reentrant checkpointing, a 4-bit matmul that keeps its input as a ctx attribute (bitsandbytes <=
+  0.43.1, recipe `kbit_matmul_keeps_input`) holds every such input that needs grad until the backward ends.
+
+Which linears read which tensor is listed once, in `block_inputs`; the saved inputs and the held 4-bit inputs
+are both counted from that list.
 """
 from __future__ import annotations
 
@@ -41,7 +46,8 @@ class ActivationCoefficients:
     """Extra bytes per token while the last block's forward runs: batched_mm under AMP gathers fp32 expert
     weights for every routed token before casting them (the bf16 copies are what is saved)."""
     checkpoint_per_token: float
-    """Under gradient checkpointing: the block inputs kept for every block, per token."""
+    """Under gradient checkpointing: the block inputs kept for every block, per token (and the 4-bit linears'
+    inputs a recipe's k-bit matmul keeps, `kbit_inputs_per_token`)."""
     head_per_token: float
     """Final norm and LM-head input saved per token."""
     logits_saved_per_token: float
@@ -53,6 +59,27 @@ class ActivationCoefficients:
     loss_tile_per_token: float = 0.0
     """A fused LM head's logits tile buffer, per token up to `loss_tile_tokens` tokens (then fixed)."""
     loss_tile_tokens: float = 0.0
+    kbit_inputs_per_token: float = 0.0
+    """Of checkpoint_per_token: the 4-bit linears' inputs that the k-bit matmul keeps as ctx attributes, which
+    non-reentrant checkpointing cannot free (`kbit_held_inputs_per_token`)."""
+
+
+@dataclass(frozen=True)
+class LinearInput:
+    """One activation tensor that linears of a block read (q, k and v read the same normed input)."""
+
+    key: str
+    """attn_in, mla_kv_b, o, ffn_in, mlp_down, experts_in, experts_down, shared_down, mamba_in, mamba_x, mamba_out."""
+    linears: tuple[Linear, ...]
+    copies: int = 1
+    """Tensors of this width per token: top-k for routed experts (each routed copy is a tensor of its own)."""
+    fed_by: tuple[str, ...] = ()
+    """Keys of this block's inputs whose linears compute this tensor (besides the block's own input)."""
+
+    @property
+    def width(self) -> int:
+        """Features per token (the linears that share an input have the same in_features)."""
+        return self.linears[0].in_features
 
 
 def _trained(lin: Linear, mix: Mix, lora: frozenset[int]) -> bool:
@@ -68,6 +95,39 @@ def fp32_stream(mix: Mix, recipe: Recipe) -> bool:
     return full_mixed or kbit
 
 
+@lru_cache(maxsize=4096)
+def block_inputs(layer: Layer, model: ModelSpec, top_k: int) -> tuple[LinearInput, ...]:
+    """The distinct input tensors of a block's linears, in forward order, each with the inputs it is computed
+    from. MLA's q_b and Mamba's dt_proj read rank-wide tensors that are not counted."""
+
+    def sel(group: str, *roles: str) -> tuple[Linear, ...]:
+        return tuple(lin for lin in layer.linears if lin.group == group and lin.role in roles)
+
+    if layer.mixer == "mamba":
+        groups = [LinearInput("mamba_in", sel("mamba", "in")),
+                  LinearInput("mamba_x", sel("mamba", "x"), fed_by=("mamba_in",)),
+                  LinearInput("mamba_out", sel("mamba", "out"), fed_by=("mamba_in", "mamba_x"))]
+        return tuple(g for g in groups if g.linears)
+    groups, ffn_fed = [], ()
+    if layer.mixer == "attention":
+        groups += [LinearInput("attn_in", sel("attention", "q", "k", "v", "qkv", "mla_q_a", "mla_kv_a")),
+                   LinearInput("mla_kv_b", sel("attention", "mla_kv_b"), fed_by=("attn_in",)),
+                   LinearInput("o", sel("attention", "o"), fed_by=("attn_in", "mla_kv_b"))]
+        ffn_fed = () if model.arch.fact("parallel") else ("attn_in", "mla_kv_b", "o")
+    if layer.ffn == "dense":
+        groups += [LinearInput("ffn_in", sel("mlp", "gate", "up"), fed_by=ffn_fed),
+                   LinearInput("mlp_down", sel("mlp", "down"), fed_by=("ffn_in",))]
+    elif layer.ffn == "moe":
+        # the router, a shared expert and its gate read the normed hidden states; each routed expert reads its
+        # own indexed copy of them (transformers 4's per-expert loop) and its down projection that expert's product
+        groups += [LinearInput("ffn_in", sel("router", "router", "shared_gate") + sel("shared_expert", "gate", "up"),
+                               fed_by=ffn_fed),
+                   LinearInput("experts_in", sel("experts", "gate", "up"), copies=top_k, fed_by=ffn_fed),
+                   LinearInput("experts_down", sel("experts", "down"), copies=top_k, fed_by=("experts_in",)),
+                   LinearInput("shared_down", sel("shared_expert", "down"), fed_by=("ffn_in",))]
+    return tuple(g for g in groups if g.linears)
+
+
 def _block_bytes(layer: Layer, model: ModelSpec, mix: Mix, lora: frozenset[int], top_k: int,
                  recipe: Recipe) -> tuple[float, float, float]:
     """(bytes per token, bytes per token per context token, the FFN's part of the first) that one block saves."""
@@ -78,7 +138,7 @@ def _block_bytes(layer: Layer, model: ModelSpec, mix: Mix, lora: frozenset[int],
     r = 4 if (mix.precision == "fp32" or full_mixed) else 2       # residual stream dtype (fp32 params under AMP)
     norm = 4 * h + (r * h if mix.method == "full" else 0)        # fp32 stats copy (+ normalized input if weight trains)
     rank = mix.lora_rank if mix.trains_lora else 0
-    by_role = {lin.role: lin for lin in layer.linears}
+    inputs = {g.key: g for g in block_inputs(layer, model, top_k)}
     total = 0.0
     quad = 0.0
     ffn = 0.0
@@ -92,8 +152,10 @@ def _block_bytes(layer: Layer, model: ModelSpec, mix: Mix, lora: frozenset[int],
     # LoRA dropout > 0: each adapter drops out its own copy of the input (saved by lora_A) and keeps the mask
     dropout = mix.trains_lora and mix.lora_dropout > 0
 
-    def inp(*roles: str, width: int) -> float:
-        lins = [by_role[x] for x in roles if x in by_role]
+    def inp(key: str) -> float:
+        if key not in inputs:
+            return 0.0
+        lins, width = inputs[key].linears, inputs[key].width
         if per_linear:
             saved = sum(c * width for lin in lins if (full_mixed and _trained(lin, mix, lora)) or id(lin) in lora)
         elif dropout:
@@ -110,11 +172,11 @@ def _block_bytes(layer: Layer, model: ModelSpec, mix: Mix, lora: frozenset[int],
         total += norm
         if a.attention == "mla":
             qk = a.qk_nope_head_dim + a.qk_rope_head_dim
-            total += inp("q", "mla_q_a", "mla_kv_a", width=h) + c * a.kv_lora_rank + 4 * a.kv_lora_rank
-            total += inp("mla_kv_b", width=a.kv_lora_rank)
+            total += inp("attn_in") + c * a.kv_lora_rank + 4 * a.kv_lora_rank
+            total += inp("mla_kv_b")
             q_w, k_w, v_w, o_w = heads * qk, heads * qk, heads * a.v_head_dim, heads * a.v_head_dim
         else:
-            total += inp("q", "k", "v", "qkv", width=h)
+            total += inp("attn_in")
             q_w, k_w, v_w, o_w = heads * d, kv * d, kv * d, heads * d
             if a.fact("qk_norm"):
                 total += 4 * (q_w + k_w)
@@ -124,14 +186,14 @@ def _block_bytes(layer: Layer, model: ModelSpec, mix: Mix, lora: frozenset[int],
             quad += 6 * heads  # fp32 softmax output + its bf16 copy, per query x key
         else:
             total += c * (q_w + k_w + v_w) + c * o_w + 4 * heads
-        total += inp("o", width=o_w)
+        total += inp("o")
         if not a.fact("parallel"):
             total += norm * (a.fact("norms_per_layer", 2) // 2)
         ffn = _ffn_bytes(layer, model, mix, lora, top_k, c, inp)
         total += ffn
     elif layer.mixer == "mamba":
         di = a.mamba_d_inner
-        total += norm + inp("in", width=h) + c * 2 * di + c * di + inp("x", width=di) + c * di * 3 + inp("out", width=di)
+        total += norm + inp("mamba_in") + c * 2 * di + c * di + inp("mamba_x") + c * di * 3 + inp("mamba_out")
     else:  # BlackMamba's standalone MoE block
         ffn = _ffn_bytes(layer, model, mix, lora, top_k, c, inp)
         total += norm + ffn
@@ -145,10 +207,10 @@ def _ffn_bytes(layer: Layer, model: ModelSpec, mix: Mix, lora: frozenset[int], t
     if layer.ffn == "dense":
         inter = a.intermediate_size
         if "gate" in roles:
-            return inp("gate", "up", width=h) + 3 * c * inter + inp("down", width=inter)
+            return inp("ffn_in") + 3 * c * inter + inp("mlp_down")
         # plain MLP: fc1 output kept by the activation; tanh-approximated GELU (phi) saves ~3 more intermediates
         extra = 3 * c * inter if a.model_type == "phi" else 0
-        return inp("up", width=h) + c * inter + extra + inp("down", width=inter)
+        return inp("ffn_in") + c * inter + extra + inp("mlp_down")
     experts = [lin for lin in layer.linears if lin.group == "experts"]
     inter = a.moe_intermediate_size
     e_trained = any(_trained(lin, mix, lora) for lin in experts)
@@ -185,6 +247,46 @@ def _loss_bytes(mix: Mix, recipe: Recipe, c: int, v: int, h: int) -> tuple[float
     return 4.0 * v, (c + 4.0) * v, 8.0 * v
 
 
+def _kbit(lin: Linear, mix: Mix) -> bool:
+    """QLoRA: bitsandbytes replaces every nn.Linear but the LM head. transformers 4's per-expert modules and
+    routers are nn.Linear; transformers 5's fused expert stacks and router weights are not."""
+    return mix.method == "qlora" and (lin.group not in ("experts", "router") or not mix.fused_experts)
+
+
+def _held_widths(layer: Layer, model: ModelSpec, mix: Mix, lora: frozenset[int], top_k: int, upstream: bool) -> int:
+    """Features per token of a block's 4-bit linears' inputs that need grad: computed from an adapter, in this
+    block (`fed_by`) or before it (`upstream`)."""
+    needs_grad: dict[str, bool] = {}
+    held = 0
+    for g in block_inputs(layer, model, top_k):
+        feeders = [f for f in block_inputs(layer, model, top_k) if f.key in g.fed_by]
+        needs_grad[g.key] = upstream or any(needs_grad[f.key] or any(_trained(lin, mix, lora) for lin in f.linears)
+                                            for f in feeders)
+        if needs_grad[g.key] and any(_kbit(lin, mix) for lin in g.linears):
+            held += g.width * g.copies
+    return held
+
+
+def kbit_held_inputs_per_token(model: ModelSpec, mix: Mix, top_k: int, recipe: Recipe) -> float:
+    """Bytes per token that a k-bit matmul keeping its input (recipe `kbit_matmul_keeps_input`: bitsandbytes <=
+    0.43.1) holds under non-reentrant checkpointing, from each block's forward to the end of the backward: every
+    distinct input of a 4-bit linear that needs grad. The first block's input (the frozen embeddings' output)
+    needs none, so there only inputs computed from that block's adapters count; once a block has adapters, every
+    input after it needs grad. Blocks are taken group by group (exact for contiguous layouts)."""
+    if not (mix.method == "qlora" and mix.gradient_checkpointing and recipe.kbit_matmul_keeps_input
+            and recipe.checkpoint_impl == "non_reentrant"):
+        return 0.0
+    lora = model.lora_target_ids(mix.lora_targets)
+    c = 4 if mix.precision == "fp32" else 2  # bitsandbytes casts its input to the compute dtype
+    held, upstream = 0, False
+    for layer, n in model.layer_groups:
+        trained = any(_trained(lin, mix, lora) for lin in layer.linears)
+        held += _held_widths(layer, model, mix, lora, top_k, upstream)
+        held += (n - 1) * _held_widths(layer, model, mix, lora, top_k, upstream or trained)
+        upstream = upstream or trained
+    return float(c * held)
+
+
 @lru_cache(maxsize=8192)
 def activation_coefficients(model: ModelSpec, mix: Mix, top_k: int, recipe: Recipe | None = None) -> ActivationCoefficients:
     """Per-token (and per token x context) saved bytes for this model and mix, on one GPU, as the framework
@@ -211,12 +313,13 @@ def activation_coefficients(model: ModelSpec, mix: Mix, top_k: int, recipe: Reci
                         for layer, _ in model.layer_groups)
         fwd_transient = 4.0 * per_layer * top_k
     logits = _loss_bytes(mix, recipe, c, v, h)
+    kbit_held = kbit_held_inputs_per_token(model, mix, top_k, recipe)
     return ActivationCoefficients(
         saved_per_token=saved, saved_per_token_quadratic=quad, layer_per_token=worst, layer_per_token_quadratic=worst_q,
         layer_ffn_per_token=worst_ffn, forward_transient_per_token=fwd_transient,
-        checkpoint_per_token=r * h * model.num_layers, head_per_token=head,
+        checkpoint_per_token=r * h * model.num_layers + kbit_held, head_per_token=head,
         logits_saved_per_token=logits[0], logits_forward_extra_per_token=logits[1],
         logits_backward_extra_per_token=logits[2],
         loss_tile_per_token=float(c * min(v, recipe.loss_tile_vocab)) if mix.loss == "fused_linear" else 0.0,
-        loss_tile_tokens=float(recipe.loss_tile_tokens),
+        loss_tile_tokens=float(recipe.loss_tile_tokens), kbit_inputs_per_token=kbit_held,
     )

@@ -71,6 +71,10 @@ class Recipe:
     """How gradient checkpointing runs: non_reentrant (torch.utils.checkpoint, use_reentrant=False: stops
     recomputing at the block's last saved tensor) | reentrant (recomputes the whole block) | offload (block
     inputs kept in CPU RAM, Unsloth's offloaded checkpointing)."""
+    kbit_matmul_keeps_input: bool = False
+    """QLoRA: the 4-bit matmul keeps its input as a ctx attribute whenever the input needs grad (bitsandbytes <=
+    0.43.1's MatMul4Bit: `ctx.tensors = (A, B)`, removed by PR #1270). Non-reentrant checkpointing frees only
+    what goes through save_for_backward, so under it every such input stays until the backward ends."""
     compile: bool = False
     """torch.compile on the model by default (time model)."""
     quantize_at_load: bool = True

@@ -256,10 +256,12 @@ def _kbit(lin: Linear, mix: Mix) -> bool:
 def _held_widths(layer: Layer, model: ModelSpec, mix: Mix, lora: frozenset[int], top_k: int, upstream: bool) -> int:
     """Features per token of a block's 4-bit linears' inputs that need grad: computed from an adapter, in this
     block (`fed_by`) or before it (`upstream`)."""
+    groups = block_inputs(layer, model, top_k)
+    by_key = {g.key: g for g in groups}
     needs_grad: dict[str, bool] = {}
     held = 0
-    for g in block_inputs(layer, model, top_k):
-        feeders = [f for f in block_inputs(layer, model, top_k) if f.key in g.fed_by]
+    for g in groups:
+        feeders = [by_key[k] for k in g.fed_by if k in by_key]
         needs_grad[g.key] = upstream or any(needs_grad[f.key] or any(_trained(lin, mix, lora) for lin in f.linears)
                                             for f in feeders)
         if needs_grad[g.key] and any(_kbit(lin, mix) for lin in g.linears):

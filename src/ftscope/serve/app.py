@@ -80,6 +80,14 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _warm_up() -> None:
+    """One estimate before the URL is shown: the first one pays the imports and the calibration load (~0.2 s),
+    which would otherwise land on the first edit of the page."""
+    from .. import estimate, load_scenario
+
+    estimate(load_scenario({"model": "llama-3.2-1b", "workload": {"seq_len": 512}})).to_dict()
+
+
 def serve(host: str = "127.0.0.1", port: int = 8765, db: str | Path | None = None) -> None:
     """Run the server until Ctrl+C; print the URL first (the port actually bound, for --port 0)."""
     import uvicorn
@@ -91,6 +99,7 @@ def serve(host: str = "127.0.0.1", port: int = 8765, db: str | Path | None = Non
     with tempfile.TemporaryDirectory(prefix="ftscope-serve-") as uploads:
         app = create_app(uploads, db)
         sock = bind(host, port)
+        _warm_up()
         shown = f"[{host}]" if ":" in host else host
         sys.stdout.write(f"ftscope serve: http://{shown}:{sock.getsockname()[1]}/ (Ctrl+C to stop)\n")
         sys.stdout.flush()

@@ -20,6 +20,7 @@ _BY_WORDS = (
     ("model_type", "model"),
     ("num_attention_heads", "model"),
     ("experts per token", "model"),
+    ("lora target", "mix.lora_targets"),
     ("offload", "mix.offload"),
     ("fsdp and zero_stage", "mix.fsdp"),
     ("flashattention", "mix.attention"),

@@ -173,6 +173,7 @@ function suggest(text) {
     b.type = "button";
     b.dataset.model = name;
     b.append(name, " ", Object.assign(document.createElement("span"), { className: "hf", textContent: hint }));
+    b.addEventListener("mousedown", (e) => e.preventDefault());  // keep the focus: no "change" for the half-typed text
     b.addEventListener("click", () => setModel(name));
     li.append(b);
     return li;

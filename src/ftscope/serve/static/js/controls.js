@@ -11,7 +11,8 @@ export const CONTROLS = [
   { group: "Hardware", key: "hardware.nodes", type: "int", label: "nodes" },
   { group: "Mix", key: "mix.method", type: "select", label: "method", choices: mix("method") },
   { group: "Mix", key: "mix.lora_rank", type: "int", label: "LoRA rank", lora: true },
-  { group: "Mix", key: "mix.lora_targets", type: "select", label: "LoRA targets", choices: mix("lora_targets"), lora: true },
+  { group: "Mix", key: "mix.lora_targets", type: "combo", label: "LoRA targets", choices: mix("lora_targets"), lora: true,
+    note: "or module names: [q_proj, v_proj]" },
   { group: "Mix", key: "mix.gradient_checkpointing", type: "bool", label: "checkpointing" },
   { group: "Mix", key: "mix.attention", type: "select", label: "attention", choices: mix("attention") },
   { group: "Mix", key: "mix.zero_stage", type: "select", label: "ZeRO stage", choices: mix("zero_stage") },
@@ -68,6 +69,7 @@ function el(tag, attrs = {}, ...children) {
 function input(c) {
   const id = `f-${c.key}`;
   if (c.type === "select") return el("select", { id, name: c.key });
+  if (c.type === "combo") return el("input", { id, name: c.key, type: "text", list: `${id}-list`, spellcheck: "false" });
   if (c.type === "bool") return el("input", { id, name: c.key, type: "checkbox" });
   if (c.type === "batch") {
     return el("span", { class: "inline" },
@@ -116,9 +118,9 @@ export function buildForm(form, choices) {
     }
     const f = field(c);
     groups.get(c.group).append(f);
-    if (c.choices) {
-      const select = f.querySelector("select");
-      for (const [value, text] of c.choices(choices)) select.append(el("option", { value }, text));
+    if (c.choices) {  // a select's options, or the suggestions of a free-text field
+      const list = c.type === "combo" ? f.appendChild(el("datalist", { id: `f-${c.key}-list` })) : f.querySelector("select");
+      for (const [value, text] of c.choices(choices)) list.append(el("option", { value }, text));
     }
   }
 }

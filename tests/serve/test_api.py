@@ -200,3 +200,29 @@ def test_choices_say_whether_there_is_a_store(client):
 def test_json_contract_is_one_function():
     d = {"a": 1.5, "b": Path("x")}
     assert to_json(d) == json.dumps(d, indent=2, default=str) + "\n"
+
+
+_SECTIONS = {"hardware": ["gpu", "gpus_per_node", "nodes"],
+             "mix": ["method", "lora_rank", "lora_targets", "gradient_checkpointing", "attention", "zero_stage", "fsdp",
+                     "offload", "precision", "optimizer", "experts_top_k", "experts_backend", "loss"],
+             "workload": ["micro_batch_size", "seq_len", "dataset", "padding", "gradient_accumulation", "epochs"]}
+
+
+def test_any_scenario_is_an_answer_never_a_crash(client):
+    from hypothesis import HealthCheck, given, settings, strategies as st
+
+    scalar = st.one_of(st.none(), st.booleans(), st.integers(-5, 10**7), st.floats(allow_nan=True), st.text(max_size=6),
+                       st.sampled_from(["max", "qlora", "flash", "a100-80gb", "optimizer", "full_shard", "packed"]))
+    value = st.recursive(scalar, lambda c: st.one_of(st.lists(c, max_size=3), st.dictionaries(st.text(max_size=4), c, max_size=3)),
+                         max_leaves=5)
+    scenario = st.fixed_dictionaries({"model": st.sampled_from(["llama-3.2-1b", "mixtral-8x7b", 3, None])}, optional={
+        name: st.dictionaries(st.sampled_from(keys), value, max_size=4) for name, keys in _SECTIONS.items()})
+
+    @settings(max_examples=60, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(scenario)
+    def answers(raw):
+        r = client.post("/api/estimate", content=json.dumps(raw, allow_nan=True))
+        assert r.status_code in (200, 400), (r.status_code, raw, r.text)
+        assert ("error" in r.json()) == (r.status_code == 400)
+
+    answers()

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import io
-import json
 import logging
 import tempfile
 import zipfile
@@ -30,7 +29,7 @@ from .choices import page_choices
 from .fields import error_body
 from .scenarios import from_query, resolve, scenario_yaml
 from .store import StoreCharts
-from .uploads import LIMITS, TooLarge, Uploads, dataset_stats
+from .uploads import LIMITS, TooLarge, Uploads, dataset_stats, json_object
 
 log = logging.getLogger("ftscope.serve")
 BODY_LIMIT = 1 * 2**20
@@ -106,14 +105,8 @@ class Api:
         """The scenario mapping of a request: its JSON body (POST) or its URL query (GET)."""
         if request.method == "GET":
             return from_query(request.query_params.multi_items())
-        body = await read_body(request, BODY_LIMIT)
-        try:
-            raw = json.loads(body)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise FtscopeError(f"the request body is not JSON: {exc}") from None
-        if not isinstance(raw, dict):
-            raise FtscopeError("a scenario must be a mapping with model, hardware, mix and workload")
-        return raw
+        return json_object(await read_body(request, BODY_LIMIT), "the request body is not JSON",
+                           "a scenario must be a mapping with model, hardware, mix and workload")
 
     async def choices(self, request: Request) -> Response:
         data = await run_in_threadpool(page_choices)

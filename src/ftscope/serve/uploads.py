@@ -66,16 +66,22 @@ class Uploads:
         """Store a config.json after checking that ftscope can build the model it describes."""
         from ..spec.model import model_from_config
 
-        try:
-            cfg = json.loads(data)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise FtscopeError(f"malformed config.json: {exc}") from None
-        if not isinstance(cfg, dict):
-            raise FtscopeError("config.json must be a JSON object")
+        cfg = json_object(data, "malformed config.json", "config.json must be a JSON object")
         name = str(cfg.get("_name_or_path") or cfg.get("model_type") or "config.json")
         model = model_from_config(cfg, name)
         return {"ref": self.save("config", data), "name": name, "total_params": model.total_params,
                 "moe": model.is_moe}
+
+
+def json_object(data: bytes, malformed: str, not_object: str) -> dict[str, Any]:
+    """A JSON object from a request body, or the one-line error that says which it was not."""
+    try:
+        value = json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise FtscopeError(f"{malformed}: {exc}") from None
+    if not isinstance(value, dict):
+        raise FtscopeError(not_object)
+    return value
 
 
 def length_stats(lengths: list[int]) -> dict[str, Any]:

@@ -226,3 +226,16 @@ def test_any_scenario_is_an_answer_never_a_crash(client):
         assert ("error" in r.json()) == (r.status_code == 400)
 
     answers()
+
+
+def test_the_model_s_own_tokenizer_from_the_local_hf_cache(client, tmp_path, monkeypatch):
+    demo = ROOT / "data" / "moe-demo"
+    snap = tmp_path / "hub" / "models--acme--tiny" / "snapshots" / "abc"
+    snap.mkdir(parents=True)
+    (snap / "config.json").write_text((ROOT / "examples" / "tiny-mixtral" / "config.json").read_text())
+    (snap / "tokenizer.json").write_text((demo / "tokenizer.json").read_text())
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    sample = b'{"text": "There are 5 rocks"}\n{"text": "Answer :"}\n'
+    stats = client.post("/api/dataset?model=acme/tiny", content=sample).json()
+    assert stats["num_samples"] == 2 and stats["max_tokens"] >= 2
+    assert client.get("/api/choices").json()["cached"] == ["acme/tiny"]

@@ -19,6 +19,9 @@ from urllib.parse import urlparse
 
 import pytest
 
+from ftscope.measure.batches import read_jsonl_lengths
+from ftscope.serve.uploads import length_stats
+
 from .conftest import ROOT, one_run_store
 
 pytestmark = pytest.mark.slow
@@ -166,14 +169,32 @@ def test_the_planner_in_headless_chromium(server, tmp_path):
         assert snapshot(shared) == before
         shared.close()
 
+        page.screenshot(path=str(tmp_path / "serve.png"))
+
         # the profile store, charted as `report` charts it
         page.click('#tabs [data-view="store"]')
         page.wait_for_selector('#view-store[data-state="ready"]')
         images = page.eval_on_selector_all("#store-sections img", "els => els.map(i => [i.complete, i.naturalWidth])")
         assert len(images) >= 3 and all(done and width > 100 for done, width in images)
 
+        # a dropped config.json becomes the model; a JSONL sample and its tokenizer fill the dataset statistics
         page.click('#tabs [data-view="estimate"]')
-        page.screenshot(path=str(tmp_path / "serve.png"))
+        page.set_input_files("#config-file", str(ROOT / "examples" / "tiny-mixtral" / "config.json"))
+        settle(page)
+        assert page.input_value('input[name="model"]').startswith("upload:")
+        assert page_numbers(page)["memory.fits"] is True and page.is_visible('select[name="mix.experts_backend"]')
+        demo = ROOT / "data" / "moe-demo"
+        page.set_input_files("#f-dataset\\.sample", str(demo / "eval.jsonl"))
+        page.set_input_files("#tokenizer-file", str(demo / "tokenizer.json"))
+        page.click("#jsonl-measure")
+        settle(page)
+        stats = length_stats(read_jsonl_lengths(demo / "eval.jsonl", demo / "tokenizer.json"))
+        assert {k: float(page.input_value(f'input[name="workload.dataset.{k}"]')) for k in stats} == stats
+        assert page.is_hidden("#general-error") and page_numbers(page)["time.samples_per_s"] > 0
+        before = snapshot(page)
+        page.reload()
+        settle(page)
+        assert snapshot(page) == before  # the uploaded model stays in the URL while the server runs
         took = time.perf_counter() - started
         ctx.close()
     print(f"\nbrowser session {took:.1f} s; estimate round trips on the page (ms): {round_trips}")

@@ -16,6 +16,7 @@ let state = {};
 let view = "estimate";
 let seq = 0;
 let lastGood = false;
+let lastEstimate = null;
 let viewTimer = null;
 const viewSeq = { plan: 0, recommend: 0, store: 0 };
 const moeByModel = {};
@@ -26,9 +27,14 @@ async function api(path, options = {}) {
   return response.json();
 }
 
+// The controls' keys in form order, then any other scenario key the URL brought (an inline GPU's memory_gib,
+// the dataset's p95_tokens, ...): kept as given, so a hand-written link reloads to the same scenario.
 function scenarioQuery() {
   const params = new URLSearchParams();
-  for (const key of scenarioKeys()) if (state[key] !== undefined && state[key] !== "") params.append(key, state[key]);
+  const known = scenarioKeys();
+  for (const key of [...known, ...Object.keys(state).filter((k) => !known.includes(k))]) {
+    if (state[key] !== undefined && state[key] !== "") params.append(key, state[key]);
+  }
   return params.toString();
 }
 
@@ -38,10 +44,9 @@ function pageUrl() {
 
 function loadState() {
   const params = new URLSearchParams(location.search);
-  const keys = scenarioKeys();
   state = {};
-  if (keys.some((k) => params.has(k))) for (const k of keys) { if (params.has(k)) state[k] = params.get(k); }
-  else Object.assign(state, DEFAULTS);
+  for (const [k, v] of params) if (!k.startsWith("_")) state[k] = v;
+  if (!Object.keys(state).length) Object.assign(state, DEFAULTS);
   view = VIEWS.includes(params.get("_view")) ? params.get("_view") : "estimate";
 }
 
@@ -105,6 +110,7 @@ async function estimate(t0) {
   if (lastGood) {
     moeByModel[state.model] ??= d.model.active_params < d.model.total_params;
     showRelevant(form, state, isMoe(state.model));
+    lastEstimate = d;
     renderEstimate($("#view-estimate"), d);
     showResolved(form, d.scenario, state);
     updateDownloads(query, true);
@@ -196,17 +202,28 @@ function onEdit(event) {
     else if (t.value.trim() !== state.model) setModel(t.value.trim());
     return;
   }
-  if (t.id === "batch-max") form.elements.namedItem(key).disabled = t.checked;
+  if (t.id === "batch-max") {  // leaving "max": start from the batch it solved to
+    const number = form.elements.namedItem(key);
+    number.disabled = t.checked;
+    if (!t.checked && !number.value && lastEstimate) number.value = lastEstimate.scenario.workload.micro_batch_size;
+  }
   const value = readControl(form, key);
   if (state[key] === value) return;
   state[key] = value;
   estimate(performance.now());
 }
 
+// An upload is busy until the estimate it leads to is shown (or its error is).
+function failed(field, message) {
+  showError(field, message);
+  body.dataset.state = "ready";
+}
+
 async function uploadConfig(file) {
   clearErrors();
+  body.dataset.state = "busy";
   const d = await api("/api/upload/config", { method: "POST", body: file });
-  if (d.error !== undefined) return showError("model", d.error);
+  if (d.error !== undefined) return failed("model", d.error);
   moeByModel[d.ref] = d.moe;
   setModel(d.ref);
 }
@@ -215,16 +232,17 @@ async function measureDataset() {
   clearErrors();
   const sample = $("#f-dataset\\.sample").files[0];
   if (!sample) return showError("dataset.sample", "choose a JSONL file first");
+  body.dataset.state = "busy";
   const tokFile = $("#tokenizer-file").files[0];
   let tokenizer = "";
   if (tokFile) {
     const t = await api("/api/upload/tokenizer", { method: "POST", body: tokFile });
-    if (t.error !== undefined) return showError("dataset.tokenizer", t.error);
+    if (t.error !== undefined) return failed("dataset.tokenizer", t.error);
     tokenizer = t.ref;
   }
   const params = new URLSearchParams({ tokenizer, model: state.model || "", field: $("#jsonl-field").value });
   const d = await api(`/api/dataset?${params}`, { method: "POST", body: sample });
-  if (d.error !== undefined) return showError(d.field || "dataset.sample", d.error);
+  if (d.error !== undefined) return failed(d.field || "dataset.sample", d.error);
   for (const [k, v] of Object.entries(d)) state[`workload.dataset.${k}`] = String(v);
   state["workload.padding"] = "dynamic";
   writeControls(form, state);

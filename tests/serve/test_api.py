@@ -164,13 +164,12 @@ def test_bad_config_uploads(client, body, status, needle):
 
 
 def test_dataset_statistics_from_a_jsonl_sample_and_a_tokenizer(client, uploads_dir):
-    from ftscope.measure.batches import read_jsonl_lengths
-    from ftscope.serve.uploads import length_stats
+    from ftscope.serve.uploads import dataset_stats
 
     demo = ROOT / "data" / "moe-demo"
     tok = client.post("/api/upload/tokenizer", content=(demo / "tokenizer.json").read_bytes()).json()["ref"]
     stats = client.post(f"/api/dataset?tokenizer={tok}&field=text", content=(demo / "eval.jsonl").read_bytes()).json()
-    assert stats == length_stats(read_jsonl_lengths(demo / "eval.jsonl", demo / "tokenizer.json"))
+    assert stats == dataset_stats(demo / "eval.jsonl", demo / "tokenizer.json") and stats["num_samples"] == 500
     scn = {**SMALL, "workload": {"micro_batch_size": 4, "seq_len": 1024, "padding": "dynamic",
                                  "dataset": stats}}
     assert client.post("/api/estimate", json=scn).status_code == 200  # the statistics are a valid dataset

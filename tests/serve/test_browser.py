@@ -19,8 +19,7 @@ from urllib.parse import urlparse
 
 import pytest
 
-from ftscope.measure.batches import read_jsonl_lengths
-from ftscope.serve.uploads import length_stats
+from ftscope.serve.uploads import dataset_stats
 
 from .conftest import ROOT, one_run_store
 
@@ -188,7 +187,7 @@ def test_the_planner_in_headless_chromium(server, tmp_path):
         page.set_input_files("#tokenizer-file", str(demo / "tokenizer.json"))
         page.click("#jsonl-measure")
         settle(page)
-        stats = length_stats(read_jsonl_lengths(demo / "eval.jsonl", demo / "tokenizer.json"))
+        stats = dataset_stats(demo / "eval.jsonl", demo / "tokenizer.json")
         assert {k: float(page.input_value(f'input[name="workload.dataset.{k}"]')) for k in stats} == stats
         assert page.is_hidden("#general-error") and page_numbers(page)["time.samples_per_s"] > 0
         before = snapshot(page)

@@ -25,6 +25,7 @@ from starlette.routing import Route
 
 from ..errors import FtscopeError
 from ..report.contract import to_json
+from ..spec.scenario import Scenario
 from .choices import page_choices
 from .fields import error_body
 from .scenarios import from_query, resolve, scenario_yaml
@@ -188,7 +189,7 @@ def _download(request: Request, name: str) -> str | None:
     return name if request.query_params.get("_download") else None
 
 
-def _launch_zip(scn) -> bytes:
+def _launch_zip(scn: Scenario) -> bytes:
     from ..plan.emit import emit_recommendation
     from ..plan.recommend import recommend
 

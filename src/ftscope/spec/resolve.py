@@ -5,8 +5,8 @@ folder is in the local HF cache (no network); otherwise the name rule, for fine-
 whose config is not at hand. A config that is present is always what gets counted; when its layout equals a
 preset's, the resolution says so (the config fingerprint). The name rule lowercases the name after the org,
 drops variant words (VARIANT_WORDS: -Instruct, -it, -chat, -hf, -Base, quantization tags, ...), and takes the
-preset whose name, alias or HF name is what remains, or else the longest one (two words at least) that occurs
-in it as consecutive words: `meta-llama/Llama-3.1-8B-Instruct` -> llama-3.1-8b,
+preset whose name, alias or HF name is what remains, or else the one whose name, alias or HF name (two words at
+least) occurs in it as consecutive words, when only one preset's do: `meta-llama/Llama-3.1-8B-Instruct` and
 `NousResearch/Hermes-3-Llama-3.1-8B` -> llama-3.1-8b, `mistralai/Mistral-7B-Instruct-v0.3` -> mistral-7b-v0.3.
 """
 from __future__ import annotations
@@ -53,20 +53,14 @@ def _name_keys() -> dict[tuple[str, ...], str]:
 
 
 def preset_by_name(ref: str) -> str | None:
-    """The preset the name rule maps a reference to, or None (no match, or two presets match equally)."""
+    """The preset the name rule maps a reference to, or None (no match, or words of two presets in it)."""
     words = name_words(ref)
     keys = _name_keys()
     if words in keys:
         return keys[words]
-    best: dict[int, set[str]] = {}
-    for key, preset in keys.items():
-        n = len(key)
-        if n >= 2 and any(words[i:i + n] == key for i in range(len(words) - n + 1)):
-            best.setdefault(n, set()).add(preset)
-    if not best:
-        return None
-    longest = best[max(best)]
-    return next(iter(longest)) if len(longest) == 1 else None
+    found = {preset for key, preset in keys.items() if len(key) >= 2
+             and any(words[i:i + len(key)] == key for i in range(len(words) - len(key) + 1))}
+    return found.pop() if len(found) == 1 else None
 
 
 def fingerprint(model: ModelSpec) -> tuple[Any, ...]:

@@ -22,6 +22,7 @@ PUBLISHED_TOTAL = {
     "qwen3-32b": ("32.8", "model card: 32.8B"),
     "gemma-3-4b": ("4.3", "Hub: 4.3B"),
     "gemma-3-27b": ("27.4", "Hub: 27.4B"),
+    "mistral-7b-v0.3": ("7.25", "Hub: 7.25B"),
     "mistral-small-24b": ("23.6", "Hub: 23.6B ('24B')"),
     "phi-3-mini-4k": ("3.8", "model card: 3.8B"),
     "phi-4": ("14.7", "Hub: 14.7B ('14B')"),

@@ -53,6 +53,12 @@ def test_every_preset_reference_maps_to_itself_under_the_name_rule(preset):
         assert preset_by_name(ref) in (preset, None), ref  # None only where two presets share the words
 
 
+def test_missing_paths_are_errors_not_names_to_guess_from(tmp_path):
+    for ref in (str(tmp_path / "llama-3.1-8b-sft"), "./llama-3.1-8b-sft", "~/models/llama-3.1-8b-sft"):
+        with pytest.raises(FtscopeError, match="unknown model"):
+            resolve_model(ref)
+
+
 def test_names_that_match_two_presets_equally_are_not_guessed():
     assert preset_by_name("someone/llama-3.1-8b-qwen3-8b-merge") is None
     with pytest.raises(FtscopeError, match="unknown model"):

@@ -153,7 +153,8 @@ def resolve_model(ref: str) -> ModelSpec:
         folder = hf_cache_folder(ref)
         if folder is not None:
             return _from_config(read_config(folder), ref, str(folder))
-    preset = preset_by_name(ref)
+    # a path that does not exist is a typo, not a model name to guess from
+    preset = preset_by_name(ref) if re.fullmatch(r"[\w][\w.-]*(/[\w.-]+)?", ref) else None
     if preset is None:
         raise _unknown(ref)
     hf_id = catalog.model_index()[preset].get("hf_id", preset)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import lru_cache
+from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from ..errors import FtscopeError, did_you_mean
@@ -229,6 +230,12 @@ def load_model(ref: str) -> ModelSpec:
     fine-tuned variant of a preset by the name rule), a config.json or a model folder."""
     from .resolve import resolve_model
     return resolve_model(str(ref))
+
+
+def hf_hub_cache() -> Path:
+    """The local Hugging Face hub cache (HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub)."""
+    import os
+    return Path(os.environ.get("HF_HUB_CACHE") or Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface")) / "hub")
 
 
 def model_from_config(cfg: dict[str, Any], name: str = "custom") -> ModelSpec:

@@ -12,7 +12,6 @@ least) occurs in it as consecutive words, when only one preset's do: `meta-llama
 from __future__ import annotations
 
 import logging
-import os
 import re
 from dataclasses import replace
 from functools import lru_cache
@@ -23,7 +22,7 @@ from .. import catalog
 from ..errors import FtscopeError, did_you_mean
 from .architecture import normalize
 from .layout import build
-from .model import ModelSpec
+from .model import ModelSpec, hf_hub_cache
 
 log = logging.getLogger("ftscope")
 
@@ -103,8 +102,7 @@ def read_config(path: Path) -> dict[str, Any]:
 
 def hf_cache_folder(hf_id: str) -> Path | None:
     """The model folder of an HF id in the local HF cache (no network): the snapshot refs/main names, else any."""
-    hub = os.environ.get("HF_HUB_CACHE") or Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface")) / "hub"
-    repo = Path(hub) / ("models--" + hf_id.strip("/").replace("/", "--"))
+    repo = hf_hub_cache() / ("models--" + hf_id.strip("/").replace("/", "--"))
     snapshots = repo / "snapshots"
     if not snapshots.is_dir():
         return None

@@ -29,7 +29,8 @@ CAL_OPT = typer.Option(None, "--calibration", help="Efficiency calibration file 
 
 
 def _print_json(data: Any) -> None:
-    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+    from .report.contract import to_json
+    sys.stdout.write(to_json(data))
 
 
 def _console():
@@ -314,12 +315,8 @@ def recommend(
                     plot_file)
     written = []
     if emit_dir is not None and result.best is not None:
-        from .plan.emit import emit
-        from .plan.recommend import best_deepspeed
-        written = emit(result.best.scenario, result.best.estimate.micro_batch_size, emit_dir)
-        ds = best_deepspeed(result)
-        if ds is not None and ds is not result.best:  # the best ZeRO alternative, for DeepSpeed users
-            written += emit(ds.scenario, ds.estimate.micro_batch_size, emit_dir / "deepspeed")
+        from .plan.emit import emit_recommendation
+        written = emit_recommendation(result, emit_dir)
     if json_out:
         data = result.to_dict()
         data["emitted"] = [str(p) for p in written]
@@ -419,6 +416,19 @@ def report(
     _console().print(f"wrote {path} ({path.stat().st_size / 1024:,.0f} KiB, {sum(len(s.figures) for s in sections)} charts)")
 
 
+@app.command()
+def serve(
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0 exposes it to the network)."),
+    port: int = typer.Option(8765, "--port", help="Port (0: any free port; the URL is printed)."),
+    db: Optional[Path] = typer.Option(None, "--db", help="A profile results store (SQLite) to chart, as `report` does."),
+) -> None:
+    """The planner as a local web page: pick a model, GPUs and mix, see the estimate, plan and recommendations
+    change as you type; share the URL, download the scenario, the --json result and launch configs."""
+    from .serve import main as run_serve
+
+    run_serve(host, port, db)
+
+
 @study_app.command("moe")
 def study_moe_cmd(
     scenario: Path = typer.Argument(..., help="Scenario of an MoE model (e.g. examples/moe-study-demo.yaml)."),
@@ -486,11 +496,13 @@ def models(json_out: bool = JSON_OPT) -> None:
         _print_json(rows)
         return
     from .report.tables import simple_table
-    _console().print(simple_table("bundled models (ftscope show NAME for details)",
-                                  ["name", "HF id", "family", "params", "active", "experts"],
-                                  [[r["name"], r["hf_id"], r["family"], f"{r['total_params'] / 1e9:.2f}B",
-                                    f"{r['active_params'] / 1e9:.2f}B", f"{r['top_k']}/{r['experts']}" if r["experts"] else "-"]
-                                   for r in rows]))
+    table = simple_table("bundled models (ftscope show NAME for details)",
+                         ["name", "family", "params", "active", "experts", "HF id"],
+                         [[r["name"], r["family"], f"{r['total_params'] / 1e9:.2f}B", f"{r['active_params'] / 1e9:.2f}B",
+                           f"{r['top_k']}/{r['experts']}" if r["experts"] else "-", r["hf_id"]] for r in rows])
+    for column in table.columns[:-1]:  # at 80 columns only the HF id (last) gives way
+        column.no_wrap = True
+    _console().print(table)
 
 
 @app.command()
@@ -536,13 +548,14 @@ def show(
         "moe_intermediate_size": a.moe_intermediate_size, "moe_layers": len(a.moe_layers),
         "total_params": m.total_params, "active_params": m.active_params(), "params_by_component": m.params_by_component(),
         "lora_params": {t: m.lora_params(lora_rank, t) for t in ("all-linear", "attention", "mlp")}, "lora_rank": lora_rank,
+        **({"resolution": m.resolution} if m.resolution else {}),  # also a note on stderr
     }
     if json_out:
         _print_json(data)
         return
     from .report.tables import simple_table
     rows = [[k, f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else v] for k, v in data.items()
-            if k not in ("params_by_component", "lora_params")]
+            if k not in ("params_by_component", "lora_params", "resolution")]
     rows += [[f"params: {k}", f"{v:,}"] for k, v in data["params_by_component"].items()]
     rows += [[f"LoRA r{lora_rank}: {k}", f"{v:,}"] for k, v in data["lora_params"].items()]
     _console().print(simple_table(m.name, ["field", "value"], rows))
@@ -679,7 +692,20 @@ def calibrate(
                                [[g, v["n"], f"{v['median']:.1f}%", f"{v['max']:.1f}%"] for g, v in groups.items()]))
 
 
+def _notes_to_stderr() -> None:
+    """ftscope's own notes (which preset a model reference was matched to) as one stderr line each."""
+    import logging
+    log = logging.getLogger("ftscope")
+    if not log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("ftscope: note: %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False
+
+
 def main() -> None:
+    _notes_to_stderr()
     try:
         app()
     except FtscopeError as exc:

@@ -115,7 +115,7 @@ def block_inputs(layer: Layer, model: ModelSpec, top_k: int) -> tuple[LinearInpu
                    LinearInput("o", sel("attention", "o"), fed_by=("attn_in", "mla_kv_b"))]
         ffn_fed = () if model.arch.fact("parallel") else ("attn_in", "mla_kv_b", "o")
     if layer.ffn == "dense":
-        groups += [LinearInput("ffn_in", sel("mlp", "gate", "up"), fed_by=ffn_fed),
+        groups += [LinearInput("ffn_in", sel("mlp", "gate", "up", "gate_up"), fed_by=ffn_fed),
                    LinearInput("mlp_down", sel("mlp", "down"), fed_by=("ffn_in",))]
     elif layer.ffn == "moe":
         # the router, a shared expert and its gate read the normed hidden states; each routed expert reads its
@@ -206,7 +206,7 @@ def _ffn_bytes(layer: Layer, model: ModelSpec, mix: Mix, lora: frozenset[int], t
     roles = {lin.role for lin in layer.linears}
     if layer.ffn == "dense":
         inter = a.intermediate_size
-        if "gate" in roles:
+        if "gate" in roles or "gate_up" in roles:  # Phi-3's fused gate_up output holds the same 2 x inter
             return inp("ffn_in") + 3 * c * inter + inp("mlp_down")
         # plain MLP: fc1 output kept by the activation; tanh-approximated GELU (phi) saves ~3 more intermediates
         extra = 3 * c * inter if a.model_type == "phi" else 0

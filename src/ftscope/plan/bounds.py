@@ -1,0 +1,181 @@
+"""What the search may know about a candidate without estimating it, and why each fact is exact.
+
+- Memory at micro-batch 1 (`MemoryProbe`): the memory model reads the GPU only through its usable capacity,
+  so one model per mix and GPU count serves every GPU type; a candidate fits at micro-batch 1 iff its peak
+  is within the capacity. Every phase's bytes grow with the micro-batch (activations, logits and allocator
+  overhead have non-negative per-token coefficients), so a candidate that does not fit at micro-batch 1 has
+  no micro-batch that fits: the solver would return 0 and the candidate is rejected as "does not fit".
+  That peak is also a lower bound for ranking by memory (the chosen micro-batch is at least 1).
+- Time (`compute_seconds_per_sequence`): every op's time is at least its FLOPs over the GPU's peak times the
+  highest efficiency its kind can reach (large-GEMM efficiency x rows/(rows + half) <= large-GEMM efficiency),
+  plus non-negative memory, launch, communication, optimizer and host terms that the bound drops. The FLOPs of
+  a micro-batch are affine in the number of sequences (weight-sized constants such as PEFT's merged expert
+  stack do not grow with it) and grow with the padded length, which is never below the workload's mean
+  tokens per sample; so hours >= samples x epochs x (FLOPs slope per sequence at that length) /
+  (peak x efficiency x GPUs x samples per sequence x 3600), at any micro-batch and accumulation. A safety
+  factor of 1e-9 covers the rounding of these sums. The engine checks every exact estimate against its bound
+  and searches exhaustively if one ever falls below (see engine.py).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from ..estimate.compute import Op, micro_batch_ops
+from ..estimate.efficiency import Efficiency
+from ..estimate.memory import MemoryModel, memory_model
+from ..spec.scenario import Scenario
+from .solvers import _phase_totals, max_micro_batch
+
+SAFETY = 1.0 - 1e-6
+
+
+class MemoryProbe:
+    """Exact per-GPU memory of one mix at one GPU count, for every GPU type at once."""
+
+    def __init__(self, scn: Scenario, seq: int) -> None:
+        self.scenario = scn
+        self.model: MemoryModel = memory_model(scn)
+        self.seq = seq
+        self.peak_at_one = self.model.peak_bytes(1, seq)
+
+    def batch_terms(self) -> list[tuple[float, float]]:
+        """(fixed bytes, bytes per sequence) of every phase at this length: each phase's reserved bytes are
+        affine in the micro-batch at a fixed length (activations scale with tokens and tokens x length)."""
+        empty, one = _phase_totals(self.model, 0, self.seq), _phase_totals(self.model, 1, self.seq)
+        return [(k, a - k) for k, a in zip(empty, one)]
+
+    def max_micro_batch(self, capacity: float) -> int:
+        """The solver's answer on a GPU with this capacity."""
+        return max_micro_batch(replace(self.model, capacity_bytes=capacity), self.seq)
+
+    def fixed_batch_peak(self, capacity: float, global_batch: int) -> float:
+        """Peak bytes of the layout recommend picks to keep the global batch (micro-batch as large as fits up to
+        the global batch over the GPUs, accumulation for the rest), the way recommend's evaluate picks it."""
+        scn = self.scenario
+        mb, ga = keep_global_batch(self.max_micro_batch(capacity), global_batch, scn.cluster.world_size)
+        model = self.model if ga == scn.workload.gradient_accumulation else memory_model(
+            scn.with_(gradient_accumulation=ga))
+        return model.peak_bytes(mb, self.seq)
+
+
+def keep_global_batch(max_batch: int, global_batch: int, world: int) -> tuple[int, int]:
+    """(micro-batch, accumulation) that keep a global batch on `world` GPUs: the largest micro-batch that fits,
+    up to the global batch over the GPUs, and accumulation for the rest."""
+    mb = max(1, min(max_batch, global_batch // world))
+    return mb, max(1, math.ceil(global_batch / (mb * world)))
+
+
+LARGE = 4096
+"""Sequences per micro-batch at which per-sequence slopes are read: weight-sized terms are spread thin there,
+and the experts a micro-batch touches are all of them."""
+
+
+@dataclass(frozen=True)
+class SequenceWork:
+    """One op's work per added sequence as a function of the padded length s: c1 x s + c2 x s^2 FLOPs and
+    bytes (projections and experts grow with the tokens, attention scores with tokens x length)."""
+
+    kind: str
+    grouped: bool
+    flops: tuple[float, float]
+    bytes: tuple[float, float]
+    passes: float
+    """forward + backward multiple + recompute."""
+
+
+def _slopes(scn: Scenario, seq: float, batch: int = LARGE) -> list[tuple[Op, float, float]]:
+    """(op, FLOPs, bytes) one more sequence adds at `batch` sequences of length `seq`."""
+    one, two = micro_batch_ops(scn, batch, seq), micro_batch_ops(scn, 2 * batch, seq)
+    if len(one) != len(two) or any(a.kind != b.kind or a.layer != b.layer for a, b in zip(one, two)):
+        raise ValueError("op lists differ between micro-batches")
+    return [(a, (b.flops - a.flops) / batch, (b.bytes - a.bytes) / batch) for a, b in zip(one, two)]
+
+
+def _fit(v1: float, v2: float, v3: float, seq: float) -> tuple[float, float] | None:
+    """(c1, c2) with v = c1 s + c2 s^2 at s = seq, 2 seq (checked at 3 seq); None when that is not the form."""
+    quad = (v2 - 2.0 * v1) / (2.0 * seq * seq)
+    lin = (v1 - quad * seq * seq) / seq
+    if abs(quad) <= 1e-12 * abs(lin):
+        quad = 0.0
+    if lin < 0 or quad < 0 or abs(lin * 3 * seq + quad * 9 * seq * seq - v3) > 1e-9 * max(abs(v3), 1.0):
+        return None
+    return lin, quad
+
+
+def _at_least_linear(scn: Scenario, seq: float, slopes: list[tuple[Op, float, float]]) -> list[tuple[bool, bool]]:
+    """Per op: do its FLOPs and bytes at 1, 2 and 16 sequences reach the per-sequence slope times the
+    sequences (what the bound assumes: constants and expert-weight reads only add)?"""
+    ok = [[True, True] for _ in slopes]
+    for batch in (1, 2, 16):
+        for i, op in enumerate(micro_batch_ops(scn, batch, seq)):
+            _, f, b = slopes[i]
+            ok[i][0] &= op.flops >= batch * f * (1 - 1e-9)
+            ok[i][1] &= op.bytes >= batch * b * (1 - 1e-9)
+    return [(f, b) for f, b in ok]
+
+
+def sequence_work(scn: Scenario, seq: float) -> list[SequenceWork]:
+    """Per op (launch-bound dispatch and weight-bound dequantization left out), the FLOPs and bytes one more
+    sequence adds as functions of the padded length, read at `seq`, 2 and 3 x `seq`; an op that does not have
+    that form, or whose small micro-batches fall below it, contributes nothing (the bound stays valid)."""
+    try:
+        points = [_slopes(scn, seq * m) for m in (1.0, 2.0, 3.0)]
+    except ValueError:
+        return []
+    checks = _at_least_linear(scn, seq, points[0])
+    out = []
+    for (op, f1, b1), (_, f2, b2), (_, f3, b3), (f_ok, b_ok) in zip(*points, checks):
+        if op.kind in ("dispatch", "dequant"):
+            continue
+        flops = _fit(f1, f2, f3, seq) if f_ok else None
+        bytes_ = _fit(b1, b2, b3, seq) if b_ok else None
+        rec = 1.0 if (scn.mix.gradient_checkpointing and op.recompute) else 0.0
+        out.append(SequenceWork(op.kind, op.grouped, flops or (0.0, 0.0), bytes_ or (0.0, 0.0),
+                                1.0 + op.backward + rec))
+    return out
+
+
+def _best_efficiency(kind: str, grouped: bool, eff: Efficiency) -> float:
+    if kind == "matmul":
+        return eff.matmul * (eff.grouped_matmul if grouped else 1.0)
+    if kind == "attention":
+        return eff.attention
+    return eff.matmul * 0.1
+
+
+def op_rates(work: list[SequenceWork], scn: Scenario, eff: Efficiency) -> list[tuple[float, float, float, float]]:
+    """Per op, seconds per sequence of length s on scn's GPU: at least max(a s + b s^2, c s + d s^2), compute
+    at the highest efficiency its kind reaches and bytes at the streaming bandwidth, times its passes."""
+    if eff.matmul_half_rows < 0:
+        return []
+    gpu = scn.cluster.gpu
+    peak = gpu.matmul_tflops(scn.mix.precision) * 1e12
+    bandwidth = gpu.memory_bandwidth_gbs * 1e9 * eff.bandwidth
+    out = []
+    for w in work:
+        e = _best_efficiency(w.kind, w.grouped, eff)
+        f = (w.flops[0] * w.passes / (peak * e), w.flops[1] * w.passes / (peak * e)) if e > 0 else (0.0, 0.0)
+        b = (w.bytes[0] * w.passes / bandwidth, w.bytes[1] * w.passes / bandwidth) if bandwidth > 0 else (0.0, 0.0)
+        out.append((f[0] * SAFETY, f[1] * SAFETY, b[0] * SAFETY, b[1] * SAFETY))
+    return out
+
+
+def seconds_per_sequence(np, rates: list[tuple[float, float, float, float]], seq):
+    """Lower bound on one sequence's forward + backward + recompute seconds, per padded length in `seq`."""
+    total = np.zeros_like(seq, dtype=float)
+    for a, b, c, d in rates:
+        total += np.maximum(a * seq + b * seq * seq, c * seq + d * seq * seq)
+    return total
+
+
+def shortest_sequence(scn: Scenario) -> float:
+    """The shortest padded length any micro-batch computes on (mean_padded_len never goes below it)."""
+    wl = scn.workload
+    return min(wl.mean_padded_len(1), wl.mean_tokens_per_sample())
+
+
+def hours_per_gpu_second(scn: Scenario) -> float:
+    """Hours of a run per GPU-second of per-sequence compute, before dividing by the GPU count."""
+    wl = scn.workload
+    return wl.samples_per_epoch() * wl.epochs / (wl.samples_per_sequence() * 3600.0) * SAFETY

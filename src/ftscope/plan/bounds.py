@@ -23,7 +23,8 @@ from dataclasses import dataclass, replace
 
 from ..estimate.compute import Op, micro_batch_ops
 from ..estimate.efficiency import Efficiency
-from ..estimate.memory import MemoryModel, memory_model
+from ..estimate.memory import MemoryModel, memory_model, trainable_params
+from ..estimate.time import step_time
 from ..spec.scenario import Scenario
 from .solvers import _phase_totals, max_micro_batch
 
@@ -173,6 +174,30 @@ def shortest_sequence(scn: Scenario) -> float:
     """The shortest padded length any micro-batch computes on (mean_padded_len never goes below it)."""
     wl = scn.workload
     return min(wl.mean_padded_len(1), wl.mean_tokens_per_sample())
+
+
+def refined_hours(scn: Scenario, batch_low: int, batch_high: int, global_batch: int | None,
+                  eff: Efficiency) -> float:
+    """A tighter lower bound on a candidate's hours, from the estimator's own step time at the largest
+    micro-batch it may run and the shortest length it may pad to. Exact because one micro-batch's compute per
+    sequence never grows with the micro-batch at a fixed length (weight reads, kernel launches and expert
+    dispatch are shared by its sequences, GEMMs get more efficient) and never shrinks with the length; the
+    optimizer step and host overheads grow with the accumulation steps; communication is dropped."""
+    wl, world = scn.workload, scn.cluster.world_size
+    length = max(1, math.floor(max(wl.mean_padded_len(batch_low), shortest_sequence(scn))))
+    if global_batch is None:
+        ga = wl.gradient_accumulation
+        sequences_per_step = batch_high * ga * world
+    else:  # recommend's accumulation is ceil(global / (micro-batch x GPUs)): smallest at the largest micro-batch
+        ga = max(1, math.ceil(global_batch / (batch_high * world)))
+        sequences_per_step = global_batch + batch_high * world
+    fixed = scn.with_(padding="max_length", seq_len=length, gradient_accumulation=ga)
+    parts = step_time(fixed, batch_high, eff, trainable_params(scn)).breakdown_s
+    compute = parts["forward"] + parts["backward"] + parts["recompute"] + parts["dequant"]
+    sequences = wl.samples_per_epoch() * wl.epochs / wl.samples_per_sequence()
+    seconds = sequences / world * compute / (ga * batch_high) + sequences / sequences_per_step * (
+        parts["optimizer"] + parts["other"])
+    return seconds / 3600.0 * SAFETY
 
 
 def hours_per_gpu_second(scn: Scenario) -> float:

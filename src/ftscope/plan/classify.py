@@ -38,6 +38,8 @@ class Classification:
     """Lower bounds of hours and dollars (NaN without a price)."""
     micro_batch: Any
     """Lower bound of the micro-batch the candidate will run."""
+    micro_batch_max: Any
+    """Upper bound of that micro-batch."""
     complexity: Any
     accept: dict[str, Any]
     """Per ranking name: which mixes may enter it."""
@@ -103,7 +105,7 @@ def classify(np, space: Space, by: str, cal: Calibration, accepts: dict[str, Cal
     status[:, searched] = UNSUPPORTED
     status[ok & ~fits] = NO_FIT
     status[ok & fits] = FITS
-    batch = _micro_batch_bounds(np, terms, w_of, caps, status == FITS, space, global_batch)
+    batch, batch_max = _micro_batch_bounds(np, terms, w_of, caps, status == FITS, space, global_batch)
     mixes = {i: None for i in range(len(signatures))}
     for k in np.flatnonzero(valid).tolist():
         if mixes[sig[k]] is None:
@@ -111,8 +113,8 @@ def classify(np, space: Space, by: str, cal: Calibration, accepts: dict[str, Cal
     hours, usd = _time_bounds(np, space, cal, on_gpu, g_of, sig, [mixes[i] for i in range(len(signatures))], batch)
     primary = {"time": hours, "cost": np.where(np.isnan(usd), np.inf, usd),
                "memory": peak[w_of] if fixed_peak is None else fixed_peak}[by]
-    return Classification(status, np.where(status == FITS, primary, np.inf), hours, usd, batch, complexity,
-                          accept), cut
+    return Classification(status, np.where(status == FITS, primary, np.inf), hours, usd, batch, batch_max,
+                          complexity, accept), cut
 
 
 def _fixed_batch(np, probe: MemoryProbe, k: int, blocks, g_of, supported, caps, fixed_peak, global_batch: int) -> None:
@@ -128,22 +130,25 @@ def _fixed_batch(np, probe: MemoryProbe, k: int, blocks, g_of, supported, caps, 
 
 
 def _micro_batch_bounds(np, terms, w_of, caps, fits, space: Space, global_batch: int | None):
-    """A micro-batch no larger than the one each fitting candidate will run: the solver's closed form
-    (capacity - fixed bytes) / bytes per sequence, less one and a relative 1e-6 for rounding (the solver then
-    settles on the exact integer at or next to it), within [1, the solver's cap]; kept below the global batch
-    per GPU when the scenario fixes one."""
-    out = np.ones(fits.shape)
+    """Bounds on the micro-batch each fitting candidate will run. Every phase's bytes are affine in the
+    micro-batch at a fixed length, so the largest that fits is the floor of min over phases of
+    (capacity - fixed bytes) / bytes per sequence; 1e-6 either side covers rounding (the engine checks the
+    solver's answer against both bounds). Clipped to [1, the solver's cap]; with a fixed global batch, to the
+    global batch per GPU, as recommend picks it."""
+    low, high = np.ones(fits.shape), np.ones(fits.shape)
     if not terms:
-        return out
+        return low, high
     for b in range(fits.shape[0]):
         fixed, per = terms["fixed"][w_of[b]], terms["per"][w_of[b]]
         with np.errstate(divide="ignore", invalid="ignore"):
             guess = np.where(per > 0, (caps[b] - fixed) / per, np.inf).min(axis=1)
-        bound = np.clip(np.floor(guess * (1 - 1e-6)), 1, BATCH_CAP)
+        lo = np.clip(np.floor(guess * (1 - 1e-6)), 1, BATCH_CAP)
+        hi = np.clip(np.floor(guess * (1 + 1e-6)), 1, BATCH_CAP)
         if global_batch is not None:
-            bound = np.maximum(1, np.minimum(bound, global_batch // space.blocks[b].world))
-        out[b] = np.where(fits[b], bound, 1)
-    return out
+            per_gpu = max(1, global_batch // space.blocks[b].world)
+            lo, hi = np.minimum(lo, per_gpu), np.minimum(hi, per_gpu)
+        low[b], high[b] = np.where(fits[b], lo, 1), np.where(fits[b], hi, BATCH_CAP)
+    return low, high
 
 
 def _time_bounds(np, space: Space, cal: Calibration, on_gpu: Sequence[Any], g_of, sig, representative, batch):

@@ -21,7 +21,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
+from ..estimate.cost import price_of
 from ..estimate.efficiency import Calibration
+from .bounds import refined_hours
 from .classify import (FEASIBLE, FITS, NO_FIT, OVER_BUDGET, OVER_DEADLINE, UNSEARCHED, UNSUPPORTED,
                        Classification, classify)
 from .ranking import tie
@@ -135,6 +137,7 @@ class Engine:
         self.stop_at = None if time_budget_s is None else time.perf_counter() + time_budget_s
         self.cache: dict[int, Any] = {}
         self.estimates = 0
+        self.refined: dict[int, tuple[float, float, float]] = {}
         self.violations = 0
         self.cut = False
 
@@ -239,9 +242,15 @@ class Engine:
             if self._out_of_time():
                 status.ravel()[todo[n:]] = UNSEARCHED
                 return
-            c = self.evaluate(idx)
-            self._check(c, idx, cls)
-            status.ravel()[idx] = status_of(c.reason)
+            _, hours, usd = self._refine(idx, cls)
+            if self.budget is not None and usd > self.budget:
+                status.ravel()[idx] = OVER_BUDGET
+            elif self.deadline is not None and hours > self.deadline and self.budget is None:
+                status.ravel()[idx] = OVER_DEADLINE
+            else:
+                c = self.evaluate(idx)
+                self._check(c, idx, cls)
+                status.ravel()[idx] = status_of(c.reason)
 
     def _rank(self, np, ranking: Ranking, cls: Classification) -> tuple[TopK, int]:
         """Exact top-k of one ranking; also how many candidates it left unsettled (out of time)."""
@@ -259,7 +268,11 @@ class Engine:
                 rounded = tie(bound)
                 if rounded > worst_key[1]:
                     break
-                if ((0, rounded, int(cls.complexity[idx % nm]), bound), idx) > (worst_key, worst_idx):
+                cx = int(cls.complexity[idx % nm])
+                if ((0, rounded, cx, bound), idx) > (worst_key, worst_idx):
+                    continue
+                sharper = self._refine(idx, cls)[0]
+                if ((0, tie(sharper), cx, sharper), idx) > (worst_key, worst_idx):
                     continue
             if self._out_of_time():
                 return top, len(order) - pos
@@ -271,15 +284,32 @@ class Engine:
                 top.push(self.key(c), idx, c)
         return top, 0
 
+    def _refine(self, idx: int, cls: Classification) -> tuple[float, float, float]:
+        """(primary, hours, dollars) lower bounds from the estimator's step time (bounds.refined_hours), for a
+        candidate whose cheap bound could not rule it out; memory has no sharper bound than its own."""
+        hit = self.refined.get(idx)
+        if hit is None:
+            scn = self.space.candidate(idx)
+            eff, _ = self.cal.for_gpu(scn.cluster.gpu.key)
+            hours = max(refined_hours(scn, int(cls.micro_batch.flat[idx]), int(cls.micro_batch_max.flat[idx]),
+                                      self.global_batch, eff), float(cls.hours.flat[idx]))
+            price = price_of(scn)[0]
+            usd = math.nan if price is None else hours * scn.cluster.world_size * price
+            primary = {"time": hours, "cost": math.inf if price is None else usd}.get(self.by, cls.primary.flat[idx])
+            hit = self.refined[idx] = (primary, hours, usd)
+        return hit
+
     def _check(self, c: Any, idx: int, cls: Classification) -> None:
         """An exact estimate of a candidate classified as fitting must fit and respect its bounds."""
         if status_of(c.reason) in (UNSUPPORTED, NO_FIT):
             self.violations += 1
             return
         run = c.estimate.run
-        bounds = [(self.key(c)[3] if c.feasible else math.inf, cls.primary.flat[idx]),
-                  (run.hours, cls.hours.flat[idx]), (c.estimate.micro_batch_size, cls.micro_batch.flat[idx])]
+        primary, hours, usd = self._refine(idx, cls)
+        mb = c.estimate.micro_batch_size
+        bounds = [(self.key(c)[3] if c.feasible else math.inf, primary), (run.hours, hours),
+                  (mb, cls.micro_batch.flat[idx]), (cls.micro_batch_max.flat[idx], mb)]
         if run.usd is not None:
-            bounds.append((run.usd, cls.usd.flat[idx]))
+            bounds.append((run.usd, usd))
         if any(not exact >= bound for exact, bound in bounds):
             self.violations += 1

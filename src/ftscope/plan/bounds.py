@@ -1,20 +1,36 @@
 """What the search may know about a candidate without estimating it, and why each fact is exact.
 
-- Memory at micro-batch 1 (`MemoryProbe`): the memory model reads the GPU only through its usable capacity,
-  so one model per mix and GPU count serves every GPU type; a candidate fits at micro-batch 1 iff its peak
-  is within the capacity. Every phase's bytes grow with the micro-batch (activations, logits and allocator
-  overhead have non-negative per-token coefficients), so a candidate that does not fit at micro-batch 1 has
-  no micro-batch that fits: the solver would return 0 and the candidate is rejected as "does not fit".
-  That peak is also a lower bound for ranking by memory (the chosen micro-batch is at least 1).
-- Time (`compute_seconds_per_sequence`): every op's time is at least its FLOPs over the GPU's peak times the
-  highest efficiency its kind can reach (large-GEMM efficiency x rows/(rows + half) <= large-GEMM efficiency),
-  plus non-negative memory, launch, communication, optimizer and host terms that the bound drops. The FLOPs of
-  a micro-batch are affine in the number of sequences (weight-sized constants such as PEFT's merged expert
-  stack do not grow with it) and grow with the padded length, which is never below the workload's mean
-  tokens per sample; so hours >= samples x epochs x (FLOPs slope per sequence at that length) /
-  (peak x efficiency x GPUs x samples per sequence x 3600), at any micro-batch and accumulation. A safety
-  factor of 1e-9 covers the rounding of these sums. The engine checks every exact estimate against its bound
-  and searches exhaustively if one ever falls below (see engine.py).
+Each rule either decides a candidate's status exactly, or bounds its ranking key from below; the engine
+estimates every candidate whose bound could still enter a top-k, and checks every estimate against its bounds.
+
+1. Memory (`MemoryProbe`, one per mix and GPU count): the memory model reads the GPU only through its usable
+   capacity, so one model serves every GPU type. Every phase's reserved bytes are affine in the micro-batch at
+   a fixed length with non-negative slopes (activations, logits and allocator overhead scale with tokens and
+   tokens x length), so a candidate fits at some micro-batch iff it fits at 1: the solver then returns >= 1,
+   otherwise 0 ("does not fit"). The peak at micro-batch 1 bounds the memory ranking from below.
+2. Micro-batch (classify.py): from the same affine form, the solver's answer is the floor of
+   min over phases of (capacity - fixed bytes) / bytes per sequence; one part in a million either side covers
+   rounding. With a fixed global batch, recommend's rule (keep_global_batch) caps it at the global batch per GPU.
+3. Time, for every candidate (`sequence_work`, `op_rates`): an op's time is at least
+   max(FLOPs / (peak x the best efficiency its kind reaches), bytes / (bandwidth x streaming efficiency)) plus
+   non-negative launch terms, and a step adds non-negative optimizer, communication and host terms. Per
+   sequence, FLOPs and bytes are c1 x s + c2 x s^2 of the padded length s (fitted at three lengths; an op
+   without that form contributes nothing), s never falls below its value at the micro-batch lower bound
+   (mean_padded_len grows with the micro-batch), and hours = steps x step seconds with steps >= sequences /
+   (micro-batch x accumulation x GPUs).
+4. Time, for a candidate rule 3 cannot rule out (`refined_hours`): the estimator's own step time at the largest
+   micro-batch the candidate may run and the shortest length it may pad to. One micro-batch's compute per
+   sequence never grows with the micro-batch (weight reads, dequantization, kernel launches and expert
+   dispatch are shared, GEMM efficiency rises with rows) nor shrinks with the length; the optimizer step and
+   host overheads are per step and grow with accumulation; communication (>= 0) is dropped.
+Dollars are hours x GPUs x price. A factor 1 - 1e-6 covers floating-point rounding in all of these.
+
+Not used, because this estimator breaks them: memory monotone in the GPU count (DDP's gradient buckets double
+the gradients from 2 GPUs on; ZeRO-3 gathers (1 - 1/n) of a block), in the ZeRO stage (ZeRO-2/3 add a
+reduce-scatter bucket that can outweigh the sharded gradients of a LoRA run), in checkpointing (it holds on the
+models tried, but the recomputed block and PEFT's merged expert stack make it a property of the model, not
+of the code), and dominance between mixes (no mix is both slower and larger than another for every model).
+One memory model per mix and count is cheap enough; tests/plan/test_bounds.py checks the rules above.
 """
 from __future__ import annotations
 

@@ -114,3 +114,11 @@ def test_every_fitting_candidate_respects_its_bounds(model, batch, gpus):
         sharp = refined_hours(space.candidate(idx), int(cls.micro_batch.flat[idx]),
                               int(cls.micro_batch_max.flat[idx]), gb, eff)
         assert cls.hours.flat[idx] * 0.5 < sharp <= e.run.hours
+
+
+def test_the_probes_peak_is_the_memory_models():
+    from ftscope.plan.bounds import MemoryProbe
+    for mix in MIXES[::3]:
+        scn = _scn("olmoe-1b-7b", **mix)
+        for seq in (300, 2048):
+            assert MemoryProbe(scn, seq).peak_at_one == memory_model(scn).peak_bytes(1, seq)

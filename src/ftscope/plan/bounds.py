@@ -54,13 +54,14 @@ class MemoryProbe:
         self.scenario = scn
         self.model: MemoryModel = memory_model(scn)
         self.seq = seq
-        self.peak_at_one = self.model.peak_bytes(1, seq)
+        self._at_one = _phase_totals(self.model, 1, seq)
+        self.peak_at_one = max(self._at_one)
+        """The same number as MemoryModel.peak_bytes(1, seq): the max of the phases' reserved bytes."""
 
     def batch_terms(self) -> list[tuple[float, float]]:
         """(fixed bytes, bytes per sequence) of every phase at this length: each phase's reserved bytes are
         affine in the micro-batch at a fixed length (activations scale with tokens and tokens x length)."""
-        empty, one = _phase_totals(self.model, 0, self.seq), _phase_totals(self.model, 1, self.seq)
-        return [(k, a - k) for k, a in zip(empty, one)]
+        return [(k, a - k) for k, a in zip(_phase_totals(self.model, 0, self.seq), self._at_one)]
 
     def max_micro_batch(self, capacity: float) -> int:
         """The solver's answer on a GPU with this capacity."""
@@ -178,12 +179,12 @@ def op_rates(work: list[SequenceWork], scn: Scenario, eff: Efficiency) -> list[t
     return out
 
 
-def seconds_per_sequence(np, rates: list[tuple[float, float, float, float]], seq):
-    """Lower bound on one sequence's forward + backward + recompute seconds, per padded length in `seq`."""
-    total = np.zeros_like(seq, dtype=float)
-    for a, b, c, d in rates:
-        total += np.maximum(a * seq + b * seq * seq, c * seq + d * seq * seq)
-    return total
+def seconds_per_sequence(np, rates, seq):
+    """Lower bound on one sequence's forward + backward + recompute seconds: rates[block, op] = (a, b, c, d) of
+    op_rates, seq[block, candidate] the padded length; sum over ops of max(a s + b s^2, c s + d s^2)."""
+    s = seq[:, None, :]
+    a, b, c, d = (rates[:, :, i, None] for i in range(4))
+    return np.maximum(a * s + b * s * s, c * s + d * s * s).sum(axis=1)
 
 
 def shortest_sequence(scn: Scenario) -> float:

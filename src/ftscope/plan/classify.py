@@ -161,14 +161,13 @@ def _time_bounds(np, space: Space, cal: Calibration, on_gpu: Sequence[Any], g_of
     per_seq = np.zeros(batch.shape)
     for s, mix in enumerate(representative):
         work = sequence_work(with_mix(on_gpu[0], mix), shortest)
-        columns = sig == s
+        columns = np.flatnonzero(sig == s)
+        if not work or not len(columns):
+            continue
+        rates = np.zeros((len(on_gpu), len(work), 4))  # GPU types x ops x (a, b, c, d)
         for g, base in enumerate(on_gpu):
-            rows = g_of == g
-            if not (columns.any() and rows.any()):
-                continue
-            rates = op_rates(work, with_mix(base, mix), cal.for_gpu(base.cluster.gpu.key)[0])
-            block = np.ix_(rows, columns)
-            per_seq[block] = seconds_per_sequence(np, rates, seq[block])
+            rates[g, :len(work)] = op_rates(work, with_mix(base, mix), cal.for_gpu(base.cluster.gpu.key)[0]) or 0.0
+        per_seq[:, columns] = seconds_per_sequence(np, rates[g_of], seq[:, columns])
     world = np.array([b.world for b in space.blocks], float)[:, None]
     prices = [price_of(b.base)[0] for b in space.blocks]
     price = np.array([np.nan if p is None else p for p in prices])[:, None]

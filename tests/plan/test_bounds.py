@@ -80,6 +80,8 @@ def test_compute_per_sequence_never_grows_with_the_micro_batch_nor_shrinks_with_
             assert all(b <= a * (1 + 1e-12) for a, b in zip(by_batch, by_batch[1:])), (model, mix, length)
         by_length = [per_sequence(scn, 4, s) for s in (64, 65, 700, 4096)]
         assert by_length == sorted(by_length)
+        whole = [per_sequence(scn, b, 700) * b for b in (1, 2, 3, 8, 64)]  # a micro-batch's time grows with it
+        assert whole == sorted(whole)
 
 
 def test_dimensions_declared_compute_free_leave_the_flops_alone():

@@ -17,7 +17,9 @@ estimates every candidate whose bound could still enter a top-k, and checks ever
    sequence, FLOPs and bytes are c1 x s + c2 x s^2 of the padded length s (fitted at three lengths; an op
    without that form contributes nothing), s never falls below its value at the micro-batch lower bound
    (mean_padded_len grows with the micro-batch), and hours = steps x step seconds with steps >= sequences /
-   (micro-batch x accumulation x GPUs).
+   (micro-batch x accumulation x GPUs). Also, a micro-batch takes at least what one sequence of the shortest
+   length takes (`micro_batch_seconds`, the estimator's step time: a micro-batch's time grows with its size and
+   length), so per sequence at least that over the largest micro-batch the candidate may run.
 4. Time, for a candidate rule 3 cannot rule out (`refined_hours`): the estimator's own step time at the largest
    micro-batch the candidate may run and the shortest length it may pad to. One micro-batch's compute per
    sequence never grows with the micro-batch (weight reads, dequantization, kernel launches and expert
@@ -191,6 +193,15 @@ def shortest_sequence(scn: Scenario) -> float:
     """The shortest padded length any micro-batch computes on (mean_padded_len never goes below it)."""
     wl = scn.workload
     return min(wl.mean_padded_len(1), wl.mean_tokens_per_sample())
+
+
+def micro_batch_seconds(scn: Scenario, batch: int, length: float, eff: Efficiency) -> float:
+    """GPU seconds of one micro-batch's forward, backward, recompute and dequantization at a fixed padded length,
+    from the estimator's own step time (the accumulation steps divided out)."""
+    ga = scn.workload.gradient_accumulation
+    fixed = scn.with_(padding="max_length", seq_len=max(1, math.floor(length)))
+    parts = step_time(fixed, batch, eff, 0).breakdown_s
+    return (parts["forward"] + parts["backward"] + parts["recompute"] + parts["dequant"]) / ga
 
 
 def refined_hours(scn: Scenario, batch_low: int, batch_high: int, global_batch: int | None,

@@ -14,7 +14,8 @@ from ..estimate import unsupported_reason
 from ..estimate.cost import price_of
 from ..estimate.efficiency import Calibration
 from ..estimate.memory import usable_bytes
-from .bounds import (MemoryProbe, hours_per_gpu_second, op_rates, seconds_per_sequence, sequence_work,
+from .bounds import (MemoryProbe, hours_per_gpu_second, micro_batch_seconds, op_rates, seconds_per_sequence,
+                     sequence_work,
                      shortest_sequence)
 from .ranking import mix_complexity, refusal
 from .solvers import BATCH_CAP
@@ -110,7 +111,8 @@ def classify(np, space: Space, by: str, cal: Calibration, accepts: dict[str, Cal
     for k in np.flatnonzero(valid).tolist():
         if mixes[sig[k]] is None:
             mixes[sig[k]] = space.mix(k)
-    hours, usd = _time_bounds(np, space, cal, on_gpu, g_of, sig, [mixes[i] for i in range(len(signatures))], batch)
+    hours, usd = _time_bounds(np, space, cal, on_gpu, g_of, sig, [mixes[i] for i in range(len(signatures))], batch,
+                              batch_max)
     primary = {"time": hours, "cost": np.where(np.isnan(usd), np.inf, usd),
                "memory": peak[w_of] if fixed_peak is None else fixed_peak}[by]
     return Classification(status, np.where(status == FITS, primary, np.inf), hours, usd, batch, batch_max,
@@ -151,7 +153,8 @@ def _micro_batch_bounds(np, terms, w_of, caps, fits, space: Space, global_batch:
     return low, high
 
 
-def _time_bounds(np, space: Space, cal: Calibration, on_gpu: Sequence[Any], g_of, sig, representative, batch):
+def _time_bounds(np, space: Space, cal: Calibration, on_gpu: Sequence[Any], g_of, sig, representative, batch,
+                 batch_max):
     """Lower bounds of hours and dollars per candidate: per compute signature and GPU type, the per-op
     seconds per sequence (bounds.op_rates) at the shortest padded length its micro-batch bound can have."""
     wl = space.scenario.workload
@@ -165,9 +168,13 @@ def _time_bounds(np, space: Space, cal: Calibration, on_gpu: Sequence[Any], g_of
         if not work or not len(columns):
             continue
         rates = np.zeros((len(on_gpu), len(work), 4))  # GPU types x ops x (a, b, c, d)
+        single = np.zeros(len(on_gpu))
         for g, base in enumerate(on_gpu):
-            rates[g, :len(work)] = op_rates(work, with_mix(base, mix), cal.for_gpu(base.cluster.gpu.key)[0]) or 0.0
-        per_seq[:, columns] = seconds_per_sequence(np, rates[g_of], seq[:, columns])
+            eff = cal.for_gpu(base.cluster.gpu.key)[0]
+            rates[g, :len(work)] = op_rates(work, with_mix(base, mix), eff) or 0.0
+            single[g] = micro_batch_seconds(with_mix(base, mix), 1, shortest, eff)
+        per_seq[:, columns] = np.maximum(seconds_per_sequence(np, rates[g_of], seq[:, columns]),
+                                         single[g_of][:, None] / batch_max[:, columns])
     world = np.array([b.world for b in space.blocks], float)[:, None]
     prices = [price_of(b.base)[0] for b in space.blocks]
     price = np.array([np.nan if p is None else p for p in prices])[:, None]

@@ -4,10 +4,11 @@ Classify (every mix once, vectorized over the GPU blocks with numpy): refused co
 only the mix), unsupported on a GPU type (`unsupported_reason` reads the GPU and the mix, not the count), does
 not fit at micro-batch 1 (one memory model per mix and GPU count, see bounds.py). Every candidate gets a
 status, so the counts per reason are exact without an estimate.
-Rank: per ranking, the candidates that fit in increasing order of a lower bound on their ranking key; each is
-estimated exactly (the same `evaluate` the exhaustive search runs) until the next bound cannot enter the
-top-k: `_tie` rounding is monotone, so a bound whose rounded value is above the k-th key's is above every key
-left. Equal keys keep listing order (the candidate number), as the old stable sort did. With a budget or a
+Rank: per ranking, the candidates that fit in increasing order of a cheap lower bound on their ranking key
+(bounds.py, rules 1-3); a candidate whose bound could enter the top-k gets the sharper bound (rule 4), then,
+if that could too, an exact estimate (the same `evaluate` the exhaustive search runs). The loop stops at the
+first cheap bound that cannot enter: `tie` rounding is monotone, so a bound whose rounded value is above the
+k-th key's is above every key left. Equal keys keep listing order (the candidate number), as the old stable sort did. With a budget or a
 deadline, candidates whose bound is already over are counted with that reason; the rest are estimated, so the
 feasible count stays exact.
 Every exact estimate is checked against its bound and against its classification; if any disagrees (an

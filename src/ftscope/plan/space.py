@@ -5,6 +5,10 @@ A candidate is a block (one GPU type at one GPU count) and a mix. Mix dimensions
 `MixDimension` entry, and the search, the tie order, the explanation and the bounds pick it up. Candidates are
 numbered block-major, then by mix in `itertools.product` order of the dimensions: the order rows were always
 listed in, which breaks ties between equal ranking keys.
+
+What a new dimension must declare: `affects_compute=False` only if micro_batch_ops ignores it. If its validity
+depends on the GPU count (a tensor x pipeline degree that must divide it), classify.py's per-GPU-type support
+check has to run per block instead: tests/plan/test_bounds.py fails until it does.
 """
 from __future__ import annotations
 

@@ -34,7 +34,8 @@ REASONS = {UNSUPPORTED: "unsupported", NO_FIT: "does not fit", OVER_BUDGET: "ove
 REJECTED = tuple(REASONS)
 
 Progress = Callable[[str, int, int | None], None]
-"""progress(stage, done, total): stage 'classify' counts candidates; 'estimate' counts exact estimates."""
+"""progress(stage, done, total): 'classify' and 'exhaustive' count candidates, 'limits' the ones held to a budget
+or deadline; 'estimate' counts exact estimates (total None: not known in advance)."""
 
 
 def status_of(reason: str | None) -> int:
@@ -184,7 +185,7 @@ class Engine:
         for idx in range(total):
             if idx % 2048 == 0:
                 if self.progress:
-                    self.progress("classify", idx, total)
+                    self.progress("exhaustive", idx, total)
                 if self._out_of_time():
                     break
             c = self.evaluate(idx, keep=False)
@@ -239,7 +240,7 @@ class Engine:
         todo = np.flatnonzero((status == FITS).ravel())
         for n, idx in enumerate(todo.tolist()):
             if self.progress and n % 64 == 0:
-                self.progress("estimate", len(self.cache), None)
+                self.progress("limits", n, len(todo))
             if self._out_of_time():
                 status.ravel()[todo[n:]] = UNSEARCHED
                 return

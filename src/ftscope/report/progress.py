@@ -6,7 +6,8 @@ from typing import Any
 
 SHOW_AFTER_S = 2.0
 """Searches shorter than this never show a bar."""
-STAGES = {"classify": "classifying configurations", "estimate": "estimating the contenders"}
+STAGES = {"classify": "classifying configurations", "estimate": "estimating the contenders",
+          "exhaustive": "estimating every configuration", "limits": "checking budget and deadline"}
 
 
 class SearchProgress:

@@ -590,11 +590,18 @@ def show(
 def validate(
     cases: Optional[List[Path]] = typer.Option(None, "--cases", help="Published case files (default: the bundled cases)."),
     db: Optional[Path] = typer.Option(None, "--db", help="Also compare every measured point of this profile store."),
+    corpus: bool = typer.Option(False, "--corpus", help="The published-runs corpus instead: coverage and error per source."),
+    source: Optional[str] = typer.Option(None, "--source", help="With --corpus: one source only (its id)."),
+    reasons: bool = typer.Option(False, "--reasons", help="With --corpus: list every point not compared, with why."),
     json_out: bool = JSON_OPT,
     calibration: Optional[Path] = CAL_OPT,
 ) -> None:
     """Predicted vs measured on published cases (and profile runs): absolute % error per case and metric,
-    median and max. Memory is compared in the metric the source measured (allocated, reserved, nvidia-smi)."""
+    median and max. Memory is compared in the metric the source measured (allocated, reserved, nvidia-smi).
+    With --corpus: every point of the 420-point published corpus, compared or listed with the reason."""
+    if corpus or source or reasons:
+        _validate_corpus(source, reasons, json_out, str(calibration) if calibration else None)
+        return
     from .validate.compare import run_validation, skipped_measurements, summary
     from .validate.cases import load_cases
 
@@ -622,21 +629,46 @@ def validate(
         con.print(f"not compared: {m} ({w})")
 
 
+def _validate_corpus(source: Optional[str], reasons: bool, json_out: bool, calibration: Optional[str]) -> None:
+    from .validate.corpus.checks import TABLE_COLUMNS, report, run_corpus, table_rows
+
+    mapped, results, listed = run_corpus(source, calibration)
+    rep = report(mapped, results, listed)
+    if json_out:
+        _print_json(rep)
+        return
+    from .report.tables import simple_table
+    con = _console()
+    con.print(simple_table("published-runs corpus: coverage and absolute % error per source (n: median / max)",
+                           list(TABLE_COLUMNS), table_rows(rep)))
+    if reasons:
+        con.print(simple_table("not compared", ["source", "point", "what", "why"],
+                               [[x.source, x.id, x.what, x.reason] for x in listed]))
+
+
+CV_KINDS = ("source", "case", "gpu", "model", "all")
+
+
 @app.command()
 def calibrate(
     cases: Optional[List[Path]] = typer.Option(None, "--cases", help="Case files to fit on (default: the bundled cases)."),
     out: Optional[Path] = typer.Option(None, "--out", help="Write the calibration JSON here (default: print it)."),
-    cv: bool = typer.Option(False, "--cv", help="Also print leave-one-case/GPU/model-out cross-validation errors."),
+    cv: Optional[str] = typer.Option(None, "--cv", help="Also cross-validate: hold out each source | case | gpu | model "
+                                     "in turn (fit without it, predict it), or all of them."),
     baseline: Optional[str] = typer.Option(None, "--baseline", help="Also fit a baseline model on the same data: iiswc."),
     db: Optional[List[Path]] = typer.Option(None, "--db", help="Also fit on the CUDA step times of this profile store (repeatable)."),
+    corpus: bool = typer.Option(False, "--corpus", help="Also fit on the throughput of the published-runs corpus."),
     json_out: bool = JSON_OPT,
 ) -> None:
     """Fit the time model's efficiency parameters to measured times (published cases, plus your own profile
-    runs with --db); `--cv` says how well it predicts what it did not see."""
-    from .validate.calibrate import calibrate as run_calibrate, cross_validate, cross_validate_per_gpu, time_points
+    runs with --db, plus the published-runs corpus with --corpus); `--cv` says how well it predicts what it did
+    not see."""
+    from .validate.calibrate import calibrate as run_calibrate, cross_validations, time_points
     from .validate.cases import load_cases
     from .validate.compare import all_checks
 
+    if cv is not None and cv not in CV_KINDS:
+        raise FtscopeError(f"--cv must be one of {', '.join(CV_KINDS)}; got {cv!r}")
     paths = [str(c) for c in cases] if cases else None
     checks = all_checks(load_cases(paths))
     sources = list(paths or ["bundled dev-cases.yaml"])
@@ -645,16 +677,15 @@ def calibrate(
         for store in db:
             checks += store_checks(store)[0]
             sources.append(f"profile store {store.name}")
+    if corpus:
+        from .validate.corpus import map_corpus
+        from .validate.corpus.checks import corpus_checks
+        checks += corpus_checks(map_corpus())[0]
+        sources.append("bundled published-runs.yaml")
     cal = run_calibrate(checks, sources)
     data: dict[str, Any] = cal.to_dict()
     if cv:
-        pts = time_points(checks)
-        data["cross_validation"] = {
-            "leave_one_case_out": cross_validate(pts, lambda p: p.check.case_id),
-            "leave_one_gpu_out": cross_validate(pts, lambda p: p.check.scenario.cluster.gpu.key),
-            "leave_one_model_out": cross_validate(pts, lambda p: p.check.scenario.model.name),
-            "per_gpu_leave_one_case_out": cross_validate_per_gpu(pts),
-        }
+        data["cross_validation"] = cross_validations(time_points(checks), cv)
     if baseline is not None:
         if baseline != "iiswc":
             raise FtscopeError(f"unknown baseline '{baseline}' (known: iiswc)")

@@ -31,20 +31,24 @@ def _group(case_id: str) -> str:
     return case_id.split("-")[0]
 
 
-def load_case_file(path: str | Path | None = None) -> list[Case]:
-    """Cases from a file, or the bundled copy of the published cases."""
+def read_yaml(path: str | Path | None, bundled: str, kind: str) -> tuple[Any, str]:
+    """(parsed YAML, where it came from) of a file, or of ftscope's bundled data/`bundled`; one-line errors."""
     if path is None:
-        text = resources.files("ftscope").joinpath("data", BUNDLED).read_text()
-        where = f"bundled {BUNDLED}"
+        text, where = resources.files("ftscope").joinpath("data", bundled).read_text(), f"bundled {bundled}"
     else:
         p = Path(path)
         if not p.is_file():
-            raise FtscopeError(f"cases file not found: {p}")
+            raise FtscopeError(f"{kind} file not found: {p}")
         text, where = p.read_text(), str(p)
     try:
-        data = yaml.safe_load(text)
+        return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)), where
     except yaml.YAMLError as exc:
-        raise FtscopeError(f"malformed cases file {where}: {str(exc).splitlines()[0]}") from None
+        raise FtscopeError(f"malformed {kind} file {where}: {str(exc).splitlines()[0]}") from None
+
+
+def load_case_file(path: str | Path | None = None) -> list[Case]:
+    """Cases from a file, or the bundled copy of the published cases."""
+    data, where = read_yaml(path, BUNDLED, "cases")
     if not isinstance(data, dict) or not isinstance(data.get("cases"), list):
         raise FtscopeError(f"cases file {where} needs a top-level 'cases:' list")
     out = []

@@ -32,9 +32,10 @@ MIXES = [dict(method=m, attention=a, experts_backend=b, gradient_checkpointing=g
                                               ("eager", "grouped_mm", "modules"), (False, True))]
 
 
-def _scn(model: str, batch: int | str = 1, **mix) -> object:
+def _scn(model: str, batch: int | str = 1, framework: str = "hf-trainer", **mix) -> object:
     return ftscope.load_scenario({"model": model, "hardware": {"gpu": "a100-80gb", "gpus_per_node": 2},
-                                  "mix": {"method": "lora", **mix}, "workload": {"micro_batch_size": batch, **DYNAMIC}})
+                                  "framework": framework, "mix": {"method": "lora", **mix},
+                                  "workload": {"micro_batch_size": batch, **DYNAMIC}})
 
 
 def test_memory_model_reads_the_gpu_only_through_its_capacity():
@@ -93,11 +94,12 @@ def test_dimensions_declared_compute_free_leave_the_flops_alone():
         assert len(ops) == 1, d.space_field
 
 
-@pytest.mark.parametrize("model,batch,gpus", [("olmoe-1b-7b", "max", ["a40:2", "h100-80gb:4"]),
-                                              ("llama-2-7b", 4, ["a100-40gb:4"])])
-def test_every_fitting_candidate_respects_its_bounds(model, batch, gpus):
+@pytest.mark.parametrize("model,batch,gpus,framework", [("olmoe-1b-7b", "max", ["a40:2", "h100-80gb:4"], "hf-trainer"),
+                                                        ("llama-2-7b", 4, ["a100-40gb:4"], "hf-trainer"),
+                                                        ("llama-3.2-1b", "max", ["l4:2"], "trl-sft")])
+def test_every_fitting_candidate_respects_its_bounds(model, batch, gpus, framework):
     from ftscope.plan.recommend import _targets
-    scn = _scn(model, batch=batch)
+    scn = _scn(model, batch=batch, framework=framework)
     space = Space(scn, _targets(scn, gpus, False), SearchSpace(offload=("none",), optimizer=("adamw",),
                                                                 experts_backend=("grouped_mm", "modules")))
     cal = load_calibration()

@@ -19,9 +19,10 @@ SPACE = SearchSpace(methods=("full", "lora", "qlora"), attention=("sdpa", "flash
                     optimizer=("adamw", "adamw_8bit"), experts_backend=("grouped_mm", "modules"))
 
 
-def _scn(model: str, method: str = "lora", batch: int | str = 1, seq: int = 2048, **workload) -> object:
+def _scn(model: str, method: str = "lora", batch: int | str = 1, seq: int = 2048, framework: str = "hf-trainer",
+         **workload) -> object:
     wl = {"micro_batch_size": batch, "seq_len": seq, "padding": "packed", "num_samples": 4000, **workload}
-    return ftscope.load_scenario({"model": model, "hardware": {"gpu": "a100-80gb"},
+    return ftscope.load_scenario({"model": model, "hardware": {"gpu": "a100-80gb"}, "framework": framework,
                                   "mix": {"method": method, "attention": "flash"}, "workload": wl})
 
 
@@ -34,6 +35,8 @@ GRID = {
     "MoE, dynamic padding": (_scn("mixtral-8x7b", "qlora", batch="max", **DYNAMIC), dict(gpus=["h100-80gb:8", "a40:2"])),
     "QLoRA 70B, by memory": (_scn("llama-2-70b", "qlora", batch=2, seq=4096), dict(gpus=["a100-80gb:8"], by="memory")),
     "multi-node": (_scn("llama-2-70b", batch=8, seq=4096), dict(gpus=["h100-80gb:32"])),
+    "TRL's fused loss (memory concave in the batch)": (_scn("llama-3.1-8b", batch="max", seq=512, framework="trl-sft"),
+                                                       dict(gpus=["a40:2", "h100-80gb:2"])),
     "budget and deadline": (_scn("llama-2-13b", batch="max"), dict(gpus=["a100-80gb:8"], budget_usd=40.0,
                                                                     deadline_hours=3.0)),
 }

@@ -4,13 +4,15 @@ Each rule either decides a candidate's status exactly, or bounds its ranking key
 estimates every candidate whose bound could still enter a top-k, and checks every estimate against its bounds.
 
 1. Memory (`MemoryProbe`, one per mix and GPU count): the memory model reads the GPU only through its usable
-   capacity, so one model serves every GPU type. Every phase's reserved bytes are affine in the micro-batch at
-   a fixed length with non-negative slopes (activations, logits and allocator overhead scale with tokens and
-   tokens x length), so a candidate fits at some micro-batch iff it fits at 1: the solver then returns >= 1,
-   otherwise 0 ("does not fit"). The peak at micro-batch 1 bounds the memory ranking from below.
-2. Micro-batch (classify.py): from the same affine form, the solver's answer is the floor of
-   min over phases of (capacity - fixed bytes) / bytes per sequence; one part in a million either side covers
-   rounding. With a fixed global batch, recommend's rule (keep_global_batch) caps it at the global batch per GPU.
+   capacity, so one model serves every GPU type. Every phase's reserved bytes grow with the micro-batch at a
+   fixed length (activations, logits and allocator overhead scale with tokens and tokens x length), so a
+   candidate fits at some micro-batch iff it fits at 1: the solver then returns >= 1, otherwise 0 ("does not
+   fit"). The peak at micro-batch 1 bounds the memory ranking from below.
+2. Micro-batch (classify.py): a phase's bytes lie between fixed + b x (what the first sequence adds) and
+   fixed + b x (bytes per sequence at the solver's cap), since terms that stop growing (a fused loss's tile)
+   only make the first slope steeper; so the solver's answer lies between the floors of min over phases of
+   (capacity - fixed bytes) / each slope; one part in a million either side covers rounding. With a fixed
+   global batch, recommend's rule (keep_global_batch) caps both at the global batch per GPU.
 3. Time, for every candidate (`sequence_work`, `op_rates`): an op's time is at least
    max(FLOPs / (peak x the best efficiency its kind reaches), bytes / (bandwidth x streaming efficiency)) plus
    non-negative launch terms, and a step adds non-negative optimizer, communication and host terms. Per
@@ -44,7 +46,7 @@ from ..estimate.efficiency import Efficiency
 from ..estimate.memory import MemoryModel, memory_model, trainable_params
 from ..estimate.time import step_time
 from ..spec.scenario import Scenario
-from .solvers import _phase_totals, max_micro_batch
+from .solvers import BATCH_CAP, _phase_totals, max_micro_batch
 
 SAFETY = 1.0 - 1e-6
 
@@ -60,10 +62,14 @@ class MemoryProbe:
         self.peak_at_one = max(self._at_one)
         """The same number as MemoryModel.peak_bytes(1, seq): the max of the phases' reserved bytes."""
 
-    def batch_terms(self) -> list[tuple[float, float]]:
-        """(fixed bytes, bytes per sequence) of every phase at this length: each phase's reserved bytes are
-        affine in the micro-batch at a fixed length (activations scale with tokens and tokens x length)."""
-        return [(k, a - k) for k, a in zip(_phase_totals(self.model, 0, self.seq), self._at_one)]
+    def batch_terms(self) -> list[tuple[float, float, float]]:
+        """(fixed bytes, bytes the first sequence adds, bytes per sequence at the cap) of every phase at this
+        length. A phase's reserved bytes grow linearly with the micro-batch (activations scale with tokens and
+        tokens x length) plus terms that stop growing (a fused loss's logits tile), so they lie between the two
+        lines these slopes draw from the fixed bytes."""
+        empty = _phase_totals(self.model, 0, self.seq)
+        far, farther = (_phase_totals(self.model, b, self.seq) for b in (BATCH_CAP, 2 * BATCH_CAP))
+        return [(k, a - k, (f2 - f1) / BATCH_CAP) for k, a, f1, f2 in zip(empty, self._at_one, far, farther)]
 
     def max_micro_batch(self, capacity: float) -> int:
         """The solver's answer on a GPU with this capacity."""

@@ -94,8 +94,8 @@ def classify(np, space: Space, by: str, cal: Calibration, accepts: dict[str, Cal
             peak[w, k] = probe.peak_at_one
             phases = probe.batch_terms()
             if not terms:
-                terms = {key: np.full((len(worlds), nm, len(phases)), np.nan) for key in ("fixed", "per")}
-            terms["fixed"][w, k], terms["per"][w, k] = zip(*phases)
+                terms = {key: np.full((len(worlds), nm, len(phases)), np.nan) for key in ("fixed", "first", "far")}
+            terms["fixed"][w, k], terms["first"][w, k], terms["far"][w, k] = zip(*phases)
             if fixed_peak is not None:
                 _fixed_batch(np, probe, k, np.flatnonzero(w_of == w), g_of, supported, caps, fixed_peak, global_batch)
     if progress:
@@ -132,20 +132,23 @@ def _fixed_batch(np, probe: MemoryProbe, k: int, blocks, g_of, supported, caps, 
 
 
 def _micro_batch_bounds(np, terms, w_of, caps, fits, space: Space, global_batch: int | None):
-    """Bounds on the micro-batch each fitting candidate will run. Every phase's bytes are affine in the
-    micro-batch at a fixed length, so the largest that fits is the floor of min over phases of
-    (capacity - fixed bytes) / bytes per sequence; 1e-6 either side covers rounding (the engine checks the
-    solver's answer against both bounds). Clipped to [1, the solver's cap]; with a fixed global batch, to the
-    global batch per GPU, as recommend picks it."""
+    """Bounds on the micro-batch each fitting candidate will run (bounds.py, rule 2): the floor of min over
+    phases of (capacity - fixed bytes) / slope, with the first sequence's slope for the lower bound and the
+    slope at the cap for the upper; 1e-6 either side covers rounding (the engine checks the solver's answer
+    against both). Clipped to [1, the solver's cap]; with a fixed global batch, to the global batch per GPU, as
+    recommend picks it."""
     low, high = np.ones(fits.shape), np.ones(fits.shape)
     if not terms:
         return low, high
-    for b in range(fits.shape[0]):
-        fixed, per = terms["fixed"][w_of[b]], terms["per"][w_of[b]]
+
+    def largest(fixed, per, cap):
         with np.errstate(divide="ignore", invalid="ignore"):
-            guess = np.where(per > 0, (caps[b] - fixed) / per, np.inf).min(axis=1)
-        lo = np.clip(np.floor(guess * (1 - 1e-6)), 1, BATCH_CAP)
-        hi = np.clip(np.floor(guess * (1 + 1e-6)), 1, BATCH_CAP)
+            return np.where(per > 0, (cap - fixed) / per, np.inf).min(axis=1)
+
+    for b in range(fits.shape[0]):
+        w = w_of[b]
+        lo = np.clip(np.floor(largest(terms["fixed"][w], terms["first"][w], caps[b]) * (1 - 1e-6)), 1, BATCH_CAP)
+        hi = np.clip(np.floor(largest(terms["fixed"][w], terms["far"][w], caps[b]) * (1 + 1e-6)), 1, BATCH_CAP)
         if global_batch is not None:
             per_gpu = max(1, global_batch // space.blocks[b].world)
             lo, hi = np.minimum(lo, per_gpu), np.minimum(hi, per_gpu)

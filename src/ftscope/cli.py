@@ -293,21 +293,33 @@ def recommend(
     budget_usd: Optional[float] = typer.Option(None, "--budget-usd", help="Drop candidates whose run costs more."),
     deadline_hours: Optional[float] = typer.Option(None, "--deadline-hours", help="Drop candidates that take longer."),
     by: str = typer.Option("time", "--by", help="Rank by time, cost or memory."),
-    top: int = typer.Option(10, "--top", help="Rows to show."),
+    top: int = typer.Option(10, "--top", help="Rows to show (and to write with --json)."),
     emit_dir: Optional[Path] = typer.Option(None, "--emit", help="Write the winner's DeepSpeed JSON, accelerate YAML "
                                                                   "and Trainer/PEFT arguments here."),
     plot_file: Optional[Path] = typer.Option(None, "--plot", help="Write the memory breakdown of the top candidates (PNG/SVG)."),
-    json_out: bool = JSON_OPT,
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON document: the top rows, the best, the "
+                                                        "explanation and exact counts per reason."),
+    all_rows: bool = typer.Option(False, "--all", help="Stream every configuration as one JSON line, in listing "
+                                                       "order, then a summary line (estimates every candidate)."),
+    time_budget: Optional[float] = typer.Option(None, "--time-budget", help="Stop after SECONDS with the best found "
+                                                                            "so far, saying how much was covered."),
+    exhaustive: bool = typer.Option(False, "--exhaustive", help="Estimate every candidate instead of pruning "
+                                                                "(same answer, slower: a check)."),
     calibration: Optional[Path] = CAL_OPT,
 ) -> None:
     """The best optimization mix for your model, data and GPUs: every valid combination of method,
     checkpointing, ZeRO/FSDP, offload, attention, optimizer and GPU count, ranked and explained."""
     from .plan.recommend import recommend as run_recommend
+    from .report.progress import SearchProgress
     from .spec.scenario import load_scenario
 
     scn = load_scenario(scenario, overrides or [])
-    result = run_recommend(scn, gpus=_split(gpus) or None, any_gpu=any_gpu, budget_usd=budget_usd,
-                           deadline_hours=deadline_hours, by=by, calibration=str(calibration) if calibration else None)
+    stream = _json_lines if all_rows else None
+    with SearchProgress() as progress:
+        result = run_recommend(scn, gpus=_split(gpus) or None, any_gpu=any_gpu, budget_usd=budget_usd,
+                               deadline_hours=deadline_hours, by=by, top=top, exhaustive=exhaustive,
+                               time_budget_s=time_budget, progress=progress, on_row=stream,
+                               calibration=str(calibration) if calibration else None)
     if plot_file is not None:
         from .report import charts
         top_rows = [c.to_dict() for c in result.rows if c.feasible][:top]
@@ -317,19 +329,46 @@ def recommend(
     if emit_dir is not None and result.best is not None:
         from .plan.emit import emit_recommendation
         written = emit_recommendation(result, emit_dir)
+    if all_rows:
+        data = result.to_dict()
+        _json_lines({"summary": {k: data[k] for k in ("by", "best", "explanation", "counts", "search")},
+                     "emitted": [str(p) for p in written]})
+        return
     if json_out:
         data = result.to_dict()
         data["emitted"] = [str(p) for p in written]
         _print_json(data)
         return
+    _print_recommendation(scn, result, top, written)
+
+
+def _json_lines(row: Any) -> None:
+    """One compact JSON document per line (--all streams rows as the search produces them)."""
+    if hasattr(row, "to_dict"):
+        row = row.to_dict()
+    sys.stdout.write(json.dumps(row, default=str) + "\n")
+
+
+_REASON_WORDS = {"does not fit": "do not fit", "over deadline": "over the deadline"}
+
+
+def _print_recommendation(scn, result, top: int, written: list) -> None:
     from .report.tables import recommend_table
     con = _console()
-    counts = result.to_dict()["counts"]
-    con.print(recommend_table(result.rows[:top], f"{scn.model.name}: {counts['feasible']:,} of {counts['candidates']:,} "
-                                                 f"configurations run; top {min(top, counts['feasible'])} by {by}"))
+    s = result.summary
+    con.print(recommend_table(result.rows[:top], f"{scn.model.name}: {s.feasible:,} of {s.candidates:,} "
+                                                 f"configurations run; top {min(top, s.feasible)} by {result.by}"))
+    rejected = ", ".join(f"{n:,} {_REASON_WORDS.get(reason, reason)}" for reason, n in s.reasons.items() if n)
+    if rejected:
+        con.print(f"cannot run: {rejected}")
+    if not s.complete:
+        con.print(f"[yellow]time budget reached[/yellow] after {s.seconds:.1f} s: {s.covered:.1%} of the "
+                  f"configurations settled ({s.unsearched:,} not classified); the best found so far")
+        if result.best is None:
+            raise typer.Exit(1)
     if result.best is None:
         con.print("[red]nothing fits[/red]: the first rejected candidates and why:")
-        for c in result.rows[:5]:
+        for c in [c for c in result.rows if not c.feasible][:5]:
             con.print(f"  {c.to_dict()['label']}: {c.reason}")
         raise typer.Exit(1)
     for line in result.explanation:

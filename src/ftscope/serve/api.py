@@ -133,10 +133,10 @@ class Api:
         from ..plan.recommend import recommend
 
         scn = resolve(await self.raw_scenario(request), self.uploads)
-        rec = await run_in_threadpool(recommend, scn, by=request.query_params.get("_by", "time"))
+        rec = await run_in_threadpool(recommend, scn, by=request.query_params.get("_by", "time"), top=TOP_RECOMMENDATIONS)
         data = {"rows": [c.to_dict() for c in rec.rows[:TOP_RECOMMENDATIONS]],
                 "best": rec.best.to_dict() if rec.best else None, "by": rec.by, "explanation": rec.explanation,
-                "counts": {"candidates": len(rec.rows), "feasible": sum(c.feasible for c in rec.rows)}}
+                "counts": rec.summary.counts(), "search": rec.summary.search()}
         return contract(data)
 
     async def scenario_yaml(self, request: Request) -> Response:

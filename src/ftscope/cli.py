@@ -40,6 +40,28 @@ def _console():
     return con
 
 
+SHOW_OPT = typer.Option(False, "--show-scenario", help="Print the scenario first (a framework config: as mapped).")
+
+
+def _load(path: Path, overrides: Optional[List[str]], show: bool = False, json_out: bool = False):
+    """The scenario of a scenario file or a framework config (Axolotl, LLaMA-Factory, torchtune, TRL): what a
+    framework config's mapping left out or assumed goes to stderr, one line each."""
+    from .spec.frameworks import load
+
+    scn, cfg = load(path, overrides or [])
+    if cfg is not None:
+        sys.stderr.write(f"ftscope: {path}: read as a config of {cfg.format} (framework: {scn.recipe.name})\n")
+        for line in cfg.unmapped:
+            sys.stderr.write(f"ftscope: warning: not mapped: {line}\n")
+        for line in cfg.notes:
+            sys.stderr.write(f"ftscope: note: {line}\n")
+    if show:
+        import yaml
+        text = yaml.safe_dump(scn.to_dict(), sort_keys=False)
+        (sys.stderr if json_out else sys.stdout).write(text)
+    return scn, cfg
+
+
 def _split(value: Optional[str]) -> list[str]:
     return [v.strip() for v in value.split(",") if v.strip()] if value else []
 
@@ -52,13 +74,13 @@ def estimate(
     margin: float = typer.Option(0.0, "--margin", help="Fraction of GPU memory to keep free (0.05 = 5 %)."),
     check: bool = typer.Option(False, "--check", help="Exit 1 when the scenario does not fit (a pre-launch guard)."),
     calibration: Optional[Path] = CAL_OPT,
+    show_scenario: bool = SHOW_OPT,
 ) -> None:
     """One scenario: per-GPU memory by category and phase, fits?, max micro-batch and max sequence length,
-    step time, throughput, hours and dollars."""
+    step time, throughput, hours and dollars. SCENARIO may also be an Axolotl, LLaMA-Factory, torchtune or TRL config."""
     from . import estimate as run_estimate
-    from .spec.scenario import load_scenario
 
-    scn = load_scenario(scenario, overrides or [])
+    scn, _ = _load(scenario, overrides, show_scenario, json_out)
     est = run_estimate(scn, margin=margin, calibration=str(calibration) if calibration else None)
     if json_out:
         _print_json(est.to_dict())
@@ -85,11 +107,11 @@ def plan(
     plot_file: Optional[Path] = typer.Option(None, "--plot", help="Write the cost-vs-time chart (PNG or SVG)."),
     json_out: bool = JSON_OPT,
     calibration: Optional[Path] = CAL_OPT,
+    show_scenario: bool = SHOW_OPT,
 ) -> None:
     """Which GPU, how many, which batch size; how many hours and dollars. Ranked, with the cost/time
     Pareto frontier marked *."""
     from .plan.search import one_row_per_gpu, plan as run_plan
-    from .spec.scenario import load_scenario
 
     try:
         count_list = [int(c) for c in _split(counts)]
@@ -99,7 +121,7 @@ def plan(
         raise FtscopeError(f"--counts must be integers from 1 to 64; got {counts!r}")
     if nodes < 1 or (max_gpus is not None and max_gpus < 1):
         raise FtscopeError("--nodes and --max-gpus must be at least 1")
-    scn = load_scenario(scenario, overrides or [])
+    scn, _ = _load(scenario, overrides, show_scenario, json_out)
     result = run_plan(scn, gpus=_split(gpus) or None, counts=count_list, max_gpus=max_gpus, nodes=nodes, by=by,
                       solve_batch=not keep_batch, calibration=str(calibration) if calibration else None)
     if plot_file is not None:
@@ -295,16 +317,21 @@ def recommend(
     top: int = typer.Option(10, "--top", help="Rows to show."),
     emit_dir: Optional[Path] = typer.Option(None, "--emit", help="Write the winner's DeepSpeed JSON, accelerate YAML "
                                                                   "and Trainer/PEFT arguments here."),
+    emit_format: Optional[str] = typer.Option(None, "--emit-format", help="Also write the winner as an axolotl, "
+                                              "llama-factory, torchtune or trl config (default: the input config's format)."),
     plot_file: Optional[Path] = typer.Option(None, "--plot", help="Write the memory breakdown of the top candidates (PNG/SVG)."),
     json_out: bool = JSON_OPT,
     calibration: Optional[Path] = CAL_OPT,
+    show_scenario: bool = SHOW_OPT,
 ) -> None:
     """The best optimization mix for your model, data and GPUs: every valid combination of method,
     checkpointing, ZeRO/FSDP, offload, attention, optimizer and GPU count, ranked and explained."""
     from .plan.recommend import recommend as run_recommend
-    from .spec.scenario import load_scenario
+    from .spec.frameworks import FORMATS
 
-    scn = load_scenario(scenario, overrides or [])
+    if emit_format is not None and emit_format not in FORMATS:
+        raise FtscopeError(f"--emit-format must be one of {', '.join(FORMATS)}; got {emit_format!r}")
+    scn, fw = _load(scenario, overrides, show_scenario, json_out)
     result = run_recommend(scn, gpus=_split(gpus) or None, any_gpu=any_gpu, budget_usd=budget_usd,
                            deadline_hours=deadline_hours, by=by, calibration=str(calibration) if calibration else None)
     if plot_file is not None:
@@ -314,12 +341,9 @@ def recommend(
                     plot_file)
     written = []
     if emit_dir is not None and result.best is not None:
-        from .plan.emit import emit
-        from .plan.recommend import best_deepspeed
-        written = emit(result.best.scenario, result.best.estimate.micro_batch_size, emit_dir)
-        ds = best_deepspeed(result)
-        if ds is not None and ds is not result.best:  # the best ZeRO alternative, for DeepSpeed users
-            written += emit(ds.scenario, ds.estimate.micro_batch_size, emit_dir / "deepspeed")
+        from .plan.emit_framework import emit_recommendation
+        fmt = emit_format or (fw.format if fw is not None else None)
+        written = emit_recommendation(result, emit_dir, fmt, fw.original if fw is not None and fw.format == fmt else None)
     if json_out:
         data = result.to_dict()
         data["emitted"] = [str(p) for p in written]

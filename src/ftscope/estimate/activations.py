@@ -50,6 +50,8 @@ class ActivationCoefficients:
     """bf16 logits and their fp32 upcast, alive while the loss is computed."""
     logits_backward_extra_per_token: float
     """Gradient buffers of the loss at the start of backward."""
+    logits_held_per_token: float = 0.0
+    """Output logits the training loop keeps until its backward ends (a recipe fact)."""
     loss_tile_per_token: float = 0.0
     """A fused LM head's logits tile buffer, per token up to `loss_tile_tokens` tokens (then fixed)."""
     loss_tile_tokens: float = 0.0
@@ -171,18 +173,24 @@ def _ffn_bytes(layer: Layer, model: ModelSpec, mix: Mix, lora: frozenset[int], t
     return total
 
 
-def _loss_bytes(mix: Mix, recipe: Recipe, c: int, v: int, h: int) -> tuple[float, float, float]:
-    """(saved, extra at the end of forward, extra at the start of backward) per token for the loss."""
+def _loss_bytes(mix: Mix, recipe: Recipe, c: int, v: int, h: int) -> tuple[float, float, float, float]:
+    """(saved, extra at the end of forward, extra at the start of backward, held through backward) per token."""
     if mix.loss == "chunked":
         # the LM head and cross-entropy per chunk (torchtune compiles its loss): the bf16 logits are kept, the fp32
         # upcast and the loss gradients exist for one chunk at a time. Not yet checked against a torchtune trace.
         chunk = 1.0 / (recipe.loss_chunks or LOSS_CHUNKS)
-        return c * v, 4.0 * v * chunk, (4.0 + c) * v * chunk
+        return c * v, 4.0 * v * chunk, (4.0 + c) * v * chunk, 0.0
     if mix.loss == "fused_linear":
         # logits are never materialized: per-token fp32 statistics are kept, the hidden-state gradient is fp32;
         # the logits tile buffer is added by the caller (it stops growing at the tile's token count)
-        return 4.0 * 4, 0.0, 4.0 * h
-    return 4.0 * v, (c + 4.0) * v, 8.0 * v
+        return 4.0 * 4, 0.0, 4.0 * h, 0.0
+    # the fp32 log-softmax output is saved; beside it while the loss runs: the logits as the model returns them
+    # (bf16, then their fp32 upcast; or fp32 straight from forward) and, when the loss shifts the logits rather
+    # than the labels, a contiguous copy of the shifted fp32 logits
+    returned = 4.0 if recipe.loss_upcast_in_forward else float(c)
+    upcast = 0.0 if recipe.loss_upcast_in_forward else 4.0
+    forward = returned + upcast + (4.0 if recipe.loss_shift_copy else 0.0)
+    return 4.0 * v, forward * v, 8.0 * v, (returned * v if recipe.loss_logits_held else 0.0)
 
 
 @lru_cache(maxsize=8192)
@@ -216,7 +224,7 @@ def activation_coefficients(model: ModelSpec, mix: Mix, top_k: int, recipe: Reci
         layer_ffn_per_token=worst_ffn, forward_transient_per_token=fwd_transient,
         checkpoint_per_token=r * h * model.num_layers, head_per_token=head,
         logits_saved_per_token=logits[0], logits_forward_extra_per_token=logits[1],
-        logits_backward_extra_per_token=logits[2],
+        logits_backward_extra_per_token=logits[2], logits_held_per_token=logits[3],
         loss_tile_per_token=float(c * min(v, recipe.loss_tile_vocab)) if mix.loss == "fused_linear" else 0.0,
         loss_tile_tokens=float(recipe.loss_tile_tokens),
     )

@@ -67,6 +67,18 @@ class Recipe:
     """mix.loss fused_linear: tokens per logits tile (TRL's TOKEN_CHUNK_SIZE); the tile buffer stops growing there."""
     loss_tile_vocab: int = 32768
     """mix.loss fused_linear: vocabulary columns per logits tile (TRL's _CHUNKED_LOGPROB_CHUNK_SIZE)."""
+    loss_upcast_in_forward: bool = False
+    """mix.loss standard: the model's forward returns fp32 logits (its bf16 output is freed at once): transformers
+    before 4.46 (`logits = logits.float()` in LlamaForCausalLM.forward), torchtune's TransformerDecoder."""
+    loss_shift_copy: bool = False
+    """mix.loss standard: the loss shifts the logits with a contiguous copy (`logits[..., :-1, :].contiguous()`),
+    alive beside them while the cross-entropy runs (transformers before 4.46); transformers 5 shifts the labels."""
+    loss_logits_held: bool = False
+    """mix.loss standard: the training loop keeps the model's output logits until its backward ends (fsdp_qlora
+    keeps `output` until after `loss.backward()`; torchtune 0.1 its shifted `logits`); the HF Trainer drops them."""
+    fsdp_root_gathered: bool = False
+    """FSDP1: the root unit (what no wrapped block owns: embeddings, final norm, LM head) is gathered at the start of
+    forward and stays unsharded until backward ends (FSDP2 and ZeRO-3 reshard it like any block)."""
     checkpoint_impl: str = "non_reentrant"
     """How gradient checkpointing runs: non_reentrant (torch.utils.checkpoint, use_reentrant=False: stops
     recomputing at the block's last saved tensor) | reentrant (recomputes the whole block) | offload (block

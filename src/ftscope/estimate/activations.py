@@ -8,8 +8,8 @@ Counted from what the HF implementations save (checked against fake-tensor trace
   (6 bytes per head x s x s), and its backward holds 6 more (the fp32 upcast gradient and softmax's fp32
   input gradient) while the bf16 copy is already freed;
 - routed experts save their per-token tensors once per selected expert (top-k);
-- the loss upcasts logits to fp32: log_softmax saves B x T x V fp32; a chunked (compiled) loss keeps the
-  bf16 logits and upcasts one chunk at a time.
+- the loss upcasts logits to fp32: log_softmax saves B x T x V fp32; a chunked loss keeps the bf16 logits and
+  every chunk's log-softmax, and upcasts one chunk at a time.
 """
 from __future__ import annotations
 
@@ -129,18 +129,19 @@ def _block_bytes(layer: Layer, model: ModelSpec, mix: Mix, lora: frozenset[int],
         total += inp("o", width=o_w)
         if not a.fact("parallel"):
             total += norm * (a.fact("norms_per_layer", 2) // 2)
-        ffn = _ffn_bytes(layer, model, mix, lora, top_k, c, inp)
+        ffn = _ffn_bytes(layer, model, mix, lora, top_k, c, inp, recipe)
         total += ffn
     elif layer.mixer == "mamba":
         di = a.mamba_d_inner
         total += norm + inp("in", width=h) + c * 2 * di + c * di + inp("x", width=di) + c * di * 3 + inp("out", width=di)
     else:  # BlackMamba's standalone MoE block
-        ffn = _ffn_bytes(layer, model, mix, lora, top_k, c, inp)
+        ffn = _ffn_bytes(layer, model, mix, lora, top_k, c, inp, recipe)
         total += norm + ffn
     return total, quad, ffn
 
 
-def _ffn_bytes(layer: Layer, model: ModelSpec, mix: Mix, lora: frozenset[int], top_k: int, c: int, inp) -> float:
+def _ffn_bytes(layer: Layer, model: ModelSpec, mix: Mix, lora: frozenset[int], top_k: int, c: int, inp,
+               recipe: Recipe) -> float:
     a = model.arch
     h = a.hidden_size
     roles = {lin.role for lin in layer.linears}
@@ -148,8 +149,9 @@ def _ffn_bytes(layer: Layer, model: ModelSpec, mix: Mix, lora: frozenset[int], t
         inter = a.intermediate_size
         if "gate" in roles:
             return inp("gate", "up", width=h) + 3 * c * inter + inp("down", width=inter)
-        # plain MLP: fc1 output kept by the activation; tanh-approximated GELU (phi) saves ~3 more intermediates
-        extra = 3 * c * inter if a.model_type == "phi" else 0
+        # plain MLP: fc1 output kept by the activation; transformers' phi computes its tanh-approximated GELU
+        # elementwise (NewGELUActivation), saving ~3 more intermediates, where a fused F.gelu saves only its input
+        extra = 3 * c * inter if a.model_type == "phi" and not recipe.fused_gelu else 0
         return inp("up", width=h) + c * inter + extra + inp("down", width=inter)
     experts = [lin for lin in layer.linears if lin.group == "experts"]
     inter = a.moe_intermediate_size
@@ -176,10 +178,16 @@ def _ffn_bytes(layer: Layer, model: ModelSpec, mix: Mix, lora: frozenset[int], t
 def _loss_bytes(mix: Mix, recipe: Recipe, c: int, v: int, h: int) -> tuple[float, float, float, float]:
     """(saved, extra at the end of forward, extra at the start of backward, held through backward) per token."""
     if mix.loss == "chunked":
-        # the LM head and cross-entropy per chunk (torchtune compiles its loss): the bf16 logits are kept, the fp32
-        # upcast and the loss gradients exist for one chunk at a time. Not yet checked against a torchtune trace.
+        # the LM head and cross-entropy per chunk of tokens, run eagerly (torchtune's CEWithChunkedOutputLoss, checked
+        # against a trace of torchtune 0.6.1; compiled, only the logits stay): every chunk's logits (compute dtype) and the log-softmax its
+        # cross-entropy saves for backward (fp32 when each chunk is upcast first; the compute dtype in LitGPT) are
+        # kept for all tokens; the fp32 upcast and the loss gradients exist for one chunk at a time
         chunk = 1.0 / (recipe.loss_chunks or LOSS_CHUNKS)
-        return c * v, 4.0 * v * chunk, (4.0 + c) * v * chunk, 0.0
+        log_softmax = 4.0 if recipe.loss_fp32 else float(c)
+        if recipe.compile or getattr(mix, "compile", False):  # mix.compile: issue #16's scenario key
+            log_softmax = 0.0  # a compiled cross-entropy recomputes the softmax in backward from the logits
+        upcast = 4.0 if recipe.loss_fp32 else 0.0
+        return (c + log_softmax) * v, upcast * v * chunk, (4.0 + c) * v * chunk, 0.0
     if mix.loss == "fused_linear":
         # logits are never materialized: per-token fp32 statistics are kept, the hidden-state gradient is fp32;
         # the logits tile buffer is added by the caller (it stops growing at the tile's token count)

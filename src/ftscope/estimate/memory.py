@@ -281,7 +281,7 @@ def memory_model(scn: Scenario, allocator: AllocatorModel = DEFAULT_ALLOCATOR) -
     if mix.method == "qlora":
         largest = max((lin.params for lin, _ in m.linears() if not (lin.group == "experts" and mix.fused_experts)),
                       default=0)
-        block += largest * 2.0  # the dequantized bf16 weight of the matmul in flight
+        block += largest * scn.recipe.dequant_bytes_per_weight  # the dequantized weight of the matmul in flight
     head_copy, stack_copies = kbit_autocast_copies(scn)
     transient += head_copy
     if mix.gradient_checkpointing:

@@ -168,6 +168,31 @@ def test_table_verbs_run(args, needle):
     assert needle in r.stdout
 
 
+def test_recommend_json_has_the_top_rows_and_exact_counts(dense):
+    d = ok_json("recommend", dense, "--gpus", "a100-80gb:2", "--top", "3", "--json")
+    assert [r["memory"]["fits"] for r in d["rows"]][:3] == [True] * 3 and d["best"]["memory"]["fits"]
+    counts = d["counts"]
+    assert counts["feasible"] + sum(counts["reasons"].values()) == counts["candidates"] > 1000
+    assert d["search"]["complete"] and d["search"]["exhaustive"] is False
+
+
+def test_recommend_all_streams_every_configuration_as_json_lines(dense):
+    r = ftscope("recommend", dense, "--gpus", "a100-80gb:1", "--all")
+    assert r.returncode == 0, r.stderr
+    lines = [json.loads(line) for line in r.stdout.splitlines()]
+    summary = lines[-1]["summary"]
+    assert len(lines) - 1 == summary["counts"]["candidates"]
+    assert sum(row["memory"]["fits"] for row in lines[:-1]) == summary["counts"]["feasible"]
+    assert summary["best"]["label"] in {row.get("label") for row in lines[:-1]}
+
+
+def test_recommend_time_budget_says_how_much_it_covered(dense):
+    d = json.loads(ftscope("recommend", dense, "--time-budget", "0.000001", "--json").stdout)
+    assert d["search"]["complete"] is False and d["counts"]["unsearched"] > 0
+    r = ftscope("recommend", dense, "--time-budget", "0.000001")
+    assert r.returncode == 1 and "time budget reached" in r.stdout
+
+
 # --- exit codes and errors -----------------------------------------------------------------------------------
 
 def test_check_exit_codes(dense):

@@ -5,6 +5,7 @@ Public functions (each is what a CLI verb calls):
     ftscope.load_scenario(path_or_dict, overrides)  -> Scenario
     ftscope.estimate(scenario)                      -> Estimate   (memory, limits, time, run cost)
     ftscope.plan(scenario, gpus=..., max_gpus=...)  -> Plan       (one Estimate per GPU x count, ranked)
+    ftscope.recommend(scenario, gpus=..., top=10)   -> Recommendation (best mixes, counts per reason, why)
 
 Nothing here imports torch: `estimate` and `plan` run on any laptop.
 """
@@ -16,7 +17,8 @@ __version__ = "0.1.0"
 # lookup would hand back the subpackage once it had been imported.
 from .errors import FtscopeError  # noqa: E402
 from .estimate import estimate  # noqa: E402
+from .plan.recommend import recommend  # noqa: E402
 from .plan.search import plan  # noqa: E402
 from .spec.scenario import load_scenario  # noqa: E402
 
-__all__ = ["load_scenario", "estimate", "plan", "FtscopeError", "__version__"]
+__all__ = ["load_scenario", "estimate", "plan", "recommend", "FtscopeError", "__version__"]

@@ -29,7 +29,8 @@ CAL_OPT = typer.Option(None, "--calibration", help="Efficiency calibration file 
 
 
 def _print_json(data: Any) -> None:
-    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+    from .report.contract import to_json
+    sys.stdout.write(to_json(data))
 
 
 def _console():
@@ -314,26 +315,38 @@ def recommend(
     budget_usd: Optional[float] = typer.Option(None, "--budget-usd", help="Drop candidates whose run costs more."),
     deadline_hours: Optional[float] = typer.Option(None, "--deadline-hours", help="Drop candidates that take longer."),
     by: str = typer.Option("time", "--by", help="Rank by time, cost or memory."),
-    top: int = typer.Option(10, "--top", help="Rows to show."),
+    top: int = typer.Option(10, "--top", help="Rows to show (and to write with --json)."),
     emit_dir: Optional[Path] = typer.Option(None, "--emit", help="Write the winner's DeepSpeed JSON, accelerate YAML "
                                                                   "and Trainer/PEFT arguments here."),
     emit_format: Optional[str] = typer.Option(None, "--emit-format", help="Also write the winner as an axolotl, "
                                               "llama-factory, torchtune or trl config (default: the input config's format)."),
     plot_file: Optional[Path] = typer.Option(None, "--plot", help="Write the memory breakdown of the top candidates (PNG/SVG)."),
-    json_out: bool = JSON_OPT,
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON document: the top rows, the best, the "
+                                                        "explanation and exact counts per reason."),
+    all_rows: bool = typer.Option(False, "--all", help="Stream every configuration as one JSON line, in listing "
+                                                       "order, then a summary line (estimates every candidate)."),
+    time_budget: Optional[float] = typer.Option(None, "--time-budget", help="Stop after SECONDS with the best found "
+                                                                            "so far, saying how much was covered."),
+    exhaustive: bool = typer.Option(False, "--exhaustive", help="Estimate every candidate instead of pruning "
+                                                                "(same answer, slower: a check)."),
     calibration: Optional[Path] = CAL_OPT,
     show_scenario: bool = SHOW_OPT,
 ) -> None:
     """The best optimization mix for your model, data and GPUs: every valid combination of method,
     checkpointing, ZeRO/FSDP, offload, attention, optimizer and GPU count, ranked and explained."""
     from .plan.recommend import recommend as run_recommend
+    from .report.progress import SearchProgress
     from .spec.frameworks import FORMATS
 
     if emit_format is not None and emit_format not in FORMATS:
         raise FtscopeError(f"--emit-format must be one of {', '.join(FORMATS)}; got {emit_format!r}")
-    scn, fw = _load(scenario, overrides, show_scenario, json_out)
-    result = run_recommend(scn, gpus=_split(gpus) or None, any_gpu=any_gpu, budget_usd=budget_usd,
-                           deadline_hours=deadline_hours, by=by, calibration=str(calibration) if calibration else None)
+    scn, fw = _load(scenario, overrides, show_scenario, json_out or all_rows)
+    stream = _json_lines if all_rows else None
+    with SearchProgress() as progress:
+        result = run_recommend(scn, gpus=_split(gpus) or None, any_gpu=any_gpu, budget_usd=budget_usd,
+                               deadline_hours=deadline_hours, by=by, top=top, exhaustive=exhaustive,
+                               time_budget_s=time_budget, progress=progress, on_row=stream,
+                               calibration=str(calibration) if calibration else None)
     if plot_file is not None:
         from .report import charts
         top_rows = [c.to_dict() for c in result.rows if c.feasible][:top]
@@ -341,22 +354,49 @@ def recommend(
                     plot_file)
     written = []
     if emit_dir is not None and result.best is not None:
-        from .plan.emit_framework import emit_recommendation
+        from .plan.emit_framework import emit_with_framework
         fmt = emit_format or (fw.format if fw is not None else None)
-        written = emit_recommendation(result, emit_dir, fmt, fw.original if fw is not None and fw.format == fmt else None)
+        written = emit_with_framework(result, emit_dir, fmt, fw.original if fw is not None and fw.format == fmt else None)
+    if all_rows:
+        data = result.to_dict()
+        _json_lines({"summary": {k: data[k] for k in ("by", "best", "explanation", "counts", "search")},
+                     "emitted": [str(p) for p in written]})
+        return
     if json_out:
         data = result.to_dict()
         data["emitted"] = [str(p) for p in written]
         _print_json(data)
         return
+    _print_recommendation(scn, result, top, written)
+
+
+def _json_lines(row: Any) -> None:
+    """One compact JSON document per line (--all streams rows as the search produces them)."""
+    if hasattr(row, "to_dict"):
+        row = row.to_dict()
+    sys.stdout.write(json.dumps(row, default=str) + "\n")
+
+
+_REASON_WORDS = {"does not fit": "do not fit", "over deadline": "over the deadline"}
+
+
+def _print_recommendation(scn, result, top: int, written: list) -> None:
     from .report.tables import recommend_table
     con = _console()
-    counts = result.to_dict()["counts"]
-    con.print(recommend_table(result.rows[:top], f"{scn.model.name}: {counts['feasible']:,} of {counts['candidates']:,} "
-                                                 f"configurations run; top {min(top, counts['feasible'])} by {by}"))
+    s = result.summary
+    con.print(recommend_table(result.rows[:top], f"{scn.model.name}: {s.feasible:,} of {s.candidates:,} "
+                                                 f"configurations run; top {min(top, s.feasible)} by {result.by}"))
+    rejected = ", ".join(f"{n:,} {_REASON_WORDS.get(reason, reason)}" for reason, n in s.reasons.items() if n)
+    if rejected:
+        con.print(f"cannot run: {rejected}")
+    if not s.complete:
+        con.print(f"[yellow]time budget reached[/yellow] after {s.seconds:.1f} s: {s.covered:.1%} of the "
+                  f"configurations settled ({s.unsearched:,} not classified); the best found so far")
+        if result.best is None:
+            raise typer.Exit(1)
     if result.best is None:
         con.print("[red]nothing fits[/red]: the first rejected candidates and why:")
-        for c in result.rows[:5]:
+        for c in [c for c in result.rows if not c.feasible][:5]:
             con.print(f"  {c.to_dict()['label']}: {c.reason}")
         raise typer.Exit(1)
     for line in result.explanation:
@@ -443,6 +483,19 @@ def report(
     _console().print(f"wrote {path} ({path.stat().st_size / 1024:,.0f} KiB, {sum(len(s.figures) for s in sections)} charts)")
 
 
+@app.command()
+def serve(
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0 exposes it to the network)."),
+    port: int = typer.Option(8765, "--port", help="Port (0: any free port; the URL is printed)."),
+    db: Optional[Path] = typer.Option(None, "--db", help="A profile results store (SQLite) to chart, as `report` does."),
+) -> None:
+    """The planner as a local web page: pick a model, GPUs and mix, see the estimate, plan and recommendations
+    change as you type; share the URL, download the scenario, the --json result and launch configs."""
+    from .serve import main as run_serve
+
+    run_serve(host, port, db)
+
+
 @study_app.command("moe")
 def study_moe_cmd(
     scenario: Path = typer.Argument(..., help="Scenario of an MoE model (e.g. examples/moe-study-demo.yaml)."),
@@ -510,11 +563,13 @@ def models(json_out: bool = JSON_OPT) -> None:
         _print_json(rows)
         return
     from .report.tables import simple_table
-    _console().print(simple_table("bundled models (ftscope show NAME for details)",
-                                  ["name", "HF id", "family", "params", "active", "experts"],
-                                  [[r["name"], r["hf_id"], r["family"], f"{r['total_params'] / 1e9:.2f}B",
-                                    f"{r['active_params'] / 1e9:.2f}B", f"{r['top_k']}/{r['experts']}" if r["experts"] else "-"]
-                                   for r in rows]))
+    table = simple_table("bundled models (ftscope show NAME for details)",
+                         ["name", "family", "params", "active", "experts", "HF id"],
+                         [[r["name"], r["family"], f"{r['total_params'] / 1e9:.2f}B", f"{r['active_params'] / 1e9:.2f}B",
+                           f"{r['top_k']}/{r['experts']}" if r["experts"] else "-", r["hf_id"]] for r in rows])
+    for column in table.columns[:-1]:  # at 80 columns only the HF id (last) gives way
+        column.no_wrap = True
+    _console().print(table)
 
 
 @app.command()
@@ -560,13 +615,14 @@ def show(
         "moe_intermediate_size": a.moe_intermediate_size, "moe_layers": len(a.moe_layers),
         "total_params": m.total_params, "active_params": m.active_params(), "params_by_component": m.params_by_component(),
         "lora_params": {t: m.lora_params(lora_rank, t) for t in ("all-linear", "attention", "mlp")}, "lora_rank": lora_rank,
+        **({"resolution": m.resolution} if m.resolution else {}),  # also a note on stderr
     }
     if json_out:
         _print_json(data)
         return
     from .report.tables import simple_table
     rows = [[k, f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else v] for k, v in data.items()
-            if k not in ("params_by_component", "lora_params")]
+            if k not in ("params_by_component", "lora_params", "resolution")]
     rows += [[f"params: {k}", f"{v:,}"] for k, v in data["params_by_component"].items()]
     rows += [[f"LoRA r{lora_rank}: {k}", f"{v:,}"] for k, v in data["lora_params"].items()]
     _console().print(simple_table(m.name, ["field", "value"], rows))
@@ -703,7 +759,20 @@ def calibrate(
                                [[g, v["n"], f"{v['median']:.1f}%", f"{v['max']:.1f}%"] for g, v in groups.items()]))
 
 
+def _notes_to_stderr() -> None:
+    """ftscope's own notes (which preset a model reference was matched to) as one stderr line each."""
+    import logging
+    log = logging.getLogger("ftscope")
+    if not log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("ftscope: note: %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False
+
+
 def main() -> None:
+    _notes_to_stderr()
     try:
         app()
     except FtscopeError as exc:

@@ -147,8 +147,8 @@ def _ffn_bytes(layer: Layer, model: ModelSpec, mix: Mix, lora: frozenset[int], t
     roles = {lin.role for lin in layer.linears}
     if layer.ffn == "dense":
         inter = a.intermediate_size
-        if "gate" in roles:
-            return inp("gate", "up", width=h) + 3 * c * inter + inp("down", width=inter)
+        if "gate" in roles or "gate_up" in roles:  # Phi-3's fused gate_up output holds the same 2 x inter
+            return inp("gate", "up", "gate_up", width=h) + 3 * c * inter + inp("down", width=inter)
         # plain MLP: fc1 output kept by the activation; transformers' phi computes its tanh-approximated GELU
         # elementwise (NewGELUActivation), saving ~3 more intermediates, where a fused F.gelu saves only its input
         extra = 3 * c * inter if a.model_type == "phi" and not recipe.fused_gelu else 0

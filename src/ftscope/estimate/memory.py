@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..spec.hardware import GIB
+from ..spec.hardware import GIB, GpuSpec
 from ..spec.scenario import Scenario
 from .activations import ActivationCoefficients, activation_coefficients
 
@@ -209,6 +209,11 @@ def trainable_params(scn: Scenario) -> int:
     return m.lora_params(mix.lora_rank, mix.lora_targets, fused_experts=m.is_moe and mix.fused_experts)
 
 
+def usable_bytes(gpu: GpuSpec, allocator: AllocatorModel = DEFAULT_ALLOCATOR) -> float:
+    """Device memory the caching allocator can reserve on this GPU (total minus the CUDA context)."""
+    return gpu.memory_bytes - allocator.cuda_context_gib * GIB
+
+
 def memory_model(scn: Scenario, allocator: AllocatorModel = DEFAULT_ALLOCATOR) -> MemoryModel:
     """Build the per-GPU memory model of a scenario."""
     m, mix, cl = scn.model, scn.mix, scn.cluster
@@ -310,7 +315,7 @@ def memory_model(scn: Scenario, allocator: AllocatorModel = DEFAULT_ALLOCATOR) -
 
     top_k = scn.top_k
     acts = activation_coefficients(m, mix, top_k, scn.recipe)
-    capacity = cl.gpu.memory_bytes - allocator.cuda_context_gib * GIB
+    capacity = usable_bytes(cl.gpu, allocator)
     return MemoryModel(
         weights=weights, gradients=grads, gradients_in_forward=grads_fwd, optimizer=optimizer,
         optimizer_transient=opt_transient, weight_transient=transient, block_transient=block, acts=acts,

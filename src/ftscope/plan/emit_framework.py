@@ -15,7 +15,7 @@ from ..errors import FtscopeError
 from ..spec.frameworks.base import known_optimizer
 from ..spec.frameworks.models import torchtune_builder, torchtune_family
 from ..spec.scenario import Scenario
-from .emit import emit
+from .emit import emit_recommendation
 from .recommend import Recommendation, best_deepspeed
 
 FILES = {"axolotl": "axolotl.yml", "llama-factory": "llama-factory.yaml", "torchtune": "torchtune.yaml", "trl": "trl.yaml"}
@@ -190,18 +190,16 @@ def emit_framework(scn: Scenario, micro: int, out_dir: str | Path, fmt: str, bas
     return path
 
 
-def emit_recommendation(result: Recommendation, out_dir: str | Path, fmt: str | None,
+def emit_with_framework(rec: Recommendation, out_dir: str | Path, fmt: str | None,
                         base: Mapping[str, Any] | None = None) -> list[Path]:
-    """recommend --emit: the winner's accelerate / DeepSpeed / Trainer files (and its `fmt` config), and the best
-    DeepSpeed alternative's under out_dir/deepspeed (torchtune has no DeepSpeed, so no torchtune file there)."""
-    out = Path(out_dir)
-    best = result.best
-    written = emit(best.scenario, best.estimate.micro_batch_size, out)
-    if fmt is not None:
-        written.append(emit_framework(best.scenario, best.estimate.micro_batch_size, out, fmt, base))
-    ds = best_deepspeed(result)
-    if ds is not None and ds is not best:  # the best ZeRO alternative, for DeepSpeed users
-        written += emit(ds.scenario, ds.estimate.micro_batch_size, out / "deepspeed")
-        if fmt is not None and fmt != "torchtune":
-            written.append(emit_framework(ds.scenario, ds.estimate.micro_batch_size, out / "deepspeed", fmt, base))
+    """recommend --emit: plan/emit.py's launch files and, with a framework format, the winner as a `fmt` config
+    beside them and the best DeepSpeed alternative's under out_dir/deepspeed (torchtune has no DeepSpeed)."""
+    written = emit_recommendation(rec, out_dir)
+    if fmt is None or rec.best is None:
+        return written
+    best = rec.best
+    written.append(emit_framework(best.scenario, best.estimate.micro_batch_size, out_dir, fmt, base))
+    ds = best_deepspeed(rec)
+    if ds is not None and ds is not best and fmt != "torchtune":
+        written.append(emit_framework(ds.scenario, ds.estimate.micro_batch_size, Path(out_dir) / "deepspeed", fmt, base))
     return written

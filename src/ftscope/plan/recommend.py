@@ -3,13 +3,15 @@
 Singh et al. (2024) give rules (ZeRO-2 + LoRA by default, ZeRO-3 + LoRA + checkpointing for the largest
 models, FlashAttention for long context). Here the rules are replaced by a search with the estimator, so the
 answer fits the actual model, sequence lengths, GPU and count, and every rejected mix keeps its reason.
+The search (engine.py) estimates only the candidates that can reach the top; `exhaustive=True` estimates every
+one and returns the same answer.
 """
 from __future__ import annotations
 
-import itertools
 import math
+import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 from .. import catalog
 from ..errors import FtscopeError
@@ -18,25 +20,15 @@ from ..estimate.efficiency import Calibration, load_calibration
 from ..estimate.memory import memory_model
 from ..estimate.result import Estimate
 from ..spec.hardware import GpuSpec, gpu_from_catalog
-from ..spec.mix import Mix, check_mix
 from ..spec.scenario import Scenario
+from .bounds import keep_global_batch
+from .engine import Engine, Progress, Ranking, SearchSummary
+from .ranking import RANK_BY, complexity, rank_key, refusal
 from .solvers import max_micro_batch
+from .space import MIX_DIMENSIONS, SHARDING, SearchSpace, Space
 
-RANK_BY = ("time", "cost", "memory")
-SHARDING = ((0, None), (1, None), (2, None), (3, None), (0, "full_shard"), (0, "shard_grad_op"))
-
-
-@dataclass(frozen=True)
-class SearchSpace:
-    """The mix dimensions recommend enumerates (the scenario's LoRA rank and targets are kept)."""
-
-    methods: tuple[str, ...] = ("full", "lora", "qlora")
-    gradient_checkpointing: tuple[bool, ...] = (False, True)
-    sharding: tuple[tuple[int, str | None], ...] = SHARDING
-    offload: tuple[str, ...] = ("none", "optimizer", "optimizer+params")
-    attention: tuple[str, ...] = ("eager", "sdpa", "flash")
-    optimizer: tuple[str, ...] = ("adamw", "adamw_8bit")
-    experts_backend: tuple[str, ...] = ("eager", "batched_mm", "grouped_mm", "modules")
+__all__ = ["Candidate", "Recommendation", "SearchSpace", "SHARDING", "RANK_BY", "complexity", "recommend",
+           "mix_reason", "explain", "best_deepspeed", "parse_gpu_budget"]
 
 
 @dataclass(frozen=True)
@@ -64,15 +56,21 @@ class Candidate:
 @dataclass(frozen=True)
 class Recommendation:
     rows: list[Candidate]
-    """Feasible candidates ranked first, then the rejected ones with their reasons."""
+    """The best `top` feasible candidates, ranked, then the first rejected ones in listing order with their
+    reasons (what the old full list showed first)."""
     best: Candidate | None
     explanation: list[str] = field(default_factory=list)
     by: str = "time"
+    summary: SearchSummary = field(default_factory=SearchSummary)
+    """Exact counts per reason, how much of the space was covered, how many estimates it took."""
+    best_deepspeed: Candidate | None = None
+    """The best feasible candidate that runs under DeepSpeed ZeRO (for users who launch with deepspeed)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"rows": [c.to_dict() for c in self.rows], "best": self.best.to_dict() if self.best else None,
-                "by": self.by, "explanation": self.explanation,
-                "counts": {"candidates": len(self.rows), "feasible": sum(c.feasible for c in self.rows)}}
+                "by": self.by, "explanation": self.explanation, "counts": self.summary.counts(),
+                "search": self.summary.search(),
+                "best_deepspeed": self.best_deepspeed.to_dict() if self.best_deepspeed else None}
 
 
 def _label(scn: Scenario) -> str:
@@ -91,38 +89,19 @@ def parse_gpu_budget(spec: str) -> tuple[GpuSpec, int]:
     return gpu_from_catalog(name), n
 
 
-def _counts(limit: int) -> list[int]:
-    out = [c for c in (1, 2, 4, 8) if c <= limit]
-    if limit not in out and limit > 8:
-        out.append(limit)
-    return out
-
-
-def _mixes(scn: Scenario, space: SearchSpace) -> Iterator[Mix]:
-    backends = space.experts_backend if scn.model.is_moe else (scn.mix.experts_backend,)
-    for method, gc, (zero, fsdp), off, att, opt, be in itertools.product(
-            space.methods, space.gradient_checkpointing, space.sharding, space.offload, space.attention,
-            space.optimizer, backends):
-        yield replace(scn.mix, method=method, gradient_checkpointing=gc, zero_stage=zero, fsdp=fsdp, offload=off,
-                      attention=att, optimizer=opt, experts_backend=be)
-
-
 def mix_reason(scn: Scenario) -> str | None:
-    try:
-        check_mix(scn.mix)
-    except FtscopeError as exc:
-        return f"unsupported: {exc}"
-    if scn.model.is_moe and scn.mix.experts_backend == "grouped_mm" and scn.mix.precision in ("fp32", "fp16-mixed"):
-        return "unsupported: grouped_mm needs bf16"
+    """Why this candidate cannot run at all (refused combination, or not on this GPU), or None."""
+    reason = refusal(scn.model, scn.mix)
+    if reason:
+        return reason
     reason = unsupported_reason(scn)
     return f"unsupported: {reason}" if reason else None
 
 
-def _evaluate(cand: Scenario, global_batch: int | None, cal: Calibration) -> Candidate:
+def _estimate(cand: Scenario, global_batch: int | None, cal: Calibration) -> Candidate:
     reason = mix_reason(cand)
     if reason:
         return Candidate(cand, None, reason)
-    world = cand.cluster.world_size
     mem = memory_model(cand)
     mb_max = max_micro_batch(mem, cand.workload.peak_seq_len())
     if mb_max == 0:
@@ -131,79 +110,69 @@ def _evaluate(cand: Scenario, global_batch: int | None, cal: Calibration) -> Can
     if global_batch is None:
         mb, ga = mb_max, cand.workload.gradient_accumulation
     else:  # keep the scenario's global batch: same optimization, different layout
-        mb = max(1, min(mb_max, global_batch // world))
-        ga = max(1, math.ceil(global_batch / (mb * world)))
+        mb, ga = keep_global_batch(mb_max, global_batch, cand.cluster.world_size)
     est = estimate(cand.with_(micro_batch_size=mb, gradient_accumulation=ga), strict=False, calibration=cal)
     return Candidate(est.scenario, est, est.reason)
 
 
-def complexity(scn: Scenario) -> int:
-    """How much machinery a mix needs; among equally good candidates the simpler one wins."""
-    mix = scn.mix
-    return (mix.shard_stage + (1 if mix.fsdp else 0) + {"none": 0, "optimizer": 2, "optimizer+params": 4}[mix.offload]
-            + (1 if mix.optimizer != "adamw" else 0) + (1 if mix.attention == "flash" else 0)
-            + (1 if mix.method == "qlora" else 0) + (1 if mix.gradient_checkpointing else 0))
+def evaluator(global_batch: int | None, cal: Calibration, budget_usd: float | None,
+              deadline_hours: float | None) -> Callable[[Scenario], Candidate]:
+    """The exact evaluation of one candidate: estimate it, then hold it to the budget and the deadline."""
+    def evaluate(cand: Scenario) -> Candidate:
+        c = _estimate(cand, global_batch, cal)
+        if c.feasible and budget_usd is not None and c.estimate.run.usd is not None and c.estimate.run.usd > budget_usd:
+            c = replace(c, reason=f"over budget: ${c.estimate.run.usd:,.2f} > ${budget_usd:,.2f}")
+        if c.feasible and deadline_hours is not None and c.estimate.run.hours > deadline_hours:
+            c = replace(c, reason=f"over deadline: {c.estimate.run.hours:,.1f} h > {deadline_hours:g} h")
+        return c
+    return evaluate
 
 
-def _tie(x: float) -> float:
-    """Round to 3 significant digits: differences below ~0.5 % are noise in an estimate."""
-    return float(f"{x:.3g}") if math.isfinite(x) else x
-
-
-def _key(c: Candidate, by: str) -> tuple:
-    if not c.feasible:
-        return (1, 0.0, 0, 0.0)
-    e = c.estimate
-    usd = e.run.usd if e.run.usd is not None else math.inf
-    primary = {"memory": e.memory.peak_bytes, "cost": usd, "time": e.run.hours}[by]
-    return (0, _tie(primary), complexity(c.scenario), primary)
+def _targets(scn: Scenario, gpus: Sequence[str] | None, any_gpu: bool) -> list[tuple[GpuSpec, int]]:
+    if any_gpu:
+        return [(gpu_from_catalog(k), 8) for k in catalog.gpu_table() if catalog.prices_for(k)]
+    if gpus:
+        return [parse_gpu_budget(g) for g in gpus]
+    return [(scn.cluster.gpu, scn.cluster.world_size)]
 
 
 def recommend(scn: Scenario, gpus: Sequence[str] | None = None, any_gpu: bool = False,
               budget_usd: float | None = None, deadline_hours: float | None = None, by: str = "time",
-              space: SearchSpace = SearchSpace(), calibration: Calibration | str | None = None) -> Recommendation:
-    """Evaluate every mix x GPU count (x GPU type) and rank the feasible ones by time, cost or memory."""
+              space: SearchSpace = SearchSpace(), calibration: Calibration | str | None = None, top: int = 10,
+              exhaustive: bool = False, time_budget_s: float | None = None, progress: Progress | None = None,
+              on_row: Callable[[Candidate], None] | None = None) -> Recommendation:
+    """Search every mix x GPU count (x GPU type); return the `top` feasible ones ranked by time, cost or memory,
+    the first rejected ones, exact counts per reason and an explanation of the winner. `exhaustive` estimates
+    every candidate (same answer, slower); `on_row` receives every candidate in listing order (implies it).
+    `time_budget_s` stops early with the best found so far and says how much of the space it covered."""
+    started = time.perf_counter()
     if by not in RANK_BY:
         raise FtscopeError(f"--by must be one of {', '.join(RANK_BY)}; got {by!r}")
-    for name, v in (("--budget-usd", budget_usd), ("--deadline-hours", deadline_hours)):
+    for name, v in (("--budget-usd", budget_usd), ("--deadline-hours", deadline_hours), ("--time-budget", time_budget_s)):
         if v is not None and not v > 0:
             raise FtscopeError(f"{name} must be above 0; got {v}")
+    if isinstance(top, bool) or not isinstance(top, int) or top < 1:
+        raise FtscopeError(f"--top must be a positive integer; got {top!r}")
     cal = calibration if isinstance(calibration, Calibration) else load_calibration(calibration)
-    if any_gpu:
-        targets = [(gpu_from_catalog(k), 8) for k in catalog.gpu_table() if catalog.prices_for(k)]
-    elif gpus:
-        targets = [parse_gpu_budget(g) for g in gpus]
-    else:
-        targets = [(scn.cluster.gpu, scn.cluster.world_size)]
     wl = scn.workload
     global_batch = None if wl.solve_batch else int(wl.micro_batch_size) * wl.gradient_accumulation * scn.cluster.world_size
-    rows: list[Candidate] = []
-    for gpu, limit in targets:
-        for count in _counts(limit):
-            base = scn.with_(gpu=gpu, gpus_per_node=count, nodes=1)
-            for mix in _mixes(base, space):
-                cand = replace(base, mix=mix)
-                c = _evaluate(cand, global_batch, cal)
-                if c.feasible and budget_usd is not None and c.estimate.run.usd is not None and c.estimate.run.usd > budget_usd:
-                    c = replace(c, reason=f"over budget: ${c.estimate.run.usd:,.2f} > ${budget_usd:,.2f}")
-                if c.feasible and deadline_hours is not None and c.estimate.run.hours > deadline_hours:
-                    c = replace(c, reason=f"over deadline: {c.estimate.run.hours:,.1f} h > {deadline_hours:g} h")
-                rows.append(c)
-    rows.sort(key=lambda c: _key(c, by))
-    best = rows[0] if rows and rows[0].feasible else None
-    return Recommendation(rows=rows, best=best, explanation=explain(best, rows, by) if best else [], by=by)
+    engine = Engine(Space(scn, _targets(scn, gpus, any_gpu), space),
+                    evaluator(global_batch, cal, budget_usd, deadline_hours), lambda c: rank_key(c, by),
+                    [Ranking("top", top), Ranking("deepspeed", 1, lambda mix: mix.zero_stage > 0)], by, cal,
+                    budget_usd=budget_usd, deadline_hours=deadline_hours, global_batch=global_batch,
+                    progress=progress, time_budget_s=time_budget_s)
+    out = engine.exhaustive(on_row) if (exhaustive or on_row is not None) else engine.run()
+    ranked = out.ranked["top"]
+    best = ranked[0] if ranked else None
+    summary = replace(out.summary, seconds=time.perf_counter() - started)
+    return Recommendation(rows=ranked + out.rejected, best=best, by=by, summary=summary,
+                          explanation=explain(best, out.neighbours, by) if best else [],
+                          best_deepspeed=(out.ranked["deepspeed"] or [None])[0])
 
 
 # ---- explanation --------------------------------------------------------------------------------------------
 
-DIMENSIONS = (
-    ("method", lambda s: s.mix.method, lambda v: {"full": "full fine-tuning", "lora": "LoRA", "qlora": "QLoRA"}[v]),
-    ("gradient checkpointing", lambda s: s.mix.gradient_checkpointing, lambda v: "with checkpointing" if v else "without checkpointing"),
-    ("sharding", lambda s: (s.mix.zero_stage, s.mix.fsdp), lambda v: f"FSDP {v[1]}" if v[1] else (f"ZeRO-{v[0]}" if v[0] else "no sharding (DDP)")),
-    ("offload", lambda s: s.mix.offload, lambda v: "no offload" if v == "none" else f"{v} offload"),
-    ("attention", lambda s: s.mix.attention, lambda v: f"{v} attention"),
-    ("optimizer", lambda s: s.mix.optimizer, lambda v: v),
-    ("experts backend", lambda s: s.mix.experts_backend, lambda v: f"experts {v}"),
+DIMENSIONS = tuple((d.label, lambda s, d=d: d.get(s.mix), d.show) for d in MIX_DIMENSIONS) + (
     ("GPU count", lambda s: s.cluster.world_size, lambda v: f"{v} GPU{'s' if v > 1 else ''}"),
     ("GPU type", lambda s: s.cluster.gpu.key, lambda v: v),
 )
@@ -235,7 +204,8 @@ def _why(win: Estimate, other: Estimate) -> str:
 
 
 def explain(best: Candidate, rows: Sequence[Candidate], by: str) -> list[str]:
-    """Plain-words comparison of the winner with the best alternative along each dimension."""
+    """Plain-words comparison of the winner with the best alternative along each dimension. `rows` holds the
+    alternatives (at least every candidate one dimension away from the winner), ranked."""
     w = best.estimate
     ws = best.scenario
     lines = [f"best by {by}: {_label(ws)}, micro-batch {w.micro_batch_size} x grad-accum "
@@ -265,4 +235,4 @@ def explain(best: Candidate, rows: Sequence[Candidate], by: str) -> list[str]:
 
 def best_deepspeed(rec: Recommendation) -> Candidate | None:
     """The best feasible candidate that runs under DeepSpeed ZeRO (for users who launch with deepspeed)."""
-    return next((c for c in rec.rows if c.feasible and c.scenario.mix.zero_stage > 0), None)
+    return rec.best_deepspeed

@@ -2,45 +2,27 @@
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 from pathlib import Path
 
 from ... import catalog
+from ..resolve import name_words, preset_by_name
 
 SAME_ARCHITECTURE = {
     "llama-3-8b": "llama-3.1-8b", "meta-llama/meta-llama-3-8b": "llama-3.1-8b",
-    "llama-3-70b": "llama-3.1-70b", "meta-llama/meta-llama-3-70b": "llama-3.1-70b", "llama-3.3-70b": "llama-3.1-70b",
+    "llama-3-70b": "llama-3.1-70b", "meta-llama/meta-llama-3-70b": "llama-3.1-70b",
     "meta-llama/llama-2-7b": "llama-2-7b", "meta-llama/llama-2-70b-chat-hf": "llama-2-70b",
     "decapoda-research/llama-7b-hf": "llama-2-7b", "decapoda-research/llama-13b-hf": "llama-2-13b",
     "mistralai/mistral-7b-v0.2": "mistral-7b",
 }
 """Models whose blocks equal a preset's (only context length or RoPE settings differ, which change neither memory
-per token nor FLOPs): Llama 3 = Llama 3.1 at 8k context, Llama 3.3 70B = 3.1 70B, LLaMA-1 = Llama 2 at 2k, Mistral v0.2 = v0.1 without the
+per token nor FLOPs): Llama 3 = Llama 3.1 at 8k context, LLaMA-1 = Llama 2 at 2k, Mistral v0.2 = v0.1 without the
 sliding window."""
 
-# fine-tuned variants keep the base model's architecture: chat / instruct / base suffixes and re-uploads under
-# another organisation (NousResearch/Meta-Llama-3-8B is meta-llama/Meta-Llama-3-8B)
-_VARIANT = re.compile(r"[-_](instruct|chat|hf|base|it|fp16|bf16)(-\d+)?$", re.I)
 
-
-def _lookup(name: str) -> str | None:
-    found = catalog.resolve_model_name(name)
-    if found:
-        return found
-    same = SAME_ARCHITECTURE.get(name.lower())
-    return same if same and catalog.resolve_model_name(same) else None
-
-
-def _candidates(name: str) -> list[str]:
-    out = [name]
-    stem = name
-    while _VARIANT.search(stem):
-        stem = _VARIANT.sub("", stem)
-        out.append(stem)
-    for item in list(out):
-        if "/" in item:
-            repo = item.split("/", 1)[1]
-            out += [repo, f"meta-llama/{repo}"]
-    return out
+@lru_cache(maxsize=None)
+def _same_architecture_words() -> dict[tuple[str, ...], str]:
+    return {name_words(k): v for k, v in SAME_ARCHITECTURE.items()}
 
 
 PREQUANTIZED = re.compile(r"[-_.](awq|gptq|aqlm|gguf|exl2|hqq|eetq)([-_.]|$)", re.I)
@@ -54,16 +36,16 @@ def prequantized(name: str) -> str | None:
 
 
 def model_ref(name: str) -> tuple[str, str]:
-    """(the `model:` value, a note saying what was assumed, or ''). An HF id that is neither a preset nor an alias
-    is matched to a preset with the same blocks (Meta-Llama-3-8B-Instruct -> llama-3.1-8b) and the note says so; a
-    local path or an unknown id is passed on unchanged (the scenario loader reads the HF cache or says it is unknown)."""
+    """(the `model:` value, a note saying what was assumed, or ''). A preset, a path, or a fine-tuned variant the
+    scenario's model resolution matches by name (spec/resolve.py, which says so itself) is passed on as it is; a
+    model whose blocks equal a preset's under another name (Meta-Llama-3-8B -> llama-3.1-8b) is read as that preset
+    and the note says so; anything else is passed on for the scenario loader to find or reject."""
     name = str(name).strip()
-    if catalog.resolve_model_name(name) or Path(name).expanduser().exists():
+    if catalog.resolve_model_name(name) or Path(name).expanduser().exists() or preset_by_name(name):
         return name, ""
-    for cand in _candidates(name):
-        found = _lookup(cand)
-        if found:
-            return found, f"model {name}: read as preset {found} (the same blocks; context length, RoPE or the chat tuning differ)"
+    found = _same_architecture_words().get(name_words(name))
+    if found and catalog.resolve_model_name(found):
+        return found, f"model {name}: read as preset {found} (the same blocks; context length, RoPE or the chat tuning differ)"
     return name, ""
 
 

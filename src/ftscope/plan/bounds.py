@@ -1,0 +1,240 @@
+"""What the search may know about a candidate without estimating it, and why each fact is exact.
+
+Each rule either decides a candidate's status exactly, or bounds its ranking key from below; the engine
+estimates every candidate whose bound could still enter a top-k, and checks every estimate against its bounds.
+
+1. Memory (`MemoryProbe`, one per mix and GPU count): the memory model reads the GPU only through its usable
+   capacity, so one model serves every GPU type. Every phase's reserved bytes grow with the micro-batch at a
+   fixed length (activations, logits and allocator overhead scale with tokens and tokens x length), so a
+   candidate fits at some micro-batch iff it fits at 1: the solver then returns >= 1, otherwise 0 ("does not
+   fit"). The peak at micro-batch 1 bounds the memory ranking from below.
+2. Micro-batch (classify.py): a phase's bytes lie between fixed + b x (what the first sequence adds) and
+   fixed + b x (bytes per sequence at the solver's cap), since terms that stop growing (a fused loss's tile)
+   only make the first slope steeper; so the solver's answer lies between the floors of min over phases of
+   (capacity - fixed bytes) / each slope; one part in a million either side covers rounding. With a fixed
+   global batch, recommend's rule (keep_global_batch) caps both at the global batch per GPU.
+3. Time, for every candidate (`sequence_work`, `op_rates`): an op's time is at least
+   max(FLOPs / (peak x the best efficiency its kind reaches), bytes / (bandwidth x streaming efficiency)) plus
+   non-negative launch terms, and a step adds non-negative optimizer, communication and host terms. Per
+   sequence, FLOPs and bytes are c1 x s + c2 x s^2 of the padded length s (fitted at three lengths; an op
+   without that form contributes nothing), s never falls below its value at the micro-batch lower bound
+   (mean_padded_len grows with the micro-batch), and hours = steps x step seconds with steps >= sequences /
+   (micro-batch x accumulation x GPUs). Also, a micro-batch takes at least what one sequence of the shortest
+   length takes (`micro_batch_seconds`, the estimator's step time: a micro-batch's time grows with its size and
+   length), so per sequence at least that over the largest micro-batch the candidate may run.
+4. Time, for a candidate rule 3 cannot rule out (`refined_hours`): the estimator's own step time at the largest
+   micro-batch the candidate may run and the shortest length it may pad to. One micro-batch's compute per
+   sequence never grows with the micro-batch (weight reads, dequantization, kernel launches and expert
+   dispatch are shared, GEMM efficiency rises with rows) nor shrinks with the length; the optimizer step and
+   host overheads are per step and grow with accumulation; communication (>= 0) is dropped.
+Dollars are hours x GPUs x price. A factor 1 - 1e-6 covers floating-point rounding in all of these.
+
+Not used, because this estimator breaks them: memory monotone in the GPU count (DDP's gradient buckets double
+the gradients from 2 GPUs on; ZeRO-3 gathers (1 - 1/n) of a block), in the ZeRO stage (ZeRO-2/3 add a
+reduce-scatter bucket that can outweigh the sharded gradients of a LoRA run), in checkpointing (it holds on the
+models tried, but the recomputed block and PEFT's merged expert stack make it a property of the model, not
+of the code), and dominance between mixes (no mix is both slower and larger than another for every model).
+One memory model per mix and count is cheap enough; tests/plan/test_bounds.py checks the rules above.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from ..estimate.compute import Op, micro_batch_ops
+from ..estimate.efficiency import Efficiency
+from ..estimate.memory import MemoryModel, memory_model, trainable_params
+from ..estimate.time import step_time
+from ..spec.scenario import Scenario
+from .solvers import BATCH_CAP, _phase_totals, max_micro_batch
+
+SAFETY = 1.0 - 1e-6
+
+
+class MemoryProbe:
+    """Exact per-GPU memory of one mix at one GPU count, for every GPU type at once."""
+
+    def __init__(self, scn: Scenario, seq: int) -> None:
+        self.scenario = scn
+        self.model: MemoryModel = memory_model(scn)
+        self.seq = seq
+        self._at_one = _phase_totals(self.model, 1, seq)
+        self.peak_at_one = max(self._at_one)
+        """The same number as MemoryModel.peak_bytes(1, seq): the max of the phases' reserved bytes."""
+
+    def batch_terms(self) -> list[tuple[float, float, float]]:
+        """(fixed bytes, bytes the first sequence adds, bytes per sequence at the cap) of every phase at this
+        length. A phase's reserved bytes grow linearly with the micro-batch (activations scale with tokens and
+        tokens x length) plus terms that stop growing (a fused loss's logits tile), so they lie between the two
+        lines these slopes draw from the fixed bytes."""
+        empty = _phase_totals(self.model, 0, self.seq)
+        far, farther = (_phase_totals(self.model, b, self.seq) for b in (BATCH_CAP, 2 * BATCH_CAP))
+        return [(k, a - k, (f2 - f1) / BATCH_CAP) for k, a, f1, f2 in zip(empty, self._at_one, far, farther)]
+
+    def max_micro_batch(self, capacity: float) -> int:
+        """The solver's answer on a GPU with this capacity."""
+        return max_micro_batch(replace(self.model, capacity_bytes=capacity), self.seq)
+
+    def fixed_batch_peak(self, capacity: float, global_batch: int) -> float:
+        """Peak bytes of the layout recommend picks to keep the global batch (micro-batch as large as fits up to
+        the global batch over the GPUs, accumulation for the rest), the way recommend's evaluate picks it."""
+        scn = self.scenario
+        mb, ga = keep_global_batch(self.max_micro_batch(capacity), global_batch, scn.cluster.world_size)
+        model = self.model if ga == scn.workload.gradient_accumulation else memory_model(
+            scn.with_(gradient_accumulation=ga))
+        return model.peak_bytes(mb, self.seq)
+
+
+def keep_global_batch(max_batch: int, global_batch: int, world: int) -> tuple[int, int]:
+    """(micro-batch, accumulation) that keep a global batch on `world` GPUs: the largest micro-batch that fits,
+    up to the global batch over the GPUs, and accumulation for the rest."""
+    mb = max(1, min(max_batch, global_batch // world))
+    return mb, max(1, math.ceil(global_batch / (mb * world)))
+
+
+LARGE = 4096
+"""Sequences per micro-batch at which per-sequence slopes are read: weight-sized terms are spread thin there,
+and the experts a micro-batch touches are all of them."""
+
+
+@dataclass(frozen=True)
+class SequenceWork:
+    """One op's work per added sequence as a function of the padded length s: c1 x s + c2 x s^2 FLOPs and
+    bytes (projections and experts grow with the tokens, attention scores with tokens x length)."""
+
+    kind: str
+    grouped: bool
+    flops: tuple[float, float]
+    bytes: tuple[float, float]
+    passes: float
+    """forward + backward multiple + recompute."""
+
+
+def _slopes(scn: Scenario, seq: float, batch: int = LARGE) -> list[tuple[Op, float, float]]:
+    """(op, FLOPs, bytes) one more sequence adds at `batch` sequences of length `seq`."""
+    one, two = micro_batch_ops(scn, batch, seq), micro_batch_ops(scn, 2 * batch, seq)
+    if len(one) != len(two) or any(a.kind != b.kind or a.layer != b.layer for a, b in zip(one, two)):
+        raise ValueError("op lists differ between micro-batches")
+    return [(a, (b.flops - a.flops) / batch, (b.bytes - a.bytes) / batch) for a, b in zip(one, two)]
+
+
+def _fit(v1: float, v2: float, v3: float, seq: float) -> tuple[float, float] | None:
+    """(c1, c2) with v = c1 s + c2 s^2 at s = seq, 2 seq (checked at 3 seq); None when that is not the form."""
+    quad = (v2 - 2.0 * v1) / (2.0 * seq * seq)
+    lin = (v1 - quad * seq * seq) / seq
+    if abs(quad) <= 1e-12 * abs(lin):
+        quad = 0.0
+    if lin < 0 or quad < 0 or abs(lin * 3 * seq + quad * 9 * seq * seq - v3) > 1e-9 * max(abs(v3), 1.0):
+        return None
+    return lin, quad
+
+
+def _at_least_linear(scn: Scenario, seq: float, slopes: list[tuple[Op, float, float]]) -> list[tuple[bool, bool]]:
+    """Per op: do its FLOPs and bytes at 1, 2 and 16 sequences reach the per-sequence slope times the
+    sequences (what the bound assumes: constants and expert-weight reads only add)?"""
+    ok = [[True, True] for _ in slopes]
+    for batch in (1, 2, 16):
+        for i, op in enumerate(micro_batch_ops(scn, batch, seq)):
+            _, f, b = slopes[i]
+            ok[i][0] &= op.flops >= batch * f * (1 - 1e-9)
+            ok[i][1] &= op.bytes >= batch * b * (1 - 1e-9)
+    return [(f, b) for f, b in ok]
+
+
+def sequence_work(scn: Scenario, seq: float) -> list[SequenceWork]:
+    """Per op (launch-bound dispatch and weight-bound dequantization left out), the FLOPs and bytes one more
+    sequence adds as functions of the padded length, read at `seq`, 2 and 3 x `seq`; an op that does not have
+    that form, or whose small micro-batches fall below it, contributes nothing (the bound stays valid)."""
+    try:
+        points = [_slopes(scn, seq * m) for m in (1.0, 2.0, 3.0)]
+    except ValueError:
+        return []
+    checks = _at_least_linear(scn, seq, points[0])
+    out = []
+    for (op, f1, b1), (_, f2, b2), (_, f3, b3), (f_ok, b_ok) in zip(*points, checks):
+        if op.kind in ("dispatch", "dequant"):
+            continue
+        flops = _fit(f1, f2, f3, seq) if f_ok else None
+        bytes_ = _fit(b1, b2, b3, seq) if b_ok else None
+        rec = 1.0 if (scn.mix.gradient_checkpointing and op.recompute) else 0.0
+        out.append(SequenceWork(op.kind, op.grouped, flops or (0.0, 0.0), bytes_ or (0.0, 0.0),
+                                1.0 + op.backward + rec))
+    return out
+
+
+def _best_efficiency(kind: str, grouped: bool, eff: Efficiency) -> float:
+    if kind == "matmul":
+        return eff.matmul * (eff.grouped_matmul if grouped else 1.0)
+    if kind == "attention":
+        return eff.attention
+    return eff.matmul * 0.1
+
+
+def op_rates(work: list[SequenceWork], scn: Scenario, eff: Efficiency) -> list[tuple[float, float, float, float]]:
+    """Per op, seconds per sequence of length s on scn's GPU: at least max(a s + b s^2, c s + d s^2), compute
+    at the highest efficiency its kind reaches and bytes at the streaming bandwidth, times its passes."""
+    if eff.matmul_half_rows < 0:
+        return []
+    gpu = scn.cluster.gpu
+    peak = gpu.matmul_tflops(scn.mix.precision) * 1e12
+    bandwidth = gpu.memory_bandwidth_gbs * 1e9 * eff.bandwidth
+    out = []
+    for w in work:
+        e = _best_efficiency(w.kind, w.grouped, eff)
+        f = (w.flops[0] * w.passes / (peak * e), w.flops[1] * w.passes / (peak * e)) if e > 0 else (0.0, 0.0)
+        b = (w.bytes[0] * w.passes / bandwidth, w.bytes[1] * w.passes / bandwidth) if bandwidth > 0 else (0.0, 0.0)
+        out.append((f[0] * SAFETY, f[1] * SAFETY, b[0] * SAFETY, b[1] * SAFETY))
+    return out
+
+
+def seconds_per_sequence(np, rates, seq):
+    """Lower bound on one sequence's forward + backward + recompute seconds: rates[block, op] = (a, b, c, d) of
+    op_rates, seq[block, candidate] the padded length; sum over ops of max(a s + b s^2, c s + d s^2)."""
+    s = seq[:, None, :]
+    a, b, c, d = (rates[:, :, i, None] for i in range(4))
+    return np.maximum(a * s + b * s * s, c * s + d * s * s).sum(axis=1)
+
+
+def shortest_sequence(scn: Scenario) -> float:
+    """The shortest padded length any micro-batch computes on (mean_padded_len never goes below it)."""
+    wl = scn.workload
+    return min(wl.mean_padded_len(1), wl.mean_tokens_per_sample())
+
+
+def micro_batch_seconds(scn: Scenario, batch: int, length: float, eff: Efficiency) -> float:
+    """GPU seconds of one micro-batch's forward, backward, recompute and dequantization at a fixed padded length,
+    from the estimator's own step time (the accumulation steps divided out)."""
+    ga = scn.workload.gradient_accumulation
+    fixed = scn.with_(padding="max_length", seq_len=max(1, math.floor(length)))
+    parts = step_time(fixed, batch, eff, 0).breakdown_s
+    return (parts["forward"] + parts["backward"] + parts["recompute"] + parts["dequant"]) / ga
+
+
+def refined_hours(scn: Scenario, batch_low: int, batch_high: int, global_batch: int | None,
+                  eff: Efficiency) -> float:
+    """A tighter lower bound on a candidate's hours, from the estimator's own step time at the largest
+    micro-batch it may run and the shortest length it may pad to. Exact because one micro-batch's compute per
+    sequence never grows with the micro-batch at a fixed length (weight reads, kernel launches and expert
+    dispatch are shared by its sequences, GEMMs get more efficient) and never shrinks with the length; the
+    optimizer step and host overheads grow with the accumulation steps; communication is dropped."""
+    wl, world = scn.workload, scn.cluster.world_size
+    length = max(1, math.floor(max(wl.mean_padded_len(batch_low), shortest_sequence(scn))))
+    if global_batch is None:
+        ga = wl.gradient_accumulation
+        sequences_per_step = batch_high * ga * world
+    else:  # recommend's accumulation is ceil(global / (micro-batch x GPUs)): smallest at the largest micro-batch
+        ga = max(1, math.ceil(global_batch / (batch_high * world)))
+        sequences_per_step = global_batch + batch_high * world
+    fixed = scn.with_(padding="max_length", seq_len=length, gradient_accumulation=ga)
+    parts = step_time(fixed, batch_high, eff, trainable_params(scn)).breakdown_s
+    compute = parts["forward"] + parts["backward"] + parts["recompute"] + parts["dequant"]
+    sequences = wl.samples_per_epoch() * wl.epochs / wl.samples_per_sequence()
+    seconds = sequences / world * compute / (ga * batch_high) + sequences / sequences_per_step * (
+        parts["optimizer"] + parts["other"])
+    return seconds / 3600.0 * SAFETY
+
+
+def hours_per_gpu_second(scn: Scenario) -> float:
+    """Hours of a run per GPU-second of per-sequence compute, before dividing by the GPU count."""
+    wl = scn.workload
+    return wl.samples_per_epoch() * wl.epochs / (wl.samples_per_sequence() * 3600.0) * SAFETY

@@ -1,0 +1,55 @@
+"""How recommend orders candidates: the primary value, rounded so noise-level differences tie, then the simpler
+mix, then the exact value; and which combinations it refuses before estimating anything."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ..errors import FtscopeError
+from ..spec.mix import Mix, check_mix
+from ..spec.model import ModelSpec
+from ..spec.scenario import Scenario
+
+RANK_BY = ("time", "cost", "memory")
+_OFFLOAD_WEIGHT = {"none": 0, "optimizer": 2, "optimizer+params": 4}
+
+
+def mix_complexity(mix: Mix) -> int:
+    """How much machinery a mix needs; among equally good candidates the simpler one wins."""
+    return (mix.shard_stage + (1 if mix.fsdp else 0) + _OFFLOAD_WEIGHT[mix.offload]
+            + (1 if mix.optimizer != "adamw" else 0) + (1 if mix.attention == "flash" else 0)
+            + (1 if mix.method == "qlora" else 0) + (1 if mix.gradient_checkpointing else 0))
+
+
+def complexity(scn: Scenario) -> int:
+    """mix_complexity of a scenario's mix."""
+    return mix_complexity(scn.mix)
+
+
+def tie(x: float) -> float:
+    """Round to 3 significant digits: differences below ~0.5 % are noise in an estimate. Monotone (x <= y gives
+    tie(x) <= tie(y)), which is what lets the search stop at a bound."""
+    return float(f"{x:.3g}") if math.isfinite(x) else x
+
+
+def rank_key(candidate: Any, by: str) -> tuple:
+    """(0, rounded primary, complexity, primary) for a feasible candidate; (1, 0, 0, 0) for one that cannot run
+    (those keep listing order)."""
+    if not candidate.feasible:
+        return (1, 0.0, 0, 0.0)
+    e = candidate.estimate
+    usd = e.run.usd if e.run.usd is not None else math.inf
+    primary = {"memory": e.memory.peak_bytes, "cost": usd, "time": e.run.hours}[by]
+    return (0, tie(primary), complexity(candidate.scenario), primary)
+
+
+def refusal(model: ModelSpec, mix: Mix) -> str | None:
+    """Why no GPU can run this mix on this model (a combination frameworks refuse), or None. Reads only the
+    model and the mix, so the search decides it once per mix."""
+    try:
+        check_mix(mix)
+    except FtscopeError as exc:
+        return f"unsupported: {exc}"
+    if model.is_moe and mix.experts_backend == "grouped_mm" and mix.precision in ("fp32", "fp16-mixed"):
+        return "unsupported: grouped_mm needs bf16"
+    return None

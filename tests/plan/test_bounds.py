@@ -1,0 +1,128 @@
+"""bounds: the facts the search relies on hold for the estimator as it is (tripwires for estimator changes).
+
+Each test states one assumption from plan/bounds.py and checks it on real models and mixes; if an estimator
+change breaks one, the pruned search may stop being exact, and this file says which rule to revisit.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+import ftscope
+from ftscope.estimate import unsupported_reason
+from ftscope.estimate.compute import micro_batch_ops
+from ftscope.estimate.efficiency import load_calibration
+from ftscope.estimate.memory import memory_model, usable_bytes
+from ftscope.estimate.time import step_time
+from ftscope.plan.bounds import refined_hours, shortest_sequence
+from ftscope.plan.classify import FITS, classify
+from ftscope.plan.recommend import SearchSpace, evaluator
+from ftscope.plan.solvers import max_micro_batch
+from ftscope.plan.space import Space
+from ftscope.spec.hardware import gpu_from_catalog
+
+DYNAMIC = {"padding": "dynamic", "seq_len": 2048,
+           "dataset": {"num_samples": 5000, "mean_tokens": 300, "median_tokens": 250, "p99_tokens": 1200,
+                       "max_tokens": 2048}}
+MIXES = [dict(method=m, attention=a, experts_backend=b, gradient_checkpointing=gc)
+         for m, a, b, gc in itertools.product(("full", "lora", "qlora"), ("eager", "sdpa"),
+                                              ("eager", "grouped_mm", "modules"), (False, True))]
+
+
+def _scn(model: str, batch: int | str = 1, framework: str = "hf-trainer", **mix) -> object:
+    return ftscope.load_scenario({"model": model, "hardware": {"gpu": "a100-80gb", "gpus_per_node": 2},
+                                  "framework": framework, "mix": {"method": "lora", **mix},
+                                  "workload": {"micro_batch_size": batch, **DYNAMIC}})
+
+
+def test_memory_model_reads_the_gpu_only_through_its_capacity():
+    for mix in MIXES[::5]:
+        a = memory_model(_scn("olmoe-1b-7b", **mix))
+        for gpu in ("a40", "h200", "mi300x"):
+            b = memory_model(_scn("olmoe-1b-7b", **mix).with_(gpu=gpu_from_catalog(gpu)))
+            assert b == replace(a, capacity_bytes=usable_bytes(gpu_from_catalog(gpu)))
+
+
+def test_gpu_support_does_not_depend_on_the_gpu_count():
+    for gpu, mix in itertools.product(("t4", "v100-32gb", "a100-80gb"), MIXES[::3]):
+        scn = _scn("olmoe-1b-7b", **mix).with_(gpu=gpu_from_catalog(gpu))
+        assert len({unsupported_reason(scn.with_(gpus_per_node=n)) for n in (1, 2, 8)}) == 1
+
+
+@pytest.mark.parametrize("model", ["llama-3.2-1b", "mixtral-8x7b"])
+def test_fitting_at_micro_batch_one_is_fitting_at_all(model):
+    for mix, gpu in itertools.product(MIXES[::2], ("t4", "a100-80gb")):
+        mem = memory_model(_scn(model, **mix).with_(gpu=gpu_from_catalog(gpu)))
+        for seq in (512, 2048, 8192):
+            assert (max_micro_batch(mem, seq) > 0) == mem.fits(1, seq)
+
+
+def test_padded_length_grows_with_the_micro_batch_and_starts_at_the_shortest():
+    scn = _scn("llama-3.2-1b")
+    lengths = [scn.workload.mean_padded_len(b) for b in range(1, 3000, 7)]
+    assert lengths == sorted(lengths) and min(lengths) >= shortest_sequence(scn)
+
+
+def test_compute_per_sequence_never_grows_with_the_micro_batch_nor_shrinks_with_the_length():
+    eff, _ = load_calibration().for_gpu("a100-80gb")
+
+    def per_sequence(scn, batch, length):
+        fixed = scn.with_(padding="max_length", seq_len=length)
+        p = step_time(fixed, batch, eff, 10**7).breakdown_s
+        return (p["forward"] + p["backward"] + p["recompute"] + p["dequant"]) / batch
+
+    for model, mix in itertools.product(("llama-3.2-1b", "olmoe-1b-7b"), MIXES[::4]):
+        scn = _scn(model, **mix)
+        for length in (64, 700, 4096):
+            by_batch = [per_sequence(scn, b, length) for b in (1, 2, 3, 8, 64, 1000)]
+            assert all(b <= a * (1 + 1e-12) for a, b in zip(by_batch, by_batch[1:])), (model, mix, length)
+        by_length = [per_sequence(scn, 4, s) for s in (64, 65, 700, 4096)]
+        assert by_length == sorted(by_length)
+        whole = [per_sequence(scn, b, 700) * b for b in (1, 2, 3, 8, 64)]  # a micro-batch's time grows with it
+        assert whole == sorted(whole)
+
+
+def test_dimensions_declared_compute_free_leave_the_flops_alone():
+    scn = _scn("olmoe-1b-7b")
+    space = Space(scn, [(scn.cluster.gpu, 1)], SearchSpace())
+    free = [d for d in space.dimensions if not d.affects_compute]
+    for d in free:
+        ops = {tuple(micro_batch_ops(scn.with_(**d.assign(v)), 3, 500.0)) for v in getattr(SearchSpace(), d.space_field)}
+        assert len(ops) == 1, d.space_field
+
+
+@pytest.mark.parametrize("model,batch,gpus,framework", [("olmoe-1b-7b", "max", ["a40:2", "h100-80gb:4"], "hf-trainer"),
+                                                        ("llama-2-7b", 4, ["a100-40gb:4"], "hf-trainer"),
+                                                        ("llama-3.2-1b", "max", ["l4:2"], "trl-sft")])
+def test_every_fitting_candidate_respects_its_bounds(model, batch, gpus, framework):
+    from ftscope.plan.recommend import _targets
+    scn = _scn(model, batch=batch, framework=framework)
+    space = Space(scn, _targets(scn, gpus, False), SearchSpace(offload=("none",), optimizer=("adamw",),
+                                                                experts_backend=("grouped_mm", "modules")))
+    cal = load_calibration()
+    gb = None if batch == "max" else batch * 2
+    cls, _ = classify(np, space, "time", cal, {"top": None}, gb, None, None)
+    evaluate = evaluator(gb, cal, None, None)
+    fits = np.flatnonzero(cls.status.ravel() == FITS)
+    assert len(fits) > 20
+    for idx in fits.tolist():
+        c = evaluate(space.candidate(idx))
+        assert c.feasible, c.reason
+        e = c.estimate
+        assert cls.micro_batch.flat[idx] <= e.micro_batch_size <= cls.micro_batch_max.flat[idx]
+        assert cls.hours.flat[idx] <= e.run.hours
+        eff, _ = cal.for_gpu(space.candidate(idx).cluster.gpu.key)
+        sharp = refined_hours(space.candidate(idx), int(cls.micro_batch.flat[idx]),
+                              int(cls.micro_batch_max.flat[idx]), gb, eff)
+        assert cls.hours.flat[idx] * 0.5 < sharp <= e.run.hours
+
+
+def test_the_probes_peak_is_the_memory_models():
+    from ftscope.plan.bounds import MemoryProbe
+    for mix in MIXES[::3]:
+        scn = _scn("olmoe-1b-7b", **mix)
+        for seq in (300, 2048):
+            assert MemoryProbe(scn, seq).peak_at_one == memory_model(scn).peak_bytes(1, seq)

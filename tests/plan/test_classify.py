@@ -1,0 +1,43 @@
+"""classify: every candidate's status without an estimate equals the status its estimate gives."""
+from __future__ import annotations
+
+import numpy as np
+
+import ftscope
+from ftscope.estimate.efficiency import load_calibration
+from ftscope.plan.classify import FEASIBLE, FITS, NO_FIT, UNSEARCHED, UNSUPPORTED, classify
+from ftscope.plan.engine import status_of
+from ftscope.plan.recommend import _targets, evaluator
+from ftscope.plan.space import SearchSpace, Space
+
+SMALL = SearchSpace(methods=("full", "qlora"), sharding=((0, None), (2, None), (0, "full_shard")),
+                    offload=("none", "optimizer+params"), attention=("eager", "flash"), optimizer=("adamw",),
+                    experts_backend=("grouped_mm", "modules"))
+
+
+def _space(batch):
+    scn = ftscope.load_scenario({"model": "olmoe-1b-7b", "hardware": {"gpu": "a100-80gb"}, "mix": {"method": "lora"},
+                                 "workload": {"micro_batch_size": batch, "seq_len": 4096, "num_samples": 1000}})
+    return Space(scn, _targets(scn, ["t4:2", "a40:4", "h100-80gb:2"], False), SMALL)
+
+
+def test_statuses_equal_what_the_estimates_say():
+    for batch, global_batch in (("max", None), (8, 8)):
+        space = _space(batch)
+        cal = load_calibration()
+        cls, cut = classify(np, space, "time", cal, {"top": None}, global_batch, None, None)
+        evaluate = evaluator(global_batch, cal, None, None)
+        got = cls.status.ravel()
+        assert not cut and set(got.tolist()) == {UNSUPPORTED, NO_FIT, FITS}  # T4 lacks bf16 and FlashAttention
+        for idx in range(len(space)):
+            exact = status_of(evaluate(space.candidate(idx)).reason)
+            assert {FITS: FEASIBLE}.get(int(got[idx]), int(got[idx])) == exact, (idx, space.candidate(idx).mix.label())
+
+
+def test_progress_is_reported_and_a_spent_clock_leaves_candidates_unsearched():
+    space = _space("max")
+    calls = []
+    cls, cut = classify(np, space, "time", load_calibration(), {"top": None}, None, 0.0,
+                        lambda stage, done, total: calls.append((stage, done, total)))
+    assert cut and (cls.status == UNSEARCHED).all()
+    assert calls and calls[0] == ("classify", 0, len(space))

@@ -1,0 +1,93 @@
+"""engine: the pruned search answers exactly what estimating every candidate answers (issue 21's acceptance).
+
+Each case runs recommend twice, pruned and exhaustive, over a space small enough to estimate in full, and
+compares the JSON of the top-10 rows, the first rejected rows, the best, the best ZeRO candidate, the
+explanation and the counts per reason, character for character.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import ftscope
+from ftscope.plan.engine import TopK
+from ftscope.plan.recommend import SearchSpace, explain, recommend
+from ftscope.plan.ranking import rank_key
+
+SPACE = SearchSpace(methods=("full", "lora", "qlora"), attention=("sdpa", "flash"), offload=("none", "optimizer"),
+                    optimizer=("adamw", "adamw_8bit"), experts_backend=("grouped_mm", "modules"))
+
+
+def _scn(model: str, method: str = "lora", batch: int | str = 1, seq: int = 2048, framework: str = "hf-trainer",
+         **workload) -> object:
+    wl = {"micro_batch_size": batch, "seq_len": seq, "padding": "packed", "num_samples": 4000, **workload}
+    return ftscope.load_scenario({"model": model, "hardware": {"gpu": "a100-80gb"}, "framework": framework,
+                                  "mix": {"method": method, "attention": "flash"}, "workload": wl})
+
+
+DYNAMIC = {"padding": "dynamic", "seq_len": 1024,
+           "dataset": {"num_samples": 15000, "mean_tokens": 187, "median_tokens": 174, "p99_tokens": 411,
+                       "max_tokens": 1024}}
+GRID = {
+    "dense, fixed global batch": (_scn("llama-2-7b", batch=4), dict(gpus=["a100-80gb:4", "a40:2"])),
+    "dense, solved batch, by cost": (_scn("llama-3.1-8b", batch="max"), dict(gpus=["l40s:4", "h100-80gb:2"], by="cost")),
+    "MoE, dynamic padding": (_scn("mixtral-8x7b", "qlora", batch="max", **DYNAMIC), dict(gpus=["h100-80gb:8", "a40:2"])),
+    "QLoRA 70B, by memory": (_scn("llama-2-70b", "qlora", batch=2, seq=4096), dict(gpus=["a100-80gb:8"], by="memory")),
+    "multi-node": (_scn("llama-2-70b", batch=8, seq=4096), dict(gpus=["h100-80gb:32"])),
+    "TRL's fused loss (memory concave in the batch)": (_scn("llama-3.1-8b", batch="max", seq=512, framework="trl-sft"),
+                                                       dict(gpus=["a40:2", "h100-80gb:2"])),
+    "budget and deadline": (_scn("llama-2-13b", batch="max"), dict(gpus=["a100-80gb:8"], budget_usd=40.0,
+                                                                    deadline_hours=3.0)),
+}
+
+
+def _visible(rec) -> str:
+    d = rec.to_dict()
+    return json.dumps({k: d[k] for k in ("rows", "best", "best_deepspeed", "explanation", "counts", "by")}, default=str)
+
+
+@pytest.mark.parametrize("case", list(GRID))
+def test_pruned_search_returns_what_the_exhaustive_one_does(case):
+    scn, kw = GRID[case]
+    pruned = recommend(scn, space=SPACE, **kw)
+    full = recommend(scn, space=SPACE, exhaustive=True, **kw)
+    assert _visible(pruned) == _visible(full)
+    assert pruned.best is not None and pruned.summary.feasible > 10
+    assert pruned.summary.bound_violations == 0 and not pruned.summary.exhaustive
+    assert pruned.summary.complete and pruned.summary.unsearched == 0
+    if "budget_usd" not in kw:  # a budget needs the exact dollars of every candidate whose bound is within it
+        assert pruned.summary.estimates < full.summary.estimates / 2, (pruned.summary, full.summary)
+
+
+def test_the_exhaustive_reference_is_a_full_stable_sort_of_every_candidate():
+    scn, kw = GRID["MoE, dynamic padding"]
+    every = []
+    rec = recommend(scn, space=SPACE, on_row=every.append, **kw)
+    assert len(every) == rec.summary.candidates
+    ranked = sorted(every, key=lambda c: rank_key(c, "time"))  # stable: listing order breaks equal keys
+    top = [c for c in ranked if c.feasible][:10]
+    rejected = [c for c in ranked if not c.feasible][:10]
+    as_json = lambda rows: json.dumps([c.to_dict() for c in rows], default=str)  # noqa: E731
+    assert as_json(rec.rows) == as_json(top + rejected)
+    assert rec.explanation == explain(ranked[0], ranked, "time")
+    assert rec.summary.feasible == sum(c.feasible for c in every)
+    reasons = {r: sum(1 for c in every if (c.reason or "").startswith(r)) for r in rec.summary.reasons}
+    assert reasons == rec.summary.reasons
+
+
+def test_a_time_budget_returns_what_it_has_and_says_how_much_it_covered():
+    scn, kw = GRID["dense, fixed global batch"]
+    for exhaustive in (False, True):
+        rec = recommend(scn, space=SPACE, time_budget_s=1e-9, exhaustive=exhaustive, **kw)
+        s = rec.summary
+        assert not s.complete and s.covered < 1 and s.unsearched > 0
+        assert s.feasible + sum(s.reasons.values()) + s.unsearched == s.candidates
+
+
+def test_top_k_keeps_the_k_smallest_keys_with_listing_order_breaking_ties():
+    top = TopK(3)
+    for idx, key in enumerate([(0, 2.0), (0, 1.0), (0, 2.0), (0, 3.0), (0, 1.0), (0, 2.0)]):
+        top.push(key, idx, f"c{idx}")
+    assert [item for _, _, item in top.items] == ["c1", "c4", "c0"]
+    assert top.full and top.worst == ((0, 2.0), 0)

@@ -1,0 +1,69 @@
+"""space: candidates are numbered in the order rows were always listed, and every dimension is declared once."""
+from __future__ import annotations
+
+import itertools
+from dataclasses import fields, replace
+
+import ftscope
+from ftscope.plan.space import MIX_DIMENSIONS, SearchSpace, Space, gpu_counts, layout, with_mix
+from ftscope.spec.hardware import gpu_from_catalog
+
+
+def _scn(model: str = "olmoe-1b-7b", nodes: int = 1) -> object:
+    return ftscope.load_scenario({"model": model, "hardware": {"gpu": "a100-80gb", "gpus_per_node": 4, "nodes": nodes},
+                                  "mix": {"method": "lora"}, "workload": {"micro_batch_size": 1, "seq_len": 512}})
+
+
+def test_mixes_come_in_product_order_of_the_declared_dimensions():
+    scn, sp = _scn(), SearchSpace()
+    space = Space(scn, [(scn.cluster.gpu, 2)], sp)
+    expected = [replace(scn.mix, method=m, gradient_checkpointing=gc, zero_stage=z, fsdp=f, offload=o, attention=a,
+                        optimizer=opt, experts_backend=b)
+                for m, gc, (z, f), o, a, opt, b in itertools.product(
+                    sp.methods, sp.gradient_checkpointing, sp.sharding, sp.offload, sp.attention, sp.optimizer,
+                    sp.experts_backend)]
+    assert list(space.mixes()) == expected
+    assert [space.mix(k) for k in (0, 1, 17, len(expected) - 1)] == [expected[k] for k in (0, 1, 17, -1)]
+    assert len(space) == 2 * len(expected)  # 1 and 2 GPUs
+
+
+def test_dense_models_keep_the_scenarios_experts_backend():
+    scn = _scn("llama-3.2-1b")
+    space = Space(scn, [(scn.cluster.gpu, 1)], SearchSpace())
+    assert {m.experts_backend for m in space.mixes()} == {scn.mix.experts_backend}
+    assert "experts_backend" not in {d.space_field for d in space.dimensions}
+
+
+def test_every_search_space_field_is_a_declared_dimension():
+    assert [d.space_field for d in MIX_DIMENSIONS] == [f.name for f in fields(SearchSpace)]
+
+
+def test_neighbours_are_every_candidate_one_dimension_away():
+    scn = _scn()
+    small = SearchSpace(methods=("lora", "qlora"), sharding=((0, None), (3, None)), offload=("none",),
+                        experts_backend=("grouped_mm", "modules"))
+    space = Space(scn, [(scn.cluster.gpu, 8), (gpu_from_catalog("h100-80gb"), 4)], small)
+
+    def dims(s):
+        return [d.get(s.mix) for d in MIX_DIMENSIONS] + [s.cluster.world_size, s.cluster.gpu.key]
+
+    idx = 2 * space.mixes_per_block + 5  # a100-80gb x 4
+    mine = dims(space.candidate(idx))
+    one_away = {i for i in range(len(space)) if sum(a != b for a, b in zip(dims(space.candidate(i)), mine)) == 1}
+    assert set(space.neighbours(idx)) == one_away
+    assert len(one_away) == sum(r - 1 for r in space.radix) + 3 + 1  # other values; 1, 2, 8 GPUs; h100 x 4
+
+
+def test_gpu_counts_and_multi_node_layouts():
+    assert gpu_counts(1) == [1] and gpu_counts(6) == [1, 2, 4] and gpu_counts(8) == [1, 2, 4, 8]
+    assert gpu_counts(12) == [1, 2, 4, 8, 12] and gpu_counts(32) == [1, 2, 4, 8, 16, 32]
+    assert layout(4, 8) == (4, 1) and layout(32, 8) == (8, 4) and layout(12, 8) == (12, 1)
+    space = Space(_scn(nodes=2), [(gpu_from_catalog("h100-80gb"), 16)], SearchSpace())
+    assert [(b.base.cluster.gpus_per_node, b.base.cluster.nodes) for b in space.blocks] == [
+        (1, 1), (2, 1), (4, 1), (4, 2), (4, 4)]  # the scenario's 4-GPU nodes
+
+
+def test_with_mix_is_replace():
+    scn = _scn()
+    mix = replace(scn.mix, method="qlora", zero_stage=2)
+    assert with_mix(scn, mix) == replace(scn, mix=mix) and with_mix(scn, mix).mix is mix

@@ -8,6 +8,7 @@ FakeTensorMode through ftscope's storage recorder, with the model built, wrapped
   trl-sft     TRL 1.16's add_fused_lm_head (its chunked log-prob autograd Function, torch tile path), the QLoRA
               adapter cast to bf16 and enable_input_require_grads from SFTTrainer.__init__, the loss of
               SFTTrainer.compute_loss (-log_probs.sum() / tokens)
+  litgpt      litgpt 0.5.13's own GPT with LoRA, bf16-true, the LM head in 128-token chunks and chunked_cross_entropy
   torchtune   torchtune 0.6.1's own model builders (lora_/qlora_ llama3.1 8B, llama2 7B / llama3.2 1B), torchao NF4,
               set_activation_checkpointing (non-reentrant checkpoint_wrapper), set_num_output_chunks(8) and
               CEWithChunkedOutputLoss, pure bf16, the recipe's _loss_step
@@ -16,6 +17,8 @@ and the estimate of the same scenario with `framework: <name>` is compared on al
 
 Run in a side venv that has the frameworks (see README "Framework recipes"):
   /work/venvs/recipes-fw/bin/python benchmarks/recipes_vs_trace.py [--only SUBSTR] [--out benchmarks/results/recipes_vs_trace.json]
+  /work/venvs/recipes-tt/bin/python benchmarks/recipes_vs_trace.py --only torchtune
+Each run merges its rows into the results file (same framework x model x method replaced).
 """
 from __future__ import annotations
 
@@ -169,8 +172,10 @@ def run_trl(scn):
 
 def _triton_tiles() -> None:
     """Run TRL's fused head with the memory of its CUDA path: there Triton kernels fold each logits tile in place
-    (chunked_logprob.py _forward_kernel / _backward_kernel), while the torch fallback that CPU takes allocates
-    several fp32 copies of every token x 32768 tile. The stand-ins write the same outputs in place."""
+    (chunked_logprob.py _forward_kernel / _backward_kernel), and the backward accumulates the hidden-state gradient
+    with torch.addmm(..., out_dtype=float32, out=acc) (_addmm_fp32, CUDA with torch >= 2.8), while the torch fallback
+    that CPU takes allocates several fp32 copies of every token x 32768 tile and an fp32 copy of the LM head's
+    32768-row slice (`acc.addmm_(a.float(), b.float())`). The stand-ins write the same outputs in place."""
     from trl.kernels import chunked_logprob as cl
 
     def forward_tile(tile, tile_stride, targets, running_max, *rest, **kw):
@@ -179,7 +184,10 @@ def _triton_tiles() -> None:
     def backward_tile(tile, *rest, **kw):
         tile.copy_(tile)  # the kernel overwrites the tile with the logits' gradient
 
-    cl._forward_tile, cl._backward_tile = forward_tile, backward_tile
+    def addmm_fp32(acc, a, b):
+        acc.copy_(acc)  # CUDA: the fp32 product of the bf16 tile and weight slice accumulates into acc itself
+
+    cl._forward_tile, cl._backward_tile, cl._addmm_fp32 = forward_tile, backward_tile, addmm_fp32
 
 
 def _tt_import():
@@ -206,6 +214,7 @@ def run_torchtune(scn, family: str, size: str):
     prefix = "qlora" if scn.mix.method == "qlora" else "lora"
     build = getattr(builders, f"{prefix}_{family}_{size}")
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    _real_rope_init()
     with fake_mode, training.set_default_dtype(torch.bfloat16), torch.device("cpu"):
         model = build(lora_attn_modules=["q_proj", "k_proj", "v_proj", "output_proj"], apply_lora_to_mlp=True,
                       apply_lora_to_output=False, lora_rank=scn.mix.lora_rank, lora_alpha=2 * scn.mix.lora_rank,
@@ -228,6 +237,28 @@ def run_torchtune(scn, family: str, size: str):
     return trace_step(scn, model, loss, None, prefake=(fake_mode, weights))
 
 
+def _real_rope_init() -> None:
+    """torchtune computes its RoPE tables with Python control flow on tensor values (Llama3ScaledRoPE.apply_scaling:
+    `if wavelen < high_freq_wavelen`), which fake tensors cannot answer (aten._local_scalar_dense). The tables are
+    small (max_seq_len x head_dim floats): compute them with real tensors, as a run does, and let the fake step
+    read them as inputs."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torchtune.models.llama3_1._position_embeddings import Llama3ScaledRoPE
+    from torchtune.modules import RotaryPositionalEmbeddings
+
+    for cls in (Llama3ScaledRoPE, RotaryPositionalEmbeddings):
+        init = cls.rope_init
+        if getattr(init, "_real", False):
+            continue
+
+        def rope_init(self, _init=init):
+            with unset_fake_temporarily():
+                return _init(self)
+
+        rope_init._real = True
+        cls.rope_init = rope_init
+
+
 def _tt_weights(model):
     """Every tensor holding weight memory: plain parameters and buffers, and the inner tensors of NF4 weights."""
     out, seen = [], set()
@@ -241,6 +272,34 @@ def _tt_weights(model):
                 seen.add(id(x))
                 out.append(x)
     return out
+
+
+LITGPT_NAMES = {"llama-3.1-8b": "Llama-3.1-8B", "phi-2": "phi-2", "llama-2-7b": "Llama-2-7b-hf"}
+
+
+def run_litgpt(scn):
+    """litgpt finetune lora (0.5.13): its own GPT with LoRA on q, k, v, projection and MLP, bf16-true (every
+    weight, adapter and AdamW state in bf16), no activation checkpointing on one device, the LM head in 128-token
+    chunks and chunked_cross_entropy on them (finetune/lora.py fit(): model(input_ids, lm_head_chunk_size=128))."""
+    import torch
+    from litgpt.lora import GPT, Config, mark_only_lora_as_trainable
+    from litgpt.utils import chunked_cross_entropy
+
+    cfg = Config.from_name(LITGPT_NAMES[scn.model_ref], lora_r=scn.mix.lora_rank, lora_alpha=2 * scn.mix.lora_rank,
+                           lora_dropout=scn.mix.lora_dropout, lora_query=True, lora_key=True, lora_value=True,
+                           lora_projection=True, lora_mlp=True, lora_head=False)
+    with torch.device("meta"):
+        model = GPT(cfg).to(torch.bfloat16)
+    mark_only_lora_as_trainable(model)
+    model.max_seq_length = SEQ
+
+    def loss():
+        x = torch.randint(0, cfg.padded_vocab_size, (BATCH, SEQ))
+        logits = model(x, lm_head_chunk_size=128)
+        logits[-1] = logits[-1][..., :-1, :]
+        return chunked_cross_entropy(logits, x[..., 1:])
+
+    return trace_step(scn, model, loss)
 
 
 def _experts(info) -> int:
@@ -257,6 +316,9 @@ def cases():
             if method == "qlora":
                 yield ("peft-kbit", model, kind, method, lambda s: run_hf(s, prepare_kbit=True))
             yield ("trl-sft", model, kind, method, run_trl)
+    if importlib.util.find_spec("litgpt") is not None:
+        for model in LITGPT_NAMES:
+            yield ("litgpt", model, "litgpt's own model", "lora", run_litgpt)
     if importlib.util.find_spec("torchtune") is None:
         return
     for model, kind, family, size in TT_MODELS:
@@ -275,7 +337,12 @@ def main() -> None:
         label = f"{framework} {model} {method}"
         if args.only and args.only not in label:
             continue
-        mix = {"gradient_checkpointing": True, "experts_backend": "grouped_mm"}
+        # k-bit preparation casts transformers 5's fused expert stacks to fp32, which grouped_mm refuses (bf16
+        # only): a peft-kbit MoE run takes the eager expert loop
+        backend = "eager" if framework == "peft-kbit" and kind.startswith("MoE") else "grouped_mm"
+        mix = {"gradient_checkpointing": True, "experts_backend": backend}
+        if framework == "litgpt":  # its defaults: no checkpointing on one device, lora_dropout 0.05
+            mix = {"gradient_checkpointing": False}
         scn = scenario(model, framework, method, **mix)
         t0 = time.perf_counter()
         try:
@@ -298,23 +365,36 @@ def main() -> None:
         if args.only:
             print("   trace   ", row["trace_gib"], "\n   estimate", row["estimate_breakdown_gib"])
         gc.collect()
-    ok = [r for r in rows if "error_pct" in r]
     versions = {}
     for mod in ("torch", "transformers", "peft", "bitsandbytes", "trl", "torchtune", "torchao"):
         try:
             versions[mod] = importlib.import_module(mod).__version__
         except Exception:  # noqa: BLE001
             versions[mod] = None
+    doc = merge_results(Path(args.out), rows, versions)
+    print(json.dumps(doc["summary"]))
+
+
+def merge_results(out: Path, rows: list[dict], versions: dict) -> dict:
+    """Write the rows into the results file, replacing the same framework x model x method and keeping the others:
+    the frameworks need venvs of their own (torchtune's torchao pins against transformers 5), so each venv's run
+    adds its rows, each with the library versions it ran."""
+    old = json.loads(out.read_text()) if out.exists() else {}
+    key = lambda r: (r["framework"], r["model"], r["method"])  # noqa: E731
+    merged = {key(r): r for r in old.get("rows", [])}
+    for r in rows:
+        merged[key(r)] = {**r, "versions": {k: v for k, v in versions.items() if v}}
+    all_rows = list(merged.values())
+    ok = [r for r in all_rows if "error_pct" in r]
     summary = {"n": len(ok), "within_5pct": sum(abs(r["error_pct"]) <= 5 for r in ok),
                "max_abs_error_pct": max((abs(r["error_pct"]) for r in ok), default=None),
-               "failed": len(rows) - len(ok)}
+               "failed": len(all_rows) - len(ok)}
     doc = {"what": "estimate (allocated, framework recipe) vs fake-tensor trace of the framework's own step",
-           "batch": BATCH, "seq": SEQ, "versions": versions, "python": platform.python_version(),
-           "summary": summary, "rows": rows}
-    if not args.only:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
-    print(json.dumps(summary))
+           "batch": BATCH, "seq": SEQ, "versions": {**old.get("versions", {}), **{k: v for k, v in versions.items() if v}},
+           "python": platform.python_version(), "summary": summary, "rows": all_rows}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=1) + "\n")
+    return doc
 
 
 if __name__ == "__main__":

@@ -289,3 +289,26 @@ def test_validate_corpus_json_and_reasons():
     r = ftscope("validate", "--corpus", "--source", "hf-blog-fsdp-llama2-70b", "--reasons")
     assert r.returncode == 0 and "not compared" in r.stdout and "hfblog-fsdp-llama2-70b-chat-16xa100" in r.stdout
     assert_user_error(ftscope("validate", "--corpus", "--source", "nope"), "unknown corpus source")
+
+
+FRAMEWORKS = REPO / "examples" / "frameworks"
+
+
+def test_framework_config_estimate_shows_the_mapped_scenario_and_lists_unmapped_keys():
+    r = ftscope("estimate", FRAMEWORKS / "axolotl-llama-3-qlora.yml", "--show-scenario", "hardware.gpu=h100-80gb")
+    assert r.returncode == 0, r.stderr
+    shown = yaml.safe_load(r.stdout.split("llama-3.1-8b |")[0])  # the scenario YAML comes before the tables
+    assert shown["framework"] == "axolotl" and shown["mix"]["method"] == "qlora" and shown["hardware"]["gpu"] == "h100-80gb"
+    assert "peak memory" in r.stdout
+    lines = r.stderr.strip().splitlines()
+    assert all(line.startswith("ftscope: ") for line in lines)
+    assert any(line.startswith("ftscope: warning: not mapped: datasets") for line in lines)
+
+
+def test_framework_config_json_stays_one_document_and_refusals_are_one_line():
+    r = ftscope("estimate", FRAMEWORKS / "trl-sft-llama-2-7b-qlora.sh", "--json", "--show-scenario")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["scenario"]["framework"] == "trl-sft"
+    assert "framework: trl-sft" in r.stderr
+    assert_user_error(ftscope("estimate", FRAMEWORKS / "axolotl-llama-3-lora-8b-int8.yml"), "lora_modules_to_save")
+    assert_user_error(ftscope("recommend", IISWC, "--emit-format", "megatron"), "--emit-format")

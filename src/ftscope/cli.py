@@ -41,6 +41,28 @@ def _console():
     return con
 
 
+SHOW_OPT = typer.Option(False, "--show-scenario", help="Print the scenario first (a framework config: as mapped).")
+
+
+def _load(path: Path, overrides: Optional[List[str]], show: bool = False, json_out: bool = False):
+    """The scenario of a scenario file or a framework config (Axolotl, LLaMA-Factory, torchtune, TRL): what a
+    framework config's mapping left out or assumed goes to stderr, one line each."""
+    from .spec.frameworks import load
+
+    scn, cfg = load(path, overrides or [])
+    if cfg is not None:
+        sys.stderr.write(f"ftscope: {path}: read as a config of {cfg.format} (framework: {scn.recipe.name})\n")
+        for line in cfg.unmapped:
+            sys.stderr.write(f"ftscope: warning: not mapped: {line}\n")
+        for line in cfg.notes:
+            sys.stderr.write(f"ftscope: note: {line}\n")
+    if show:
+        import yaml
+        text = yaml.safe_dump(scn.to_dict(), sort_keys=False)
+        (sys.stderr if json_out else sys.stdout).write(text)
+    return scn, cfg
+
+
 def _split(value: Optional[str]) -> list[str]:
     return [v.strip() for v in value.split(",") if v.strip()] if value else []
 
@@ -53,13 +75,13 @@ def estimate(
     margin: float = typer.Option(0.0, "--margin", help="Fraction of GPU memory to keep free (0.05 = 5 %)."),
     check: bool = typer.Option(False, "--check", help="Exit 1 when the scenario does not fit (a pre-launch guard)."),
     calibration: Optional[Path] = CAL_OPT,
+    show_scenario: bool = SHOW_OPT,
 ) -> None:
     """One scenario: per-GPU memory by category and phase, fits?, max micro-batch and max sequence length,
-    step time, throughput, hours and dollars."""
+    step time, throughput, hours and dollars. SCENARIO may also be an Axolotl, LLaMA-Factory, torchtune or TRL config."""
     from . import estimate as run_estimate
-    from .spec.scenario import load_scenario
 
-    scn = load_scenario(scenario, overrides or [])
+    scn, _ = _load(scenario, overrides, show_scenario, json_out)
     est = run_estimate(scn, margin=margin, calibration=str(calibration) if calibration else None)
     if json_out:
         _print_json(est.to_dict())
@@ -86,11 +108,11 @@ def plan(
     plot_file: Optional[Path] = typer.Option(None, "--plot", help="Write the cost-vs-time chart (PNG or SVG)."),
     json_out: bool = JSON_OPT,
     calibration: Optional[Path] = CAL_OPT,
+    show_scenario: bool = SHOW_OPT,
 ) -> None:
     """Which GPU, how many, which batch size; how many hours and dollars. Ranked, with the cost/time
     Pareto frontier marked *."""
     from .plan.search import one_row_per_gpu, plan as run_plan
-    from .spec.scenario import load_scenario
 
     try:
         count_list = [int(c) for c in _split(counts)]
@@ -100,7 +122,7 @@ def plan(
         raise FtscopeError(f"--counts must be integers from 1 to 64; got {counts!r}")
     if nodes < 1 or (max_gpus is not None and max_gpus < 1):
         raise FtscopeError("--nodes and --max-gpus must be at least 1")
-    scn = load_scenario(scenario, overrides or [])
+    scn, _ = _load(scenario, overrides, show_scenario, json_out)
     result = run_plan(scn, gpus=_split(gpus) or None, counts=count_list, max_gpus=max_gpus, nodes=nodes, by=by,
                       solve_batch=not keep_batch, calibration=str(calibration) if calibration else None)
     if plot_file is not None:
@@ -296,6 +318,8 @@ def recommend(
     top: int = typer.Option(10, "--top", help="Rows to show (and to write with --json)."),
     emit_dir: Optional[Path] = typer.Option(None, "--emit", help="Write the winner's DeepSpeed JSON, accelerate YAML "
                                                                   "and Trainer/PEFT arguments here."),
+    emit_format: Optional[str] = typer.Option(None, "--emit-format", help="Also write the winner as an axolotl, "
+                                              "llama-factory, torchtune or trl config (default: the input config's format)."),
     plot_file: Optional[Path] = typer.Option(None, "--plot", help="Write the memory breakdown of the top candidates (PNG/SVG)."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON document: the top rows, the best, the "
                                                         "explanation and exact counts per reason."),
@@ -306,14 +330,17 @@ def recommend(
     exhaustive: bool = typer.Option(False, "--exhaustive", help="Estimate every candidate instead of pruning "
                                                                 "(same answer, slower: a check)."),
     calibration: Optional[Path] = CAL_OPT,
+    show_scenario: bool = SHOW_OPT,
 ) -> None:
     """The best optimization mix for your model, data and GPUs: every valid combination of method,
     checkpointing, ZeRO/FSDP, offload, attention, optimizer and GPU count, ranked and explained."""
     from .plan.recommend import recommend as run_recommend
     from .report.progress import SearchProgress
-    from .spec.scenario import load_scenario
+    from .spec.frameworks import FORMATS
 
-    scn = load_scenario(scenario, overrides or [])
+    if emit_format is not None and emit_format not in FORMATS:
+        raise FtscopeError(f"--emit-format must be one of {', '.join(FORMATS)}; got {emit_format!r}")
+    scn, fw = _load(scenario, overrides, show_scenario, json_out or all_rows)
     stream = _json_lines if all_rows else None
     with SearchProgress() as progress:
         result = run_recommend(scn, gpus=_split(gpus) or None, any_gpu=any_gpu, budget_usd=budget_usd,
@@ -327,8 +354,9 @@ def recommend(
                     plot_file)
     written = []
     if emit_dir is not None and result.best is not None:
-        from .plan.emit import emit_recommendation
-        written = emit_recommendation(result, emit_dir)
+        from .plan.emit_framework import emit_with_framework
+        fmt = emit_format or (fw.format if fw is not None else None)
+        written = emit_with_framework(result, emit_dir, fmt, fw.original if fw is not None and fw.format == fmt else None)
     if all_rows:
         data = result.to_dict()
         _json_lines({"summary": {k: data[k] for k in ("by", "best", "explanation", "counts", "search")},

@@ -336,3 +336,28 @@ def test_lora_dropout_adds_a_copy_and_mask_per_adapter():
     from ftscope.estimate.memory import memory_model
 
     assert memory_model(drop).acts.saved_per_token > memory_model(base).acts.saved_per_token
+
+
+# --- recipe facts about the loss and FSDP1 ---------------------------------------------------------------------
+
+def _with_recipe(s, **facts):
+    import dataclasses
+    return dataclasses.replace(s, recipe=dataclasses.replace(s.recipe, **facts))
+
+
+def test_loss_recipe_facts_add_their_logits_copies():
+    s = scn(model="llama-2-7b", mix={"method": "lora", "gradient_checkpointing": True})
+    v, t = s.model.arch.vocab_size, 4 * 1024
+    base = memory_model(s).breakdown(4, 1024).phases
+    shifted = memory_model(_with_recipe(s, loss_upcast_in_forward=True, loss_shift_copy=True)).breakdown(4, 1024).phases
+    # transformers 4.40: fp32 logits + a shifted fp32 copy beside the log-softmax (12 V) instead of bf16 + fp32 (10 V)
+    assert shifted["forward"] - base["forward"] == pytest.approx(2 * v * t)
+    held = memory_model(_with_recipe(s, loss_upcast_in_forward=True, loss_logits_held=True)).breakdown(4, 1024).phases
+    assert held["backward"] - base["backward"] == pytest.approx(4 * v * t)  # fp32 logits kept through backward
+
+
+def test_fsdp1_root_unit_stays_gathered():
+    s = scn(model="llama-2-7b", mix={"method": "lora", "fsdp": "full_shard", "precision": "bf16"}, hw={"gpus_per_node": 2})
+    m = s.model
+    extra = memory_model(_with_recipe(s, fsdp_root_gathered=True)).weight_transient - memory_model(s).weight_transient
+    assert extra == pytest.approx((m.embedding_params + m.lm_head_params + m.final_norm_params) * 2 * 0.5)

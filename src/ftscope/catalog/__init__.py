@@ -105,3 +105,9 @@ def recipe_names() -> tuple[str, ...]:
 def recipe_data(name: str) -> dict[str, Any]:
     """One framework recipe's mapping (see spec/recipe.py for its fields)."""
     return _yaml(f"recipes/{name}.yaml")
+
+
+@lru_cache(maxsize=None)
+def framework_keys() -> dict[str, Any]:
+    """How each framework format's config keys are read (see catalog/framework_keys.yaml)."""
+    return _yaml("framework_keys.yaml")

@@ -8,8 +8,8 @@ Counted from what the HF implementations save (checked against fake-tensor trace
   (6 bytes per head x s x s), and its backward holds 6 more (the fp32 upcast gradient and softmax's fp32
   input gradient) while the bf16 copy is already freed;
 - routed experts save their per-token tensors once per selected expert (top-k);
-- the loss upcasts logits to fp32: log_softmax saves B x T x V fp32; a chunked (compiled) loss keeps the
-  bf16 logits and upcasts one chunk at a time;
+- the loss upcasts logits to fp32: log_softmax saves B x T x V fp32; a chunked loss keeps the bf16 logits and
+  every chunk's log-softmax, and upcasts one chunk at a time;
 - under non-reentrant checkpointing, a 4-bit matmul that keeps its input as a ctx attribute (bitsandbytes <=
   0.43.1, recipe `kbit_matmul_keeps_input`) holds every such input that needs grad until the backward ends.
 
@@ -56,6 +56,8 @@ class ActivationCoefficients:
     """bf16 logits and their fp32 upcast, alive while the loss is computed."""
     logits_backward_extra_per_token: float
     """Gradient buffers of the loss at the start of backward."""
+    logits_held_per_token: float = 0.0
+    """Output logits the training loop keeps until its backward ends (a recipe fact)."""
     loss_tile_per_token: float = 0.0
     """A fused LM head's logits tile buffer, per token up to `loss_tile_tokens` tokens (then fixed)."""
     loss_tile_tokens: float = 0.0
@@ -189,18 +191,19 @@ def _block_bytes(layer: Layer, model: ModelSpec, mix: Mix, lora: frozenset[int],
         total += inp("o")
         if not a.fact("parallel"):
             total += norm * (a.fact("norms_per_layer", 2) // 2)
-        ffn = _ffn_bytes(layer, model, mix, lora, top_k, c, inp)
+        ffn = _ffn_bytes(layer, model, mix, lora, top_k, c, inp, recipe)
         total += ffn
     elif layer.mixer == "mamba":
         di = a.mamba_d_inner
         total += norm + inp("mamba_in") + c * 2 * di + c * di + inp("mamba_x") + c * di * 3 + inp("mamba_out")
     else:  # BlackMamba's standalone MoE block
-        ffn = _ffn_bytes(layer, model, mix, lora, top_k, c, inp)
+        ffn = _ffn_bytes(layer, model, mix, lora, top_k, c, inp, recipe)
         total += norm + ffn
     return total, quad, ffn
 
 
-def _ffn_bytes(layer: Layer, model: ModelSpec, mix: Mix, lora: frozenset[int], top_k: int, c: int, inp) -> float:
+def _ffn_bytes(layer: Layer, model: ModelSpec, mix: Mix, lora: frozenset[int], top_k: int, c: int, inp,
+               recipe: Recipe) -> float:
     a = model.arch
     h = a.hidden_size
     roles = {lin.role for lin in layer.linears}
@@ -208,8 +211,9 @@ def _ffn_bytes(layer: Layer, model: ModelSpec, mix: Mix, lora: frozenset[int], t
         inter = a.intermediate_size
         if "gate" in roles or "gate_up" in roles:  # Phi-3's fused gate_up output holds the same 2 x inter
             return inp("ffn_in") + 3 * c * inter + inp("mlp_down")
-        # plain MLP: fc1 output kept by the activation; tanh-approximated GELU (phi) saves ~3 more intermediates
-        extra = 3 * c * inter if a.model_type == "phi" else 0
+        # plain MLP: fc1 output kept by the activation; transformers' phi computes its tanh-approximated GELU
+        # elementwise (NewGELUActivation), saving ~3 more intermediates, where a fused F.gelu saves only its input
+        extra = 3 * c * inter if a.model_type == "phi" and not recipe.fused_gelu else 0
         return inp("ffn_in") + c * inter + extra + inp("mlp_down")
     experts = [lin for lin in layer.linears if lin.group == "experts"]
     inter = a.moe_intermediate_size
@@ -233,18 +237,30 @@ def _ffn_bytes(layer: Layer, model: ModelSpec, mix: Mix, lora: frozenset[int], t
     return total
 
 
-def _loss_bytes(mix: Mix, recipe: Recipe, c: int, v: int, h: int) -> tuple[float, float, float]:
-    """(saved, extra at the end of forward, extra at the start of backward) per token for the loss."""
+def _loss_bytes(mix: Mix, recipe: Recipe, c: int, v: int, h: int) -> tuple[float, float, float, float]:
+    """(saved, extra at the end of forward, extra at the start of backward, held through backward) per token."""
     if mix.loss == "chunked":
-        # the LM head and cross-entropy per chunk (torchtune compiles its loss): the bf16 logits are kept, the fp32
-        # upcast and the loss gradients exist for one chunk at a time. Not yet checked against a torchtune trace.
+        # the LM head and cross-entropy per chunk of tokens, run eagerly (torchtune's CEWithChunkedOutputLoss, checked
+        # against a trace of torchtune 0.6.1; compiled, only the logits stay): every chunk's logits (compute dtype) and the log-softmax its
+        # cross-entropy saves for backward (fp32 when each chunk is upcast first; the compute dtype in LitGPT) are
+        # kept for all tokens; the fp32 upcast and the loss gradients exist for one chunk at a time
         chunk = 1.0 / (recipe.loss_chunks or LOSS_CHUNKS)
-        return c * v, 4.0 * v * chunk, (4.0 + c) * v * chunk
+        log_softmax = 4.0 if recipe.loss_fp32 else float(c)
+        if recipe.compile or getattr(mix, "compile", False):  # mix.compile: issue #16's scenario key
+            log_softmax = 0.0  # a compiled cross-entropy recomputes the softmax in backward from the logits
+        upcast = 4.0 if recipe.loss_fp32 else 0.0
+        return (c + log_softmax) * v, upcast * v * chunk, (4.0 + c) * v * chunk, 0.0
     if mix.loss == "fused_linear":
         # logits are never materialized: per-token fp32 statistics are kept, the hidden-state gradient is fp32;
         # the logits tile buffer is added by the caller (it stops growing at the tile's token count)
-        return 4.0 * 4, 0.0, 4.0 * h
-    return 4.0 * v, (c + 4.0) * v, 8.0 * v
+        return 4.0 * 4, 0.0, 4.0 * h, 0.0
+    # the fp32 log-softmax output is saved; beside it while the loss runs: the logits as the model returns them
+    # (bf16, then their fp32 upcast; or fp32 straight from forward) and, when the loss shifts the logits rather
+    # than the labels, a contiguous copy of the shifted fp32 logits
+    returned = 4.0 if recipe.loss_upcast_in_forward else float(c)
+    upcast = 0.0 if recipe.loss_upcast_in_forward else 4.0
+    forward = returned + upcast + (4.0 if recipe.loss_shift_copy else 0.0)
+    return 4.0 * v, forward * v, 8.0 * v, (returned * v if recipe.loss_logits_held else 0.0)
 
 
 def _kbit(lin: Linear, mix: Mix) -> bool:
@@ -321,7 +337,7 @@ def activation_coefficients(model: ModelSpec, mix: Mix, top_k: int, recipe: Reci
         layer_ffn_per_token=worst_ffn, forward_transient_per_token=fwd_transient,
         checkpoint_per_token=r * h * model.num_layers + kbit_held, head_per_token=head,
         logits_saved_per_token=logits[0], logits_forward_extra_per_token=logits[1],
-        logits_backward_extra_per_token=logits[2],
+        logits_backward_extra_per_token=logits[2], logits_held_per_token=logits[3],
         loss_tile_per_token=float(c * min(v, recipe.loss_tile_vocab)) if mix.loss == "fused_linear" else 0.0,
         loss_tile_tokens=float(recipe.loss_tile_tokens), kbit_inputs_per_token=kbit_held,
     )

@@ -108,21 +108,22 @@ class MemoryModel:
         g_fwd = self.gradients_in_forward
         g_end = max(self.gradients, g_fwd)
         tile = a.loss_tile_per_token * min(t, a.loss_tile_tokens)
+        held = a.logits_held_per_token * t  # output logits the training loop keeps until backward ends
         fwd_act = saved + a.logits_forward_extra_per_token * t + tile
-        bwd_act = saved + a.logits_backward_extra_per_token * t + tile
+        bwd_act = saved + a.logits_backward_extra_per_token * t + tile + held
         # once the head's backward has run, the loss tensors are freed; then each block's backward holds (under
         # checkpointing, recomputed) its activations and, in eager attention, as many bytes again per score as it
         # saved (layer_per_token_quadratic: zero for sdpa/flash). By the time the attention's backward runs, the
         # block's FFN activations are freed.
-        after_head = saved - a.logits_saved_per_token * t
+        after_head = saved - a.logits_saved_per_token * t + held
         att_bwd = a.layer_per_token_quadratic * t * seq
         if self.checkpointing:
             rec_act = after_head + max(layer, layer - a.layer_ffn_per_token * t + att_bwd)
         else:
             rec_act = after_head + att_bwd
-        end_act = layer
+        end_act = layer + held
         bt = wt + self.block_transient
-        in_block = after_head - a.head_per_token * t + a.forward_transient_per_token * t  # last block's forward
+        in_block = after_head - held - a.head_per_token * t + a.forward_transient_per_token * t  # last block's forward
         return (
             ("forward", g_fwd, fwd_act, wt, static + g_fwd + fwd_act + wt),
             ("forward", g_fwd, in_block, bt, static + g_fwd + in_block + bt),
@@ -285,7 +286,7 @@ def memory_model(scn: Scenario, allocator: AllocatorModel = DEFAULT_ALLOCATOR) -
     if mix.method == "qlora":
         largest = max((lin.params for lin, _ in m.linears() if not (lin.group == "experts" and mix.fused_experts)),
                       default=0)
-        block += largest * 2.0  # the dequantized bf16 weight of the matmul in flight
+        block += largest * scn.recipe.dequant_bytes_per_weight  # the dequantized weight of the matmul in flight
     head_copy, stack_copies = kbit_autocast_copies(scn)
     transient += head_copy
     if mix.gradient_checkpointing:
@@ -298,6 +299,9 @@ def memory_model(scn: Scenario, allocator: AllocatorModel = DEFAULT_ALLOCATOR) -
         # ZeRO-3/FSDP gather the current block and prefetch the next (MoE blocks are gathered whole)
         per_param = NF4_BYTES if mix.method == "qlora" else 2.0
         transient += 2 * layer_params * per_param * (1 - 1 / n)
+        if scn.recipe.fsdp_root_gathered and fsdp:
+            root = m.embedding_params + m.lm_head_params + m.final_norm_params
+            transient += root * (4.0 if fp32 else 2.0) * (1 - 1 / n)
     elif fsdp and mix.method == "full":
         transient += total * 2.0                 # shard_grad_op keeps the unsharded bf16 weights until backward ends
 

@@ -28,8 +28,10 @@ def make_recorder(counter: Any, routing: "BalancedRouting | None", layers: "Laye
     # ops whose output is a weight-sized copy when an input is a parameter (autocast casts, PEFT's W + BA)
     copy_ops = {aten._to_copy.default, aten.clone.default, aten.baddbmm.default, aten.add.Tensor, aten.mul.Tensor}
     dequant_ops = set()
-    if hasattr(torch.ops, "bitsandbytes"):
+    try:
         dequant_ops.add(torch.ops.bitsandbytes.dequantize_4bit.default)  # packed 4-bit weight -> bf16 copy
+    except AttributeError:  # no bitsandbytes here: torch.ops.bitsandbytes is an empty namespace
+        pass
 
     class Recorder(TorchDispatchMode):
         def __init__(self) -> None:

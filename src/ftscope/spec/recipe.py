@@ -67,6 +67,24 @@ class Recipe:
     """mix.loss fused_linear: tokens per logits tile (TRL's TOKEN_CHUNK_SIZE); the tile buffer stops growing there."""
     loss_tile_vocab: int = 32768
     """mix.loss fused_linear: vocabulary columns per logits tile (TRL's _CHUNKED_LOGPROB_CHUNK_SIZE)."""
+    loss_fp32: bool = True
+    """The cross-entropy runs on fp32 logits, so its saved log-softmax is fp32 (HF, torchtune upcast each chunk);
+    False: on the compute dtype (LitGPT's chunked_cross_entropy on bf16 logits)."""
+    loss_upcast_in_forward: bool = False
+    """mix.loss standard: the model's forward returns fp32 logits (its bf16 output is freed at once): transformers
+    before 4.46 (`logits = logits.float()` in LlamaForCausalLM.forward), torchtune's TransformerDecoder."""
+    loss_shift_copy: bool = False
+    """mix.loss standard: the loss shifts the logits with a contiguous copy (`logits[..., :-1, :].contiguous()`),
+    alive beside them while the cross-entropy runs (transformers before 4.46); transformers 5 shifts the labels."""
+    loss_logits_held: bool = False
+    """mix.loss standard: the training loop keeps the model's output logits until its backward ends (fsdp_qlora
+    keeps `output` until after `loss.backward()`; torchtune 0.1 its shifted `logits`); the HF Trainer drops them."""
+    fused_gelu: bool = False
+    """The model runs its tanh-approximated GELU as one fused op (litgpt: F.gelu(approximate='tanh')), where
+    transformers' phi runs NewGELUActivation's elementwise formula and autograd keeps its intermediates."""
+    fsdp_root_gathered: bool = False
+    """FSDP1: the root unit (what no wrapped block owns: embeddings, final norm, LM head) is gathered at the start of
+    forward and stays unsharded until backward ends (FSDP2 and ZeRO-3 reshard it like any block)."""
     checkpoint_impl: str = "non_reentrant"
     """How gradient checkpointing runs: non_reentrant (torch.utils.checkpoint, use_reentrant=False: stops
     recomputing at the block's last saved tensor) | reentrant (recomputes the whole block) | offload (block
@@ -75,6 +93,10 @@ class Recipe:
     """QLoRA: the 4-bit matmul keeps its input as a ctx attribute whenever the input needs grad (bitsandbytes <=
     0.43.1's MatMul4Bit: `ctx.tensors = (A, B)`, removed by PR #1270). Non-reentrant checkpointing frees only
     what goes through save_for_backward, so under it every such input stays until the backward ends."""
+    dequant_bytes_per_weight: float = 2.0
+    """QLoRA: bytes per weight element alive while one 4-bit weight is dequantized for its matmul: bitsandbytes'
+    kernel writes the bf16 weight (2); torchao's NF4Tensor.get_original_weight holds both nibbles as int64 and
+    three bf16 intermediates (14)."""
     compile: bool = False
     """torch.compile on the model by default (time model)."""
     quantize_at_load: bool = True

@@ -247,7 +247,14 @@ def read_scenario_file(path: str | Path) -> dict[str, Any]:
 
 
 def load_scenario(source: str | Path | Mapping[str, Any], overrides: Sequence[str] = ()) -> Scenario:
-    """A checked Scenario from a YAML/JSON path or a mapping, with `key.path=value` overrides applied."""
+    """A checked Scenario from a YAML/JSON path or a mapping, with `key.path=value` overrides applied. A path may
+    also be a fine-tuning framework's own config (Axolotl, LLaMA-Factory, torchtune, TRL: see spec/frameworks)."""
+    if isinstance(source, (str, Path)):
+        from .frameworks import read_config, scenario_mapping
+
+        framework_config = read_config(source)
+        if framework_config is not None:
+            return scenario_from_dict(scenario_mapping(framework_config, overrides))
     raw = read_scenario_file(source) if isinstance(source, (str, Path)) else dict(source)
     if overrides:
         raw = apply_overrides(raw, overrides)

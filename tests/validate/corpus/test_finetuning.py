@@ -60,3 +60,14 @@ def test_torchtune_ladder_rows(point):
 def test_torchtune_tutorial_speed_without_a_gpu_is_listed(point):
     m = torchtune(*point(TORCHTUNE, "torchtune-tut-qlora-llama2-7b-speed-compile"))
     assert m.reason.startswith("GPU not stated")
+
+
+def test_points_carry_their_frameworks_recipe(point):
+    m = answerai(*point(ANSWERAI, "fsdpqlora-3090-7b-lora-s512"))
+    assert load_scenario(m.scenario).recipe.name == "fsdp-qlora"
+    # the post's max_memory_allocated is compared beside the table's reserved figure
+    assert {x.metric: x.value for x in m.measures}["peak_gib:allocated"] == 8.28
+    old = load_scenario(torchtune(*point(TORCHTUNE, "torchtune-2404-llama2-7b-lora-1x4090")).scenario)
+    assert old.recipe.name == "torchtune-0.1" and old.mix.loss == "standard"  # before torchtune's chunked loss
+    ladder = load_scenario(torchtune(*point(TORCHTUNE, "torchtune-ladder-llama32-3b-+packed")).scenario)
+    assert ladder.recipe.name == "torchtune" and ladder.mix.loss == "standard"  # the ladder's chunked_ce: False

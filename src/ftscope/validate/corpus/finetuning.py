@@ -1,6 +1,7 @@
 """Fine-tuning sources with full configurations: Answer.AI's fsdp_qlora benchmarks and torchtune's tables."""
 from __future__ import annotations
 
+import re
 from typing import Any, Mapping
 
 from .common import Mapped, Measure, exact_gpu, gpu_key, listed, lora_targets, memory_kind, number, peak
@@ -19,6 +20,9 @@ def answerai(raw: Mapping[str, Any], src: Mapping[str, Any]) -> Mapped:
                         "1,024 samples x seq_len / total time / GPUs")]
     if r.get("peak_reserved_gib"):
         measures.append(Measure("peak_gib:reserved", float(r["peak_reserved_gib"]), "torch max_memory_reserved"))
+    allocated = re.search(r"peak allocated (\d+(?:\.\d+)?) GiB", str(raw.get("note", "")))
+    if allocated:  # the post gives max_memory_allocated for two rows
+        measures.append(Measure("peak_gib:allocated", float(allocated.group(1)), "torch max_memory_allocated (the post)"))
     model, mnote = preset(raw["model"])
     gpu, gnote = gpu_key(raw["gpu"])
     if model is None or gpu is None:
@@ -27,8 +31,7 @@ def answerai(raw: Mapping[str, Any], src: Mapping[str, Any]) -> Mapped:
     ddp = "NO_SHARD" in str(raw["sharding"])
     mix: dict[str, Any] = {"method": raw["method"], "lora_rank": 64, "lora_targets": "all-linear",
                            "gradient_checkpointing": True, "attention": "sdpa", "precision": "bf16", "optimizer": "adamw"}
-    if not ddp:
-        mix["fsdp"] = "full_shard"
+    mix["fsdp"] = "none" if ddp else "full_shard"
     needs: list[str] = []
     if raw.get("cpu_offload"):
         mix["offload"] = "optimizer+params"
@@ -42,7 +45,7 @@ def answerai(raw: Mapping[str, Any], src: Mapping[str, Any]) -> Mapped:
     if "effective batch" in str(raw.get("ga", "")):
         ga = max(1, round(32 / (mbs * n)))
         notes.append(f"gradient accumulation not listed per row; {ga} gives the stated effective batch of ~32")
-    scenario = {"model": model, "hardware": {"gpu": gpu, "gpus_per_node": n}, "mix": mix,
+    scenario = {"model": model, "framework": "fsdp-qlora", "hardware": {"gpu": gpu, "gpus_per_node": n}, "mix": mix,
                 "workload": {"micro_batch_size": mbs, "seq_len": seq, "padding": "max_length",
                              "gradient_accumulation": ga}}
     notes += [x for x in (mnote, gnote) if x]
@@ -78,15 +81,23 @@ def _torchtune_throughput(raw: Mapping[str, Any]) -> Measure | None:
     return Measure("tokens_per_s_per_gpu", float(r["tokens_per_s"]), scope or "one GPU")
 
 
+def torchtune_version(raw: Mapping[str, Any]) -> str:
+    """The recipe of a torchtune point's vintage: its README tables before the chunked loss (2024-08) ran 0.1."""
+    date = re.search(r"\((\d{4}-\d{2})", str(raw.get("doc", "")))
+    return "torchtune-0.1" if date and date.group(1) < "2024-08" else "torchtune"
+
+
 def _torchtune_mix(raw: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
     method = str(raw["method"])
-    mix: dict[str, Any] = {"method": method, "precision": "bf16", "attention": "sdpa", "optimizer": "adamw"}
+    mix: dict[str, Any] = {"method": method, "precision": "bf16", "attention": "sdpa", "optimizer": "adamw",
+                           "loss": "standard"}
     needs: list[str] = []
     if method in ("lora", "qlora"):
         lora = raw.get("lora") or {}
         mix["lora_rank"] = int(lora.get("r", 8))
         mix["lora_targets"] = lora_targets(lora["targets"]) if lora.get("targets") else TORCHTUNE_LORA_TARGETS
-        mix["loss"] = "chunked"
+        if torchtune_version(raw) == "torchtune":  # the LoRA configs switched to the chunked loss with it
+            mix["loss"] = "chunked"
     text = f"{raw.get('optimizer', '')} {raw.get('note', '')}".lower()
     if raw.get("optimizer_in_bwd") or "optimizer_in_bwd" in text or "fused optimizer" in text:
         needs.append("optimizer in backward")
@@ -136,8 +147,8 @@ def torchtune(raw: Mapping[str, Any], src: Mapping[str, Any]) -> Mapped:
                          for m in measures)
     mix, needs = _torchtune_mix(raw)
     n = int(raw.get("n_gpus") or 1)
-    scenario = {"model": model, "hardware": {"gpu": gpu, "gpus_per_node": n}, "mix": mix,
-                "workload": {"micro_batch_size": int(raw["mbs"]), "seq_len": seq, "padding": padding,
+    scenario = {"model": model, "framework": torchtune_version(raw), "hardware": {"gpu": gpu, "gpus_per_node": n},
+                "mix": mix, "workload": {"micro_batch_size": int(raw["mbs"]), "seq_len": seq, "padding": padding,
                              "gradient_accumulation": int(raw.get("ga") or 1)}}
     notes = tuple(x for x in (mnote, gnote, snote, "pure bf16 (torchtune)") if x)
     return Mapped(raw["id"], src["id"], "torchtune", scenario, measures, tuple(needs), notes=notes)

@@ -4,17 +4,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from ... import catalog
-
-SAME_ARCHITECTURE = {
-    "llama-3-8b": "llama-3.1-8b", "meta-llama/meta-llama-3-8b": "llama-3.1-8b",
-    "llama-3-70b": "llama-3.1-70b", "meta-llama/meta-llama-3-70b": "llama-3.1-70b",
-    "meta-llama/llama-2-7b": "llama-2-7b", "meta-llama/llama-2-70b-chat-hf": "llama-2-70b",
-    "decapoda-research/llama-7b-hf": "llama-2-7b", "decapoda-research/llama-13b-hf": "llama-2-13b",
-    "mistralai/mistral-7b-v0.2": "mistral-7b",
-}
-"""Models the corpus names whose blocks equal a preset's (only context length or RoPE settings differ, which
-change neither memory per token nor FLOPs): Llama 3 = Llama 3.1 at 8k context, LLaMA-1 = Llama 2 at 2k,
-Mistral v0.2 = v0.1 without the sliding window."""
+from ...spec.frameworks.models import SAME_ARCHITECTURE
 
 
 def preset(name: Any) -> tuple[str | None, str]:

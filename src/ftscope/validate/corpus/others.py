@@ -26,7 +26,7 @@ def llamafactory(raw: Mapping[str, Any], src: Mapping[str, Any]) -> Mapped:
     mix = {"method": "qlora" if "qlora" in str(raw["method"]) else "lora", "lora_rank": int(raw["lora"]["r"]),
            "lora_targets": ["q_proj", "v_proj"], "gradient_checkpointing": True,
            "attention": "flash" if "fa2" in system else "sdpa", "precision": "bf16-mixed"}
-    scenario = {"model": model, "hardware": {"gpu": "a100-80gb"}, "mix": mix,
+    scenario = {"model": model, "framework": "llama-factory-0.4", "hardware": {"gpu": "a100-80gb"}, "mix": mix,
                 "workload": {"micro_batch_size": int(raw["mbs"]), "gradient_accumulation": int(raw["ga"]),
                              "seq_len": 1024, "padding": "dynamic"}}
     notes = ("A100 size not stated: a100-80gb", "LoRA targets not stated: LLaMA-Factory's default then, q_proj and "
@@ -46,7 +46,7 @@ def hf_4bit(raw: Mapping[str, Any], src: Mapping[str, Any]) -> Mapped:
     mix = {"method": "qlora", "lora_rank": 8, "lora_targets": ["q_proj", "v_proj"],
            "gradient_checkpointing": bool(raw["act_ckpt"]), "attention": "eager", "precision": "fp16-mixed",
            "optimizer": "adamw"}
-    scenario = {"model": model, "hardware": {"gpu": "t4"}, "mix": mix,
+    scenario = {"model": model, "framework": "trl-sft-0.4", "hardware": {"gpu": "t4"}, "mix": mix,
                 "workload": {"micro_batch_size": int(raw["mbs"]), "seq_len": int(raw["seq_len"]),
                              "padding": "max_length", "gradient_accumulation": int(raw["ga"])}}
     notes = (mnote, "LoRA not stated (a gist): PEFT's Llama default, r8 on q_proj and v_proj",
@@ -85,7 +85,7 @@ def peft(raw: Mapping[str, Any], src: Mapping[str, Any]) -> Mapped:
         mix["zero_stage"] = 3
     else:
         mix["fsdp"] = "full_shard"
-    scenario = {"model": model, "hardware": {"gpu": gpu, "gpus_per_node": n}, "mix": mix,
+    scenario = {"model": model, "framework": "hf-trainer", "hardware": {"gpu": gpu, "gpus_per_node": n}, "mix": mix,
                 "workload": {"micro_batch_size": int(raw["mbs"]), "gradient_accumulation": int(raw["ga"]),
                              "seq_len": int(raw["seq_len"]), "padding": "packed"}}
     notes = tuple(x for x in (gnote, "frozen base in bf16 (loaded with torch_dtype bfloat16), as ftscope's copy of "

@@ -149,14 +149,18 @@ def test_zero3_communicates_more_than_zero2():
 @pytest.mark.parametrize("model,method,gpu,b,seq", [("llama-2-7b", "full", "a100-80gb", 4, 512),
                                                    ("llama-2-7b", "lora", "h100-80gb", 1, 128),
                                                    ("llama-3.2-1b", "full", "a40", 8, 1024)])
-def test_zero3_step_is_slower_than_zero2(model, method, gpu, b, seq):
+def test_zero3_moves_more_than_zero2(model, method, gpu, b, seq):
     # ZeRO-3 gathers every weight in forward and backward on top of ZeRO-2's collectives (Singh et al.: slower)
-    z2 = t(scn(model, gpu, {"method": method, "zero_stage": 2}, {"micro_batch_size": b, "seq_len": seq},
-               {"gpus_per_node": 4}))
-    z3 = t(scn(model, gpu, {"method": method, "zero_stage": 3}, {"micro_batch_size": b, "seq_len": seq},
-               {"gpus_per_node": 4}))
-    assert z3.breakdown_s["communication"] > z2.breakdown_s["communication"]
-    assert z3.step_s > z2.step_s
+    z2 = scn(model, gpu, {"method": method, "zero_stage": 2}, {"micro_batch_size": b, "seq_len": seq},
+             {"gpus_per_node": 4})
+    z3 = scn(model, gpu, {"method": method, "zero_stage": 3}, {"micro_batch_size": b, "seq_len": seq},
+             {"gpus_per_node": 4})
+    assert comm_total(z3) > comm_total(z2)
+    tz2, tz3 = t(z2), t(z3)
+    total = lambda x: x.breakdown_s["communication"] + x.communication_hidden_s  # noqa: E731
+    assert total(tz3) > total(tz2)
+    if b * seq <= 128:   # nothing to hide behind: ZeRO-3's gathers show
+        assert tz3.step_s > tz2.step_s
 
 
 def test_lora_zero3_gathers_the_frozen_weights():
@@ -224,9 +228,9 @@ def test_step_time_follows_efficiencies():
     e = est(s)
     eff = Efficiency()
     base = step_time(s, 4, eff, e.model_memory.trainable_params).step_s
-    for change in ({"matmul": eff.matmul / 2}, {"bandwidth": eff.bandwidth / 2},
+    for change in ({"gemm_ampere": eff.gemm_ampere / 2}, {"bandwidth": eff.bandwidth / 2},
                    {"dequant_bandwidth": eff.dequant_bandwidth / 2}, {"kernel_floor_us": eff.kernel_floor_us * 4},
-                   {"step_overhead_s": eff.step_overhead_s + 1}):
+                   {"host_us_per_kernel": eff.host_us_per_kernel * 20}, {"step_overhead_s": eff.step_overhead_s + 1}):
         slower = step_time(s, 4, replace(eff, **change), e.model_memory.trainable_params).step_s
         assert slower > base, change
     over = step_time(s, 4, replace(eff, step_overhead_s=eff.step_overhead_s + 1), e.model_memory.trainable_params)
@@ -239,14 +243,14 @@ def test_bundled_calibration_loads_and_is_used_by_default():
     s = scn(mix={"method": "lora"})
     default = est(s).time.step_s
     assert ftscope.estimate(s, calibration=cal).time.step_s == pytest.approx(default, rel=1e-12)
-    halved = Calibration(replace(cal.shared, matmul=cal.shared.matmul / 2), {}, {})
+    halved = Calibration(replace(cal.shared, gemm_ampere=cal.shared.gemm_ampere / 2), {}, {})
     assert ftscope.estimate(s, calibration=halved).time.step_s > default
 
 
 def test_per_gpu_calibration_marks_estimate_calibrated():
     shared = Efficiency()
-    cal = Calibration(shared, {"a40": replace(shared, matmul=0.3)}, {})
-    assert cal.for_gpu("a40") == (replace(shared, matmul=0.3), True)
+    cal = Calibration(shared, {"a40": replace(shared, gemm_ampere=0.3)}, {})
+    assert cal.for_gpu("a40") == (replace(shared, gemm_ampere=0.3), True)
     assert cal.for_gpu("a40*")[1] is True  # an inline GPU based on a40
     assert cal.for_gpu("h100-80gb") == (shared, False)
     s = scn(gpu="a40", mix={"method": "lora"})
@@ -256,9 +260,9 @@ def test_per_gpu_calibration_marks_estimate_calibrated():
 
 
 def test_calibration_round_trip_and_errors(tmp_path):
-    cal = calibration_from_dict({"shared": {"matmul": 0.5}, "per_gpu": {"a40": {"bandwidth": 0.4}}})
-    assert cal.shared.matmul == 0.5
-    assert cal.per_gpu["a40"].matmul == 0.5 and cal.per_gpu["a40"].bandwidth == 0.4
+    cal = calibration_from_dict({"shared": {"gemm_ampere": 0.5}, "per_gpu": {"a40": {"bandwidth": 0.4}}})
+    assert cal.shared.gemm_ampere == 0.5
+    assert cal.per_gpu["a40"].gemm_ampere == 0.5 and cal.per_gpu["a40"].bandwidth == 0.4
     assert calibration_from_dict(cal.to_dict()).per_gpu == cal.per_gpu
     with pytest.raises(FtscopeError):
         calibration_from_dict({"shared": {"no_such_param": 1}})

@@ -35,6 +35,7 @@ def answerai(raw: Mapping[str, Any], src: Mapping[str, Any]) -> Mapped:
         if raw["method"] == "qlora":
             needs.append("qlora param offload")
     if raw.get("act_cpu_offload"):
+        mix["activation_offload"] = True
         needs.append("activation offload")
     notes = ["fsdp_qlora train.py defaults: LoRA r64 on q,k,v,o,gate,up,down, pure bf16, checkpointing, sdpa",
              "FSDP1 NO_SHARD ('ddp') as plain data parallelism" if ddp else "FSDP1 full_shard as fsdp full_shard"]
@@ -88,10 +89,11 @@ def _torchtune_mix(raw: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
         mix["lora_targets"] = lora_targets(lora["targets"]) if lora.get("targets") else TORCHTUNE_LORA_TARGETS
         mix["loss"] = "chunked"
     text = f"{raw.get('optimizer', '')} {raw.get('note', '')}".lower()
-    if raw.get("optimizer_in_bwd") or "optimizer_in_bwd" in text or "fused optimizer" in text:
+    if raw.get("optimizer_in_bwd") or "optimizer_in_bwd" in text:
         needs.append("optimizer in backward")
+        mix["optimizer_in_backward"] = True
     if "8bit" in text:
-        mix["optimizer"] = "adamw_8bit"
+        mix["optimizer"] = "paged_adamw_8bit" if "paged" in text else "adamw_8bit"
     if raw.get("compile"):
         needs.append("torch.compile")
         mix["compile"] = True
@@ -99,6 +101,7 @@ def _torchtune_mix(raw: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
         mix["loss"] = "chunked"
     if raw.get("act_offload"):
         needs.append("activation offload")
+        mix["activation_offload"] = True
     gc = raw.get("act_ckpt")
     mix["gradient_checkpointing"] = bool(gc) if gc is not None else "gc off" not in text
     n = int(raw.get("n_gpus") or 1)

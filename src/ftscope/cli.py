@@ -29,7 +29,8 @@ CAL_OPT = typer.Option(None, "--calibration", help="Efficiency calibration file 
 
 
 def _print_json(data: Any) -> None:
-    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+    from .report.contract import to_json
+    sys.stdout.write(to_json(data))
 
 
 def _console():
@@ -314,12 +315,8 @@ def recommend(
                     plot_file)
     written = []
     if emit_dir is not None and result.best is not None:
-        from .plan.emit import emit
-        from .plan.recommend import best_deepspeed
-        written = emit(result.best.scenario, result.best.estimate.micro_batch_size, emit_dir)
-        ds = best_deepspeed(result)
-        if ds is not None and ds is not result.best:  # the best ZeRO alternative, for DeepSpeed users
-            written += emit(ds.scenario, ds.estimate.micro_batch_size, emit_dir / "deepspeed")
+        from .plan.emit import emit_recommendation
+        written = emit_recommendation(result, emit_dir)
     if json_out:
         data = result.to_dict()
         data["emitted"] = [str(p) for p in written]
@@ -417,6 +414,19 @@ def report(
         raise FtscopeError("nothing to report: give --plan, --db or leave the published cases in")
     path = render(sections, "ftscope report", out, png_dir)
     _console().print(f"wrote {path} ({path.stat().st_size / 1024:,.0f} KiB, {sum(len(s.figures) for s in sections)} charts)")
+
+
+@app.command()
+def serve(
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0 exposes it to the network)."),
+    port: int = typer.Option(8765, "--port", help="Port (0: any free port; the URL is printed)."),
+    db: Optional[Path] = typer.Option(None, "--db", help="A profile results store (SQLite) to chart, as `report` does."),
+) -> None:
+    """The planner as a local web page: pick a model, GPUs and mix, see the estimate, plan and recommendations
+    change as you type; share the URL, download the scenario, the --json result and launch configs."""
+    from .serve import main as run_serve
+
+    run_serve(host, port, db)
 
 
 @study_app.command("moe")

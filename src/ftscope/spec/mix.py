@@ -13,7 +13,7 @@ PRECISION = ("bf16-mixed", "bf16", "fp16-mixed", "fp32")
 OPTIMIZERS = ("adamw", "adamw_8bit", "paged_adamw_8bit", "sgd")
 FSDP = (None, "full_shard", "shard_grad_op")
 EXPERT_BACKENDS = ("eager", "batched_mm", "grouped_mm", "modules")
-LOSSES = ("standard", "chunked")
+LOSSES = ("standard", "chunked", "fused_linear")
 CHECKPOINTING = ("full", "selective", "per-op")
 PIPELINE_SCHEDULES = ("1f1b", "interleaved")
 CONTEXT_PARALLEL_IMPLS = ("ring", "all_to_all")
@@ -56,7 +56,11 @@ class Mix:
         PEFT's LoRA on them materializes W + BA of the whole stack."""
         return self.experts_backend != "modules"
     loss: str = "standard"
-    """standard (HF: fp32 logits for the whole batch) | chunked (torchtune/Liger/Unsloth: bf16 logits, fp32 per chunk)."""
+    """standard (HF: fp32 logits for the whole batch) | chunked (torchtune / LitGPT: the LM head and the
+    cross-entropy per chunk of tokens) | fused_linear (TRL's fused LM head, Liger, Unsloth: no logits kept).
+    A `framework:` recipe sets it unless the scenario does."""
+    lora_dropout: float = 0.0
+    """LoRA dropout probability; above 0 every adapted linear keeps its own dropped-out input and mask."""
     checkpointing: str = "full"
     """What gradient checkpointing recomputes: full (whole blocks) | selective (Megatron: the attention core only)
     | per-op (torchtitan op-level: keep matmul outputs, recompute the elementwise ops)."""
@@ -162,6 +166,8 @@ def check_mix(mix: Mix) -> None:
     _choice(mix.fsdp, FSDP, "fsdp")
     _choice(mix.experts_backend, EXPERT_BACKENDS, "experts_backend")
     _choice(mix.loss, LOSSES, "loss")
+    if isinstance(mix.lora_dropout, bool) or not isinstance(mix.lora_dropout, (int, float)) or not 0 <= mix.lora_dropout < 1:
+        raise FtscopeError(f"mix.lora_dropout must be a number from 0 to below 1; got {_show(mix.lora_dropout)}")
     if isinstance(mix.zero_stage, bool) or mix.zero_stage not in (0, 1, 2, 3):
         raise FtscopeError(f"mix.zero_stage must be 0, 1, 2 or 3; got {_show(mix.zero_stage)}")
     if isinstance(mix.lora_rank, bool) or not isinstance(mix.lora_rank, int) or not 1 <= mix.lora_rank <= 4096:

@@ -356,11 +356,15 @@ def _read_config(path: Path) -> dict[str, Any]:
         raise FtscopeError(f"malformed config.json at {path}: {exc}") from None
 
 
+def hf_hub_cache() -> Path:
+    """The local Hugging Face hub cache (HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub)."""
+    import os
+    return Path(os.environ.get("HF_HUB_CACHE") or Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface")) / "hub")
+
+
 def _hf_cache_config(hf_id: str) -> Path | None:
     """A model folder for an HF id in the local HF cache (no network)."""
-    import os
-    root = Path(os.environ.get("HF_HUB_CACHE") or Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface")) / "hub")
-    snapshots = root / ("models--" + hf_id.replace("/", "--")) / "snapshots"
+    snapshots = hf_hub_cache() / ("models--" + hf_id.replace("/", "--")) / "snapshots"
     if snapshots.is_dir():
         for snap in sorted(snapshots.iterdir(), reverse=True):
             if (snap / "config.json").is_file():

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -12,6 +12,7 @@ from ..errors import FtscopeError, did_you_mean
 from .hardware import Cluster, GpuSpec, gpu_from_catalog, gpu_from_inline
 from .mix import Mix, check_layout, check_mix
 from .model import ModelSpec, load_model, model_from_config
+from .recipe import DEFAULT_FRAMEWORK, Recipe, load_recipe
 from .workload import DatasetStats, Workload, check_workload
 
 SECTIONS = {
@@ -20,7 +21,7 @@ SECTIONS = {
     "workload": {f.name for f in fields(Workload)},
     "price": {"usd_per_gpu_hour", "provider"},
 }
-TOP_KEYS = {"model", "name", "description", *SECTIONS}
+TOP_KEYS = {"model", "name", "description", "framework", *SECTIONS}
 DATASET_KEYS = {f.name for f in fields(DatasetStats)} | {"path", "tokenizer", "text_field"}
 
 
@@ -37,6 +38,8 @@ class Scenario:
     model_ref: str = ""
     """The `model:` value as given."""
     name: str = ""
+    recipe: Recipe = field(default_factory=load_recipe)
+    """The `framework:` recipe (default hf-trainer): what the framework's step does beyond the generic one."""
 
     def with_(self, **changes: Any) -> "Scenario":
         """A copy with `mix`/`workload`/`cluster` fields replaced: with_(micro_batch_size=8, zero_stage=2)."""
@@ -66,6 +69,7 @@ class Scenario:
         gpu = self.cluster.gpu
         return {
             "name": self.name,
+            "framework": self.recipe.name,
             "model": self.model_ref or self.model.name,
             "hardware": {"gpu": gpu.key, "gpus_per_node": self.cluster.gpus_per_node, "nodes": self.cluster.nodes,
                          "inter_node_gbs": self.cluster.inter_node_gbs},
@@ -148,6 +152,7 @@ def scenario_from_dict(raw: Mapping[str, Any]) -> Scenario:
     if "model" not in raw or raw["model"] in (None, ""):
         raise FtscopeError("scenario has no 'model' (a preset from `ftscope models`, an HF id or a config.json path)")
     model = _model(raw["model"])
+    recipe = load_recipe(raw.get("framework") or DEFAULT_FRAMEWORK)
     hw = _section(raw, "hardware")
     gpu = _gpu(hw.get("gpu", "a100-80gb"))
     cluster = Cluster(
@@ -156,7 +161,7 @@ def scenario_from_dict(raw: Mapping[str, Any]) -> Scenario:
         nodes=_positive(hw.get("nodes", 1), "hardware.nodes", upper=4096),
         inter_node_gbs=float(_positive(hw.get("inter_node_gbs", 25.0), "hardware.inter_node_gbs", integer=False)),
     )
-    mix_raw = _section(raw, "mix")
+    mix_raw = {**recipe.mix_defaults, **_section(raw, "mix")}  # the scenario's own keys win
     if isinstance(mix_raw.get("lora_targets"), list):
         mix_raw["lora_targets"] = tuple(str(t) for t in mix_raw["lora_targets"])
     for key in ("lora_rank", "zero_stage", "experts_top_k"):
@@ -174,7 +179,7 @@ def scenario_from_dict(raw: Mapping[str, Any]) -> Scenario:
         raise FtscopeError("mix.lora_targets must be all-linear, attention, mlp or a list of module names")
     if mix.trains_lora:
         model.lora_targets(mix.lora_targets)  # raises on names that match nothing
-    wl_raw = _section(raw, "workload")
+    wl_raw = {**recipe.workload_defaults, **_section(raw, "workload")}
     wl_raw["dataset"] = _dataset(wl_raw.get("dataset"))
     for key in ("micro_batch_size", "seq_len", "gradient_accumulation", "num_samples"):
         if key in wl_raw:
@@ -196,7 +201,8 @@ def scenario_from_dict(raw: Mapping[str, Any]) -> Scenario:
     if usd is not None:
         usd = float(_positive(usd, "price.usd_per_gpu_hour", integer=False))
     return Scenario(model=model, cluster=cluster, mix=mix, workload=workload, usd_per_gpu_hour=usd,
-                    model_ref=model.name if isinstance(raw["model"], Mapping) else str(raw["model"]), name=str(raw.get("name") or ""))
+                    model_ref=model.name if isinstance(raw["model"], Mapping) else str(raw["model"]), name=str(raw.get("name") or ""),
+                    recipe=recipe)
 
 
 def parse_overrides(pairs: Sequence[str]) -> list[tuple[list[str], Any]]:

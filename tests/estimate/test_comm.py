@@ -47,6 +47,8 @@ def test_data_parallel_windows():
 def test_model_parallel_traffic_is_exposed():
     tp = by_window(scn(tensor_parallel=8))
     assert tp["none"] > 0
+    overlapped = by_window(scn(tensor_parallel=8, tp_comm_overlap=True))
+    assert overlapped.get("none", 0.0) < tp["none"] and overlapped["fwd_bwd"] > 0
     ring = by_window(scn(context_parallel=8))
     assert ring["attention"] > 0                         # passed around while attention computes
     ulysses = by_window(scn(context_parallel=8, context_parallel_impl="all_to_all"))

@@ -104,7 +104,7 @@ def model_parallel(scn: Scenario, eff: Efficiency, batch: int, seq: float, lay: 
     out: list[Transfer] = []
     if lay.tp > 1:   # two all-reduces (or reduce-scatter + all-gather) per block and pass
         t = ga * blocks * passes * 2 * ring_s(act, lay.tp, lay.tp_gbs, eff, 2.0)
-        out += [Transfer(t * (1 - eff.tp_comm_overlap), "none"), Transfer(t * eff.tp_comm_overlap, "fwd_bwd")]
+        out.append(Transfer(t, "fwd_bwd" if mix.tp_comm_overlap else "none"))
     if lay.cp > 1:
         n_att = sum(k for layer, k in m.layer_groups if layer.mixer == "attention") / lay.pp
         if mix.context_parallel_impl == "ring":   # K and V chunks around the ring: fwd once, bwd K, V, dK, dV

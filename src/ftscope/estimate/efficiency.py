@@ -78,8 +78,6 @@ class Efficiency:
     comm_overlap: float = 0.80
     """Fitted. Fraction of the concurrent compute behind which prefetched or bucketed collectives hide (FSDP
     prefetch, ZeRO overlap_comm, DDP buckets); the rest of the collective time is exposed."""
-    tp_comm_overlap: float = 0.0
-    """Prior: tensor-parallel collectives sit on the critical path (Megatron without TE comm overlap)."""
     compile_stream_bytes: float = 0.5
     """Prior: torch.compile's share of eager elementwise memory traffic (Inductor fuses a block's norm, residual,
     activation chains: RMSNorm's five passes become two, SiLU x up's five become three). Only torchtune's rows

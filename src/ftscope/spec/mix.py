@@ -70,6 +70,9 @@ class Mix:
     """Megatron tensor parallelism: each matmul split over this many GPUs of a node."""
     sequence_parallel: bool = False
     """With tensor_parallel > 1: norms and dropouts split along the sequence too (Megatron SP)."""
+    tp_comm_overlap: bool = False
+    """With tensor_parallel > 1: tensor-parallel collectives overlapped with the GEMMs (Megatron / Transformer
+    Engine --tp-comm-overlap) instead of on the critical path."""
     pipeline_parallel: int = 1
     """Pipeline stages (layers split over this many GPUs); micro-batches = gradient_accumulation."""
     pipeline_schedule: str = "1f1b"
@@ -208,7 +211,7 @@ def check_layout_keys(mix: Mix) -> None:
     for key in ("tensor_parallel", "pipeline_parallel", "context_parallel", "expert_parallel", "virtual_stages",
                 "checkpoint_every"):
         _degree(mix, key)
-    for key in ("sequence_parallel", "fp8", "compile", "optimizer_in_backward", "activation_offload"):
+    for key in ("sequence_parallel", "tp_comm_overlap", "fp8", "compile", "optimizer_in_backward", "activation_offload"):
         if not isinstance(getattr(mix, key), bool):
             raise FtscopeError(f"mix.{key} must be true or false; got {_show(getattr(mix, key))}")
     if mix.checkpointing != "full" and not mix.gradient_checkpointing:
@@ -218,6 +221,8 @@ def check_layout_keys(mix: Mix) -> None:
                            f"{mix.checkpointing}")
     if mix.sequence_parallel and mix.tensor_parallel == 1:
         raise FtscopeError("mix.sequence_parallel splits what tensor parallelism replicates: it needs tensor_parallel > 1")
+    if mix.tp_comm_overlap and mix.tensor_parallel == 1:
+        raise FtscopeError("mix.tp_comm_overlap overlaps tensor-parallel collectives: it needs tensor_parallel > 1")
     if mix.virtual_stages > 1 and (mix.pipeline_schedule != "interleaved" or mix.pipeline_parallel == 1):
         raise FtscopeError("mix.virtual_stages > 1 needs pipeline_schedule: interleaved and pipeline_parallel > 1")
     if mix.pipeline_parallel > 1 and mix.shard_stage >= 2:

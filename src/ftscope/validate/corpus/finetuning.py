@@ -10,6 +10,8 @@ from .models import preset
 
 ANSWERAI_SAMPLES = 1024
 """Every row times one run over 1,024 dummy samples of exactly seq_len tokens."""
+OLDER_PCIE_GBS = 16.0
+"""The 3090 rig's "older PCIe board" read as PCIe 3.0 x16 (the 4090 rig is stated as full PCIe 4.0 x16)."""
 
 
 def answerai(raw: Mapping[str, Any], src: Mapping[str, Any]) -> Mapped:
@@ -43,7 +45,11 @@ def answerai(raw: Mapping[str, Any], src: Mapping[str, Any]) -> Mapped:
     if "effective batch" in str(raw.get("ga", "")):
         ga = max(1, round(32 / (mbs * n)))
         notes.append(f"gradient accumulation not listed per row; {ga} gives the stated effective batch of ~32")
-    scenario = {"model": model, "hardware": {"gpu": gpu, "gpus_per_node": n}, "mix": mix,
+    hw_gpu: Any = gpu
+    if "older PCIe board" in str(raw["gpu"]):
+        hw_gpu = {"base": gpu, "intra_node_gbs": OLDER_PCIE_GBS}
+        notes.append(f"'older PCIe board': PCIe 3.0 x16, {OLDER_PCIE_GBS:g} GB/s per direction between the GPUs")
+    scenario = {"model": model, "hardware": {"gpu": hw_gpu, "gpus_per_node": n}, "mix": mix,
                 "workload": {"micro_batch_size": mbs, "seq_len": seq, "padding": "max_length",
                              "gradient_accumulation": ga}}
     notes += [x for x in (mnote, gnote) if x]

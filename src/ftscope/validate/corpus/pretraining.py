@@ -37,7 +37,8 @@ def _parallel_needs(tp: int, pp: int, cp: int, ep: int) -> tuple[str, ...]:
     return tuple(needs)
 
 
-def _layout(mix: dict[str, Any], tp: int, pp: int, cp: int, ep: int, vp: int | None = None) -> None:
+def _layout(mix: dict[str, Any], tp: int, pp: int, cp: int, ep: int, vp: int | None = None,
+            overlap: bool = False) -> None:
     """Megatron layout keys of the mix (only the ones that differ from 1)."""
     for key, degree in (("tensor_parallel", tp), ("pipeline_parallel", pp), ("context_parallel", cp),
                         ("expert_parallel", ep)):
@@ -45,6 +46,8 @@ def _layout(mix: dict[str, Any], tp: int, pp: int, cp: int, ep: int, vp: int | N
             mix[key] = degree
     if tp > 1:
         mix["sequence_parallel"] = True
+        if overlap:
+            mix["tp_comm_overlap"] = True
     if pp > 1 and vp and vp > 1:
         mix["pipeline_schedule"] = "interleaved"
         mix["virtual_stages"] = vp
@@ -91,9 +94,12 @@ def foundry(raw: Mapping[str, Any], src: Mapping[str, Any]) -> Mapped:
 
 # ---- NeMo / Megatron-Bridge ---------------------------------------------------------------------------------------
 
-NEMO_LORA = {"lora_rank": 16, "lora_targets": "all-linear"}
-"""NeMo's tables do not state LoRA's rank or targets; adapters on every linear at rank 16 add under 2 % of the
-frozen base's FLOPs, so the choice hardly moves a throughput."""
+NEMO_LORA = {"nemo": {"lora_rank": 32, "lora_targets": ["q_proj", "k_proj", "v_proj"]},
+             "megatron-bridge": {"lora_rank": 32, "lora_targets": "all-linear"}}
+"""The tables do not state LoRA's rank or targets: each framework's default then, NeMo 1.x's
+lora_tuning (attention_qkv, adapter_dim 32) and Megatron-Bridge's LoRA (linear_qkv/proj/fc1/fc2, dim 32)."""
+TE_FUSED = "Transformer Engine fuses norms, activations and RoPE into its GEMM and attention kernels: modelled " \
+           "as compile's fused elementwise traffic"
 
 
 def _nemo_mix(raw: Mapping[str, Any]) -> tuple[dict[str, Any], tuple[str, ...]]:
@@ -105,7 +111,8 @@ def _nemo_mix(raw: Mapping[str, Any]) -> tuple[dict[str, Any], tuple[str, ...]]:
                            "experts_backend": "grouped_mm"}
     task = str(raw.get("task"))
     if task == "lora":
-        mix.update(method="lora", **NEMO_LORA)
+        mix.update(method="lora", **NEMO_LORA["nemo" if raw["id"].startswith("nemo") else "megatron-bridge"])
+    mix["compile"] = True   # TE_FUSED
     needs = list(_parallel_needs(tp, pp, cp, ep))
     if "fp8" in str(raw["precision"]):
         mix["fp8"] = True
@@ -116,7 +123,7 @@ def _nemo_mix(raw: Mapping[str, Any]) -> tuple[dict[str, Any], tuple[str, ...]]:
         mix["zero_stage"] = 1      # Megatron's distributed optimizer shards the optimizer states over DP
     else:
         mix["zero_stage"] = 1
-    _layout(mix, tp, pp, cp, ep, vp)
+    _layout(mix, tp, pp, cp, ep, vp, overlap=True)   # the performance recipes overlap TP collectives
     return mix, tuple(needs)
 
 
@@ -140,9 +147,10 @@ def nemo(raw: Mapping[str, Any], src: Mapping[str, Any]) -> Mapped:
                              "gradient_accumulation": ga}}
     notes = tuple(x for x in (mnote, "activation recompute not stated: none assumed (Megatron's default; model "
                               "TFLOP/s near 40 % of the FP8 peak leave no room for a recomputed forward)",
-                              "Megatron's distributed optimizer as ZeRO-1; sequence parallel with TP",
+                              "Megatron's distributed optimizer as ZeRO-1; sequence parallel and TP comm overlap with TP",
                               "Transformer Engine's cuDNN fused attention (Hopper-native) as flash3",
-                              "LoRA rank and targets not stated: all linears, rank 16" if raw.get("task") == "lora" else "",
+                              TE_FUSED,
+                              "LoRA rank and targets not stated: the framework's default" if raw.get("task") == "lora" else "",
                               "MoE routing force-balanced (as ftscope assumes)" if "balanced" in str(raw.get("note")) else "")
                   if x)
     return Mapped(raw["id"], src["id"], framework, scenario, measures, needs, notes=notes)
@@ -217,6 +225,9 @@ def flagperf(raw: Mapping[str, Any], src: Mapping[str, Any]) -> Mapped:
     if lay["pp"] > 1 or lay["tp"] > 1:
         mix.setdefault("zero_stage", 1)   # Megatron's distributed optimizer
         notes.append("Megatron: distributed optimizer as ZeRO-1, sequence parallel with TP")
+    if fw in ("megatron-core", "flagscale"):
+        mix["compile"] = True
+        notes.append(TE_FUSED)
     needs = needs + _parallel_needs(lay["tp"], lay["pp"], 1, lay["ep"])
     ga = int(raw.get("ga") or max(int(raw.get("gbs", n)) // (int(raw["mbs"]) * lay["dp"]), 1))
     scenario = {"model": model, "hardware": hardware(gpu, n), "mix": mix,

@@ -496,11 +496,13 @@ def models(json_out: bool = JSON_OPT) -> None:
         _print_json(rows)
         return
     from .report.tables import simple_table
-    _console().print(simple_table("bundled models (ftscope show NAME for details)",
-                                  ["name", "HF id", "family", "params", "active", "experts"],
-                                  [[r["name"], r["hf_id"], r["family"], f"{r['total_params'] / 1e9:.2f}B",
-                                    f"{r['active_params'] / 1e9:.2f}B", f"{r['top_k']}/{r['experts']}" if r["experts"] else "-"]
-                                   for r in rows]))
+    table = simple_table("bundled models (ftscope show NAME for details)",
+                         ["name", "family", "params", "active", "experts", "HF id"],
+                         [[r["name"], r["family"], f"{r['total_params'] / 1e9:.2f}B", f"{r['active_params'] / 1e9:.2f}B",
+                           f"{r['top_k']}/{r['experts']}" if r["experts"] else "-", r["hf_id"]] for r in rows])
+    for column in table.columns[:-1]:  # at 80 columns only the HF id (last) gives way
+        column.no_wrap = True
+    _console().print(table)
 
 
 @app.command()
@@ -546,13 +548,14 @@ def show(
         "moe_intermediate_size": a.moe_intermediate_size, "moe_layers": len(a.moe_layers),
         "total_params": m.total_params, "active_params": m.active_params(), "params_by_component": m.params_by_component(),
         "lora_params": {t: m.lora_params(lora_rank, t) for t in ("all-linear", "attention", "mlp")}, "lora_rank": lora_rank,
+        **({"resolution": m.resolution} if m.resolution else {}),  # also a note on stderr
     }
     if json_out:
         _print_json(data)
         return
     from .report.tables import simple_table
     rows = [[k, f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else v] for k, v in data.items()
-            if k not in ("params_by_component", "lora_params")]
+            if k not in ("params_by_component", "lora_params", "resolution")]
     rows += [[f"params: {k}", f"{v:,}"] for k, v in data["params_by_component"].items()]
     rows += [[f"LoRA r{lora_rank}: {k}", f"{v:,}"] for k, v in data["lora_params"].items()]
     _console().print(simple_table(m.name, ["field", "value"], rows))
@@ -689,7 +692,20 @@ def calibrate(
                                [[g, v["n"], f"{v['median']:.1f}%", f"{v['max']:.1f}%"] for g, v in groups.items()]))
 
 
+def _notes_to_stderr() -> None:
+    """ftscope's own notes (which preset a model reference was matched to) as one stderr line each."""
+    import logging
+    log = logging.getLogger("ftscope")
+    if not log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("ftscope: note: %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False
+
+
 def main() -> None:
+    _notes_to_stderr()
     try:
         app()
     except FtscopeError as exc:

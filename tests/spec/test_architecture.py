@@ -82,8 +82,11 @@ def test_blackmamba_alternates_mamba_and_moe_blocks():
 
 
 def test_tie_default_follows_transformers_when_the_key_is_absent():
-    assert normalize(LLAMA).tie_embeddings  # PretrainedConfig default: tied
-    assert not normalize({**LLAMA, "tie_word_embeddings": False}).tie_embeddings
+    # each config class's own default (transformers 5): LlamaConfig unties, Gemma and SmolLM3 tie
+    assert not normalize(LLAMA).tie_embeddings
+    assert normalize({**LLAMA, "model_type": "gemma"}).tie_embeddings
+    assert normalize({**LLAMA, "model_type": "smollm3"}).tie_embeddings
+    assert normalize({**LLAMA, "tie_word_embeddings": True}).tie_embeddings
 
 
 def test_every_family_but_blackmamba_has_a_transformers_implementation():

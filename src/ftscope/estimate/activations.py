@@ -144,8 +144,8 @@ def _ffn_bytes(layer: Layer, model: ModelSpec, mix: Mix, lora: frozenset[int], t
     roles = {lin.role for lin in layer.linears}
     if layer.ffn == "dense":
         inter = a.intermediate_size
-        if "gate" in roles:
-            return inp("gate", "up", width=h) + 3 * c * inter + inp("down", width=inter)
+        if "gate" in roles or "gate_up" in roles:  # Phi-3's fused gate_up output holds the same 2 x inter
+            return inp("gate", "up", "gate_up", width=h) + 3 * c * inter + inp("down", width=inter)
         # plain MLP: fc1 output kept by the activation; tanh-approximated GELU (phi) saves ~3 more intermediates
         extra = 3 * c * inter if a.model_type == "phi" else 0
         return inp("up", width=h) + c * inter + extra + inp("down", width=inter)

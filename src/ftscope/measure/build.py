@@ -141,7 +141,7 @@ def shrink_config(cfg: dict[str, Any], layers: int | None = None, hidden: int | 
         if c.get("query_pre_attn_scalar"):
             c["query_pre_attn_scalar"] = hd
         for key in ("intermediate_size", "ffn_hidden_size", "n_inner", "ffn_dim", "moe_intermediate_size",
-                    "shared_expert_intermediate_size", "expert_intermediate_size"):
+                    "shared_expert_intermediate_size", "expert_intermediate_size", "intermediate_size_mlp"):
             if c.get(key):
                 c[key] = _round_to(c[key] * ratio, 16, 32)
         for key in ("q_lora_rank", "kv_lora_rank"):
@@ -174,9 +174,11 @@ def shrink_config(cfg: dict[str, Any], layers: int | None = None, hidden: int | 
             c["decoder_sparse_step"] = 1
         if c.get("max_window_layers"):
             c["max_window_layers"] = min(int(c["max_window_layers"]), layers)
-        for key in ("layer_types", "mamba_moe_layers"):
+        for key in ("layer_types", "mamba_moe_layers", "no_rope_layers"):
             if isinstance(c.get(key), list):
                 c[key] = c[key][:layers]
+        if isinstance(c.get("moe_layers"), list):
+            c["moe_layers"] = [i for i in c["moe_layers"] if i < layers]
     if vocab is not None:
         v_key = _first_key(c, "vocab_size") or "vocab_size"
         c[v_key] = vocab
@@ -442,14 +444,24 @@ def build_model(scn: Scenario, device: str = "meta", shrink: dict[str, Any] | No
         with torch.device(device):
             return transformers.AutoModelForCausalLM.from_config(hf_cfg, dtype=base_dtype, **kwargs)
 
-    try:
-        model = instantiate()
-    except ValueError as exc:
-        if attention != "sdpa" or "scaled_dot_product_attention" not in str(exc):
-            raise FtscopeError(f"transformers cannot build {spec.name}: {exc}") from None
-        attention = kwargs["attn_implementation"] = "eager"  # what transformers falls back to when not forced
-        notes.append(f"{type(hf_cfg).__name__.replace('Config', '')} has no sdpa attention in transformers; traced eager")
-        model = instantiate()
+    model = None
+    while model is None:  # at most twice more: without an experts backend, then with eager attention
+        try:
+            model = instantiate()
+        except ValueError as exc:
+            message, family = str(exc), type(hf_cfg).__name__.replace("Config", "")
+            if "experts implementation" in message and "experts_implementation" in kwargs:
+                kwargs.pop("experts_implementation")  # Llama 4: one batched matmul over all experts, no choice
+                for c in (hf_cfg, hf_cfg.get_text_config()):  # the failed call left its choice on the config
+                    c._experts_implementation = None
+                notes.append(f"{family} has one experts implementation in transformers; experts_backend "
+                             f"{experts_impl} not applied")
+                experts_impl = None
+            elif attention == "sdpa" and "scaled_dot_product_attention" in message:
+                attention = kwargs["attn_implementation"] = "eager"  # what transformers falls back to
+                notes.append(f"{family} has no sdpa attention in transformers; traced eager")
+            else:
+                raise FtscopeError(f"transformers cannot build {spec.name}: {exc}") from None
     if folder is not None:
         notes.append(f"weights loaded from {folder}")
     if spec.is_moe:

@@ -21,7 +21,7 @@ SECTIONS = {
     "workload": {f.name for f in fields(Workload)},
     "price": {"usd_per_gpu_hour", "provider"},
 }
-TOP_KEYS = {"model", "name", "description", "framework", *SECTIONS}
+TOP_KEYS = {"model", "name", "description", "framework", "model_resolution", *SECTIONS}  # model_resolution: output only, ignored
 DATASET_KEYS = {f.name for f in fields(DatasetStats)} | {"path", "tokenizer", "text_field"}
 
 
@@ -71,6 +71,7 @@ class Scenario:
             "name": self.name,
             "framework": self.recipe.name,
             "model": self.model_ref or self.model.name,
+            **({"model_resolution": self.model.resolution} if self.model.resolution else {}),
             "hardware": {"gpu": gpu.key, "gpus_per_node": self.cluster.gpus_per_node, "nodes": self.cluster.nodes,
                          "inter_node_gbs": self.cluster.inter_node_gbs},
             "mix": mix,

@@ -141,7 +141,9 @@ def nemo(raw: Mapping[str, Any], src: Mapping[str, Any]) -> Mapped:
     par = raw["parallel"]
     n = int(raw["n_gpus"])
     dp = n // (int(par.get("tp") or 1) * int(par.get("pp") or 1) * int(par.get("cp") or 1))
-    ga = int(raw.get("ga") or max(int(raw["gbs"]) // (int(raw["mbs"]) * dp), 1))
+    # Megatron's micro-batches per step and data-parallel rank: global batch / (micro-batch x DP); the tables'
+    # GA column says the same for every row but gpt-oss-120b's (2 where 512 / (4 x 16) = 8)
+    ga = max(int(raw["gbs"]) // (int(raw["mbs"]) * dp), 1)
     scenario = {"model": model, "hardware": hardware(gpu, n), "mix": mix,
                 "workload": {"micro_batch_size": int(raw["mbs"]), "seq_len": int(raw["seq_len"]), "padding": "packed",
                              "gradient_accumulation": ga}}

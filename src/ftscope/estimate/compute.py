@@ -1,15 +1,22 @@
-"""Work of one micro-batch on one GPU: FLOPs, bytes moved and kernel launches, per op, by layer type.
+"""Work of one micro-batch on one GPU: FLOPs, bytes moved, kernel launches and GEMM shapes, per op, by layer type.
 
-Each `Op` is the forward work of one kind of operation summed over the blocks that have it, with how many
+Each `Op` is the forward work of one kind of operation summed over the blocks this GPU holds, with how many
 times that work recurs in backward (2x where weights train: input and weight gradients; 1x for frozen
-weights: input gradients only) and whether gradient checkpointing recomputes it.
+weights: input gradients only) and whether gradient checkpointing recomputes it. The parallel layout is applied
+here: tensor parallelism splits every matmul and the heads, context parallelism the tokens, pipeline
+parallelism the blocks (the LM head stays on the last stage), expert parallelism the experts.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ..spec.scenario import Scenario
+from .layout import Layout, layout
 from .memory import NF4_BYTES
+
+PEFT_ADAPTER_KERNELS = 4
+"""Kernels one PEFT LoRA adapter launches besides its two GEMMs: dropout (identity at p=0 launches none), the
+input cast to the adapter's dtype and back, the scaling multiply and the residual add."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,13 +31,27 @@ class Op:
     bytes: float
     kernels: float
     rows: float
-    """GEMM rows (tokens per matmul): small ones run below peak."""
+    """GEMM rows M (tokens per matmul; per expert for routed experts)."""
     backward: float
     """Backward work as a multiple of the forward work."""
     recompute: bool = True
-    """Recomputed under gradient checkpointing (everything inside a block)."""
+    """Recomputed under full gradient checkpointing (everything inside a block up to its last saved tensor)."""
     grouped: bool = False
     """One grouped/batched GEMM over all experts (grouped_mm, batched_mm): its own efficiency class."""
+    n: int = 0
+    """GEMM output columns N of one matmul (0: not a GEMM)."""
+    k: int = 0
+    """GEMM depth K of one matmul."""
+    groups: int = 1
+    """GEMMs of this shape launched together (a grouped expert GEMM's experts)."""
+    seq: float = 0.0
+    """Attention: the sequence length its kernel sees."""
+    fp8: bool = False
+    """Runs in FP8 (mix.fp8 on a base-weight GEMM)."""
+    fusible: bool = False
+    """Elementwise work torch.compile fuses (norms, residuals, activations, the loss's softmax)."""
+    head: bool = False
+    """Outside the blocks (LM head and loss): on the last pipeline stage only."""
 
 
 def _expected_experts_hit(tokens: float, k: int, experts: int) -> float:
@@ -40,93 +61,153 @@ def _expected_experts_hit(tokens: float, k: int, experts: int) -> float:
     return experts * (1.0 - (1.0 - 1.0 / experts) ** (tokens * k))
 
 
+def _expert_op(scn: Scenario, lin, n: int, tokens: float, bwd: float, c: float, lay: Layout) -> list[Op]:
+    mix = scn.mix
+    top_k = scn.top_k
+    local = max(lin.count // lay.ep, 1)            # experts this GPU holds
+    slots = tokens * top_k                          # balanced routing: as many slots arrive as leave
+    hit = _expected_experts_hit(slots / top_k * lay.ep, top_k, lin.count) * local / lin.count
+    w = lin.in_features * lin.out_features / lay.tp
+    flops = 2.0 * slots * w
+    grouped = mix.experts_backend in ("grouped_mm", "batched_mm")
+    if mix.experts_backend == "batched_mm":
+        w_bytes = c * w * slots                     # each routed token gathers its expert's weight
+        kernels, rows, groups = 1.0, max(slots, 1.0), 1
+    else:
+        w_bytes = c * w * hit
+        kernels = hit if mix.experts_backend in ("eager", "modules") else 1.0
+        rows, groups = slots / max(hit, 1.0), (max(int(round(hit)), 1) if grouped else 1)
+    byts = w_bytes + c * slots * (lin.in_features + lin.out_features) / lay.tp
+    ops = [Op("matmul", "experts", flops * n, byts * n, kernels * n, rows, bwd, grouped=grouped,
+              n=max(lin.out_features // lay.tp, 1), k=lin.in_features, groups=groups)]
+    if mix.method == "qlora" and not mix.fused_experts:  # bitsandbytes quantizes per-expert modules only
+        ops.append(Op("dequant", "experts", 0.0, (NF4_BYTES + 2.0) * w * hit * n, hit * n, 1, 1.0))
+    if mix.experts_backend in ("eager", "modules") and lin.role == "gate":
+        ops.append(Op("dispatch", "experts", 0.0, 0.0, hit * n, 1, 1.0))
+    return ops
+
+
+def _lora_ops(scn: Scenario, lin, n: int, tokens: float, c: float, used: float, lay: Layout) -> list[Op]:
+    """The adapter's A (in -> r) and B (r -> out) GEMMs, both trained (x2 in backward); experts get one each."""
+    mix = scn.mix
+    rank = mix.lora_rank
+    t = tokens * (scn.top_k if lin.group == "experts" else 1)
+    per = used if mix.experts_backend in ("eager", "modules") else 1.0
+    extra = PEFT_ADAPTER_KERNELS if mix.precision in ("bf16-mixed", "fp16-mixed") else PEFT_ADAPTER_KERNELS - 1
+    a_ops = Op("matmul", "lora", 2.0 * t * rank * lin.in_features / lay.tp * n,
+               c * t * (lin.in_features / lay.tp + rank) * n, (1 + extra / 2) * n * per, t, 2.0,
+               n=rank, k=max(lin.in_features // lay.tp, 1))
+    b_ops = Op("matmul", "lora", 2.0 * t * rank * lin.out_features / lay.tp * n,
+               c * t * (rank + lin.out_features / lay.tp) * n, (1 + extra / 2) * n * per, t, 2.0,
+               n=max(lin.out_features // lay.tp, 1), k=rank)
+    return [a_ops, b_ops]
+
+
+def _linear_ops(scn: Scenario, layer, lin, n: int, tokens: float, c: float, lay: Layout, lora: frozenset) -> list[Op]:
+    mix = scn.mix
+    full = mix.method == "full"
+    # frozen weights need input gradients only; PEFT's LoRA on a fused expert stack trains W + B @ A, whose
+    # weight gradient the grouped GEMM computes in full
+    merged = mix.fused_experts and lin.group == "experts" and id(lin) in lora
+    bwd = 2.0 if (full or merged) else 1.0
+    lt = lin.group if lin.group in ("attention", "mlp", "experts", "router", "mamba") else (
+        "experts" if lin.group == "shared_expert" else "router")
+    if lin.group == "experts":
+        ops = _expert_op(scn, lin, n, tokens, bwd, c, lay)
+        used = _expected_experts_hit(tokens * lay.ep, scn.top_k, lin.count) / lay.ep
+    else:
+        w = lin.in_features * lin.out_features / lay.tp
+        byts = c * (w + tokens * (lin.in_features + lin.out_features) / lay.tp)
+        # torch's checkpoint stops recomputing at the block's last saved tensor: the dense down projection's
+        # input, unless a LoRA adapter on it saves later ones (then lora_B is the skipped op)
+        rec = not (lin.role == "down" and layer.ffn == "dense" and (full or id(lin) not in lora))
+        fp8 = mix.fp8 and lin.group != "router"
+        ops = [Op("matmul", lt, 2.0 * tokens * w * n, byts * n, n, tokens, bwd, recompute=rec,
+                  n=max(lin.out_features // lay.tp, 1), k=lin.in_features, fp8=fp8)]
+        if fp8:  # cast input and weight to FP8 (read bf16, write fp8) in forward, the output gradient in backward
+            cast = 3.0 * (tokens * lin.in_features / lay.tp + w)
+            ops.append(Op("stream", "norms_other", 0.0, cast * n, 2 * n, tokens, 1.0))
+        if mix.method == "qlora" and lin.group != "router":
+            ops.append(Op("dequant", lt, 0.0, (NF4_BYTES + 2.0) * w * n, n, 1, 1.0))
+        used = 1.0
+    if merged:
+        # PEFT merges W + B @ A for the whole stack whatever the token count; the experts module reads the
+        # parametrized weight twice per forward (two merges, one of them in the graph: backward dA + dB = one
+        # merge's FLOPs twice). Inside the experts module, where the profiler's hooks see it.
+        merge = 2.0 * mix.lora_rank * lin.in_features * lin.out_features * lin.count / lay.tp / lay.ep
+        ops.append(Op("matmul", "experts", 2 * merge * n, 2 * c * 2 * lin.params / lay.tp / lay.ep * n, 2 * 2 * n,
+                      lin.out_features, 1.0, n=lin.in_features, k=mix.lora_rank))
+    elif id(lin) in lora:
+        ops += _lora_ops(scn, lin, n, tokens, c, used, lay)
+    return ops
+
+
+def _attention_op(scn: Scenario, n: int, batch: int, seq: float, c: float, lay: Layout) -> Op:
+    a, mix = scn.model.arch, scn.mix
+    qk = (a.qk_nope_head_dim + a.qk_rope_head_dim) if a.attention == "mla" else a.head_dim
+    vd = a.v_head_dim if a.attention == "mla" else a.head_dim
+    heads = a.num_heads / lay.tp
+    fused = mix.attention != "eager"
+    causal = 0.5 if fused else 1.0  # fused kernels skip masked blocks
+    tokens = batch * seq / lay.cp
+    # ring context parallelism: each GPU's queries against every key, in chunks of seq / cp
+    flops = 2.0 * batch * seq * seq * heads * (qk + vd) * causal / lay.cp
+    byts = c * tokens * heads * (qk * 2 + vd * 2)
+    kernels = 1.0
+    if not fused:
+        byts += (4 + 2 + 4) * 2 * batch * heads * seq * seq / lay.cp  # scores written, softmaxed, read
+        kernels = 6.0
+    kernel_seq = seq / lay.cp if mix.context_parallel_impl == "ring" else seq
+    return Op("attention", "attention", flops * n, byts * n, kernels * n, tokens, 2.5 if fused else 2.0,
+              seq=kernel_seq, k=qk)
+
+
+_OPS_CACHE: dict[tuple, tuple[Op, ...]] = {}
+_OPS_CACHE_SIZE = 4096
+
+
+def cached_ops(scn: Scenario, batch: int, seq: float) -> tuple[Op, ...]:
+    """micro_batch_ops, shared by scenarios that differ only in GPU and GPU count (what a plan sweeps): the ops
+    depend on the model, the mix (layout included) and the batch shape alone."""
+    key = (scn.model, scn.mix, batch, seq)
+    ops = _OPS_CACHE.get(key)
+    if ops is None:
+        if len(_OPS_CACHE) >= _OPS_CACHE_SIZE:
+            _OPS_CACHE.clear()
+        ops = _OPS_CACHE[key] = tuple(micro_batch_ops(scn, batch, seq))
+    return ops
+
+
 def micro_batch_ops(scn: Scenario, batch: int, seq: float) -> list[Op]:
-    """The forward ops of one micro-batch of `batch` sequences padded to `seq` tokens."""
+    """The forward ops of one micro-batch of `batch` sequences padded to `seq` tokens, on one GPU."""
     m, mix = scn.model, scn.mix
     a = m.arch
+    lay = layout(scn)
     c = 4.0 if mix.precision == "fp32" else 2.0
-    tokens = batch * seq
-    top_k = scn.top_k
-    full = mix.method == "full"
+    tokens = batch * seq / lay.cp
     lora = m.lora_target_ids(mix.lora_targets) if mix.trains_lora else frozenset()
-    rank = mix.lora_rank
     ops: list[Op] = []
-    causal = 0.5 if mix.attention in ("flash", "sdpa") else 1.0  # fused kernels skip masked blocks
-    for layer, n in m.layer_groups:
+    split = 1.0 / lay.pp  # this GPU's share of the blocks
+    for layer, count in m.layer_groups:
+        n = count * split
         for lin in layer.linears:
-            # frozen weights need input gradients only; PEFT's LoRA on a fused expert stack trains W + B @ A,
-            # whose weight gradient the grouped GEMM computes in full
-            merged = mix.fused_experts and lin.group == "experts" and id(lin) in lora
-            bwd = 2.0 if (full or merged) else 1.0
-            w = lin.in_features * lin.out_features
-            lt = lin.group if lin.group in ("attention", "mlp", "experts", "router", "mamba") else (
-                "experts" if lin.group == "shared_expert" else "router")
-            if lin.group == "experts":
-                slots = tokens * top_k
-                hit = _expected_experts_hit(tokens, top_k, lin.count)
-                flops = 2.0 * slots * w
-                if mix.experts_backend == "batched_mm":
-                    w_bytes = c * w * slots          # each routed token gathers its expert's weight
-                    kernels, rows = 1.0, max(tokens, 1.0)
-                else:
-                    w_bytes = c * w * hit
-                    kernels = hit if mix.experts_backend in ("eager", "modules") else 1.0
-                    rows = slots / max(hit, 1.0)
-                byts = w_bytes + c * slots * (lin.in_features + lin.out_features)
-                ops.append(Op("matmul", "experts", flops * n, byts * n, kernels * n, rows, bwd,
-                              grouped=mix.experts_backend in ("grouped_mm", "batched_mm")))
-                if mix.method == "qlora" and not mix.fused_experts:  # bitsandbytes quantizes per-expert modules only
-                    ops.append(Op("dequant", "experts", 0.0, (NF4_BYTES + 2.0) * w * hit * n, hit * n, 1, 1.0))
-                if mix.experts_backend in ("eager", "modules") and lin.role == "gate":
-                    ops.append(Op("dispatch", "experts", 0.0, 0.0, hit * n, 1, 1.0))
-                used = hit
-            else:
-                flops = 2.0 * tokens * w
-                byts = c * (w + tokens * (lin.in_features + lin.out_features))
-                # torch's checkpoint stops recomputing at the block's last saved tensor: the dense down
-                # projection's input, unless a LoRA adapter on it saves later ones (then lora_B is the skipped op)
-                rec = not (lin.role == "down" and layer.ffn == "dense" and (full or id(lin) not in lora))
-                ops.append(Op("matmul", lt, flops * n, byts * n, n, tokens, bwd, recompute=rec))
-                if mix.method == "qlora" and lin.group != "router":
-                    ops.append(Op("dequant", lt, 0.0, (NF4_BYTES + 2.0) * w * n, n, 1, 1.0))
-                used = 1.0
-            if merged:
-                # PEFT merges W + B @ A for the whole stack whatever the token count; the experts module reads
-                # the parametrized weight twice per forward (two merges, one of them in the graph: backward
-                # dA + dB = one merge's FLOPs twice). Inside the experts module, where the profiler's hooks see it.
-                merge = 2.0 * rank * lin.in_features * lin.out_features * lin.count
-                ops.append(Op("matmul", "experts", 2 * merge * n, 2 * c * 2 * lin.params * n, 2 * 2 * n, lin.out_features, 1.0))
-            elif id(lin) in lora:
-                # A: in -> r, B: r -> out, both trained (x2 in backward); experts get one adapter each
-                lflops = 2.0 * (tokens * (top_k if lin.group == "experts" else 1)) * rank * (lin.in_features + lin.out_features)
-                lbytes = c * (tokens * (top_k if lin.group == "experts" else 1)) * (lin.in_features + 2 * rank + lin.out_features)
-                ops.append(Op("matmul", "lora", lflops * n, lbytes * n, 3 * n * (used if mix.experts_backend in ("eager", "modules") else 1),
-                              tokens, 2.0))
-        # attention core and the elementwise traffic of the block
+            ops += _linear_ops(scn, layer, lin, n, tokens, c, lay, lora)
         if layer.mixer == "attention":
-            qk = (a.qk_nope_head_dim + a.qk_rope_head_dim) if a.attention == "mla" else a.head_dim
-            vd = a.v_head_dim if a.attention == "mla" else a.head_dim
-            att_flops = 2.0 * batch * seq * seq * a.num_heads * (qk + vd) * causal
-            att_bytes = c * tokens * a.num_heads * (qk * 2 + vd * 2)
-            kernels = 1.0
-            if mix.attention == "eager":
-                att_bytes += (4 + 2 + 4) * 2 * batch * a.num_heads * seq * seq  # scores written, softmaxed, read
-                kernels = 6.0
-            ops.append(Op("attention", "attention", att_flops * n, att_bytes * n, kernels * n, tokens,
-                          2.5 if mix.attention != "eager" else 2.0))
+            ops.append(_attention_op(scn, n, batch, seq, c, lay))
         elif layer.mixer == "mamba":
             di, ds = a.mamba_d_inner, a.mamba_d_state
             ops.append(Op("stream", "mamba", 9.0 * tokens * di * ds * n, c * tokens * di * 8 * n, 6 * n, tokens, 2.0))
         # norms, residuals, activations, RoPE: about a dozen passes over hidden-sized tensors per block
-        inter = a.intermediate_size if layer.ffn == "dense" else a.moe_intermediate_size * max(top_k, 1)
-        stream_bytes = c * tokens * (12 * a.hidden_size + 4 * inter)
-        ops.append(Op("stream", "norms_other", 0.0, stream_bytes * n, 18 * n, tokens, 2.0))
-    # LM head and loss (not inside a checkpointed block)
-    v, h = a.vocab_size, a.hidden_size
-    head_trained = full
+        inter = a.intermediate_size if layer.ffn == "dense" else a.moe_intermediate_size * max(scn.top_k, 1)
+        sp = lay.tp if lay.sequence_parallel else 1
+        stream_bytes = c * tokens * (12 * a.hidden_size / sp + 4 * inter / lay.tp)
+        ops.append(Op("stream", "norms_other", 0.0, stream_bytes * n, 18 * n, tokens, 2.0, fusible=True))
+    # LM head and loss (not inside a checkpointed block; on the last pipeline stage; vocabulary split by TP)
+    v, h = a.vocab_size / lay.tp, a.hidden_size
     ops.append(Op("matmul", "lm_head", 2.0 * tokens * h * v, c * (h * v + tokens * (h + v)), 1, tokens,
-                  2.0 if head_trained else 1.0, recompute=False))
-    ops.append(Op("stream", "lm_head", 0.0, tokens * v * (c + 4 * 4), 6, tokens, 1.5, recompute=False))
+                  2.0 if mix.method == "full" else 1.0, recompute=False, n=int(v), k=h, fp8=False, head=True))
+    ops.append(Op("stream", "lm_head", 0.0, tokens * v * (c + 4 * 4), 6, tokens, 1.5, recompute=False,
+                  fusible=True, head=True))
     return ops
 
 
@@ -135,11 +216,10 @@ def model_flops(scn: Scenario, tokens: float, seq: float) -> float:
     4x for frozen ones (no weight gradients), plus causal attention; recompute is not useful work."""
     m = scn.model
     # the embedding lookup is not a matmul, but a tied LM head is the same matrix used as one
-    a0 = m.arch
-    head_matmul = a0.vocab_size * a0.hidden_size if m.lm_head_params == 0 else 0
+    a = m.arch
+    head_matmul = a.vocab_size * a.hidden_size if m.lm_head_params == 0 else 0
     active = m.active_params(scn.top_k or None) - m.embedding_params + head_matmul
     factor = 6.0 if scn.mix.method == "full" else 4.0
-    a = m.arch
     attn = 0.0
     if a.num_heads:
         n_att = sum(n for layer, n in m.layer_groups if layer.mixer == "attention")
@@ -147,12 +227,24 @@ def model_flops(scn: Scenario, tokens: float, seq: float) -> float:
     return factor * active * tokens + attn
 
 
+def recomputed(op: Op, mix) -> float:
+    """Share of an op's forward that activation checkpointing runs again in backward: full checkpointing reruns
+    a block up to its last saved tensor (every N-th block with checkpoint_every N); Megatron's selective
+    checkpointing reruns the attention core; torchtitan's per-op policy the elementwise ops between matmuls."""
+    if not mix.gradient_checkpointing or op.head:
+        return 0.0
+    if mix.checkpointing == "selective":
+        return 1.0 if op.kind == "attention" else 0.0
+    if mix.checkpointing == "per-op":
+        return 1.0 if op.fusible else 0.0
+    return 1.0 / mix.checkpoint_every if op.recompute else 0.0
+
+
 def step_flops(scn: Scenario, batch: int, seq: float) -> dict[str, float]:
-    """FLOPs one micro-batch executes: forward, backward and recompute (what a FLOP counter would report)."""
+    """FLOPs one micro-batch executes on one GPU: forward, backward and recompute (what a FLOP counter reports)."""
     fwd = bwd = rec = 0.0
     for op in micro_batch_ops(scn, batch, seq):
         fwd += op.flops
         bwd += op.flops * op.backward
-        if scn.mix.gradient_checkpointing and op.recompute:
-            rec += op.flops
+        rec += op.flops * recomputed(op, scn.mix)
     return {"forward": fwd, "backward": bwd, "recompute": rec, "total": fwd + bwd + rec}

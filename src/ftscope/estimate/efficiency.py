@@ -1,9 +1,9 @@
 """Efficiency parameters of the time model, and the calibration file that stores fitted values.
 
-Few and physical: the fraction of peak FLOP/s large matmuls reach and how fast that falls for short ones,
-the fraction of memory bandwidth streaming kernels reach, a per-kernel launch floor, a per-step host
-overhead, the dequantization bandwidth, the MoE dispatch cost of the eager expert loop, the collective
-bandwidth fraction. A GPU with no measurements uses the shared values.
+Few and physical, each named once below with its unit and provenance: the fraction of peak large GEMMs reach per
+GPU architecture (shapes then decide how much of it a GEMM gets, see kernels.py), attention kernels' fraction
+per implementation and sequence length, streaming and dequantization bandwidth, per-kernel GPU floor and host
+cost, collective bandwidth and overlap. A GPU with no measurements uses the shared values.
 """
 from __future__ import annotations
 
@@ -19,37 +19,77 @@ from ..errors import FtscopeError
 
 @dataclass(frozen=True)
 class Efficiency:
-    """Achieved fractions of hardware peaks and fixed costs (defaults: the bundled calibration)."""
+    """Achieved fractions of hardware peaks and fixed costs: the only tunable numbers of the time model.
 
-    matmul: float = 0.72
-    """Fraction of dense tensor peak that large GEMMs reach."""
-    matmul_half_rows: float = 64.0
-    """GEMM rows (tokens) at which efficiency is half of `matmul`: short GEMMs run far below peak."""
-    grouped_matmul: float = 1.0
-    """Grouped expert GEMMs (one kernel over all experts: grouped_mm, batched_mm) relative to `matmul`."""
-    attention: float = 0.45
-    """Fraction of peak fused attention kernels (flash / sdpa) reach."""
+    Each field says its unit and where its value comes from: "fitted" ones are set by `ftscope calibrate` on the
+    published cases, the H200 profile store and the published-runs corpus (values and sources in
+    data/calibration.json); "prior" ones are physical estimates no measured point constrains, with the reason.
+    Defaults are starting points for the fit."""
+
+    gemm_ampere: float = 0.80
+    """Fitted. Fraction of the dense bf16/fp16 tensor peak large GEMMs reach on Ampere (A100, A40, RTX 30)."""
+    gemm_ada: float = 0.80
+    """Fitted. The same on Ada (RTX 40, L40S, RTX 6000 Ada)."""
+    gemm_hopper: float = 0.70
+    """Fitted. The same on Hopper (H100, H200, H800): power and clock limits keep cuBLAS further from peak."""
+    gemm_other: float = 0.70
+    """Prior, not fitted: Volta, Turing, Blackwell, CDNA have no measured point; the Hopper-like value."""
+    gemm_k_half: float = 64.0
+    """Prior: GEMM depth K (elements) at which the tensor-core pipeline runs half full (LoRA's rank-r GEMMs): a
+    128 x 128 tile's main loop advances 64 deep per stage, so a GEMM a few stages deep spends about as long
+    filling and draining the pipeline as computing. Not fitted: only LoRA's short GEMMs see it, and their
+    bytes mostly bound them."""
+    grouped_matmul: float = 0.85
+    """Fitted. Grouped expert GEMMs (grouped_mm, batched_mm: one launch for all experts) relative to dense ones."""
+    fp8_gemm: float = 0.70
+    """Fitted. FP8 GEMMs' fraction of the FP8 peak relative to bf16 GEMMs' fraction of the bf16 peak (scaling,
+    amax bookkeeping and smaller tiles keep FP8 further from its doubled peak)."""
+    attention: float = 0.55
+    """Fitted. Fraction of the dense peak FlashAttention-2 / sdpa reach at long sequences on Ampere and Ada."""
+    attention_hopper: float = 0.35
+    """Fitted. The same kernels on Hopper, which they run without its wgmma units."""
+    attention_flash3: float = 0.60
+    """Prior, not fitted (no run in the data uses it): FlashAttention-3 on H100, 1.5-2x FlashAttention-2
+    (Shah et al. 2024, FlashAttention-3: up to 740 TFLOP/s forward, backward slower)."""
+    attention_flash1: float = 0.5
+    """Prior: the 2022 kernels (FlashAttention v1, its Triton port) relative to FlashAttention-2 on the same GPU
+    (Dao 2023, FlashAttention-2: 1.7-3.0x faster than v1, 1.3-2.5x faster than the Triton port)."""
+    attention_seq_half: float = 300.0
+    """Prior: sequence length (tokens) at which fused attention runs at half its long-sequence rate, read off
+    Dao 2023's A100 forward + backward curves (about 60 % of the 16k rate at 512 tokens, 75 % at 1k, 85 % at 2k).
+    Not fitted: with one source of very long runs held out, a fit swings it from 50 to 3,000."""
     bandwidth: float = 0.80
-    """Fraction of memory bandwidth that streaming kernels reach (elementwise, optimizer, weight reads)."""
+    """Fitted. Fraction of memory bandwidth streaming kernels reach (elementwise, optimizer, weight reads)."""
     dequant_bandwidth: float = 0.65
-    """Fraction of memory bandwidth the 4-bit dequantization kernels reach."""
-    kernel_floor_us: float = 6.0
-    """Minimum time of one kernel launch (microseconds)."""
+    """Fitted. Fraction of memory bandwidth the 4-bit dequantization kernels reach."""
+    kernel_floor_us: float = 4.0
+    """Fitted. GPU time of the shortest kernel (launch latency, fill and drain), microseconds."""
+    host_us_per_kernel: float = 20.0
+    """Fitted. Host (Python + PyTorch dispatch) time per launched kernel in eager mode, microseconds: a step
+    whose kernels are shorter than this is host-bound."""
+    sync_us: float = 50.0
+    """Fitted. One host-device synchronization (the eager expert loop's nonzero per expert), microseconds."""
     step_overhead_s: float = 0.03
-    """Host time per optimizer step outside the GPU kernels (data loading, logging, Python)."""
+    """Fitted. Host time per optimizer step outside the GPU kernels (data loading, logging, zero_grad), seconds."""
     microbatch_overhead_s: float = 0.005
-    """Host time per micro-batch (collation, transfer, hooks)."""
-    expert_dispatch_us: float = 40.0
-    """Per expert, per MoE layer, per pass: routing, indexing and host sync of the eager expert loop."""
+    """Prior: host time per micro-batch (collation, host-to-device copy), seconds."""
     communication: float = 0.70
-    """Fraction of link bandwidth collectives reach."""
+    """Fitted. Fraction of the link bandwidth collectives reach (NCCL bus bandwidth over the datasheet rate)."""
+    comm_overlap: float = 0.80
+    """Fitted. Fraction of the concurrent compute behind which prefetched or bucketed collectives hide (FSDP
+    prefetch, ZeRO overlap_comm, DDP buckets); the rest of the collective time is exposed."""
+    compile_stream_bytes: float = 0.5
+    """Prior: torch.compile's share of eager elementwise memory traffic (Inductor fuses a block's norm, residual,
+    activation chains: RMSNorm's five passes become two, SiLU x up's five become three). Only torchtune's rows
+    compile, so no held-out source could check a fit."""
+    compile_kernels: float = 0.3
+    """Prior: torch.compile's share of eager elementwise kernel launches (about 18 per block fuse into ~5)."""
     cpu_adam_params_per_s: float = 1.0e9
-    """Parameters per second DeepSpeed's CPU Adam updates (offloaded optimizer). Prior, not fitted."""
+    """Prior: parameters per second DeepSpeed's CPU Adam updates (offloaded optimizer)."""
     collective_latency_us: float = 50.0
-    """Fixed cost of one collective (launch + ring latency). Prior, not fitted: no published case times it."""
+    """Prior: fixed cost of one collective (launch + ring latency), microseconds."""
     zero3_hook_us: float = 150.0
-    """DeepSpeed ZeRO-3's Python fetch/release hooks per parameterised module per pass (FSDP2 gathers per
-    block instead). Prior, not fitted: no published case times ZeRO-3."""
+    """Prior: DeepSpeed ZeRO-3's Python fetch/release hooks per parameterised module per pass, microseconds."""
 
 
 PARAM_NAMES = tuple(f.name for f in fields(Efficiency))

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from ..spec.hardware import GIB, GpuSpec
 from ..spec.scenario import Scenario
 from .activations import ActivationCoefficients, activation_coefficients
+from .memory_layout import activation_policy, split_states
 
 NF4_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)
 OPTIMIZER_STATE_BYTES = {"adamw": 8.0, "adamw_8bit": 2.0, "paged_adamw_8bit": 2.0, "sgd": 0.0}
@@ -82,6 +83,8 @@ class MemoryModel:
     block_transient: float = 0.0
     """Extra bytes alive only while a block computes (not at the loss): QLoRA's dequantized weight in flight,
     under checkpointing the recomputed block's merged expert stack."""
+    offload_activations: bool = False
+    """Saved activations live in host memory but for the block in flight and the next one (prefetched)."""
 
     # --- per shape -----------------------------------------------------------------------------------------
     def activation_bytes(self, batch: float, seq: float) -> tuple[float, float]:
@@ -94,6 +97,8 @@ class MemoryModel:
         else:
             saved = a.saved_per_token * t + a.saved_per_token_quadratic * t * seq + head
         layer = a.layer_per_token * t + a.layer_per_token_quadratic * t * seq
+        if self.offload_activations:
+            saved = min(saved - head, 2 * layer) + head
         return saved, layer
 
     def _phases(self, batch: float, seq: float) -> tuple[tuple[str, float, float, float, float], ...]:
@@ -217,7 +222,7 @@ def usable_bytes(gpu: GpuSpec, allocator: AllocatorModel = DEFAULT_ALLOCATOR) ->
 def memory_model(scn: Scenario, allocator: AllocatorModel = DEFAULT_ALLOCATOR) -> MemoryModel:
     """Build the per-GPU memory model of a scenario."""
     m, mix, cl = scn.model, scn.mix, scn.cluster
-    n = cl.world_size
+    n = cl.world_size // mix.model_parallel  # ZeRO / FSDP shard over the data-parallel ranks
     stage = mix.shard_stage
     deepspeed = mix.zero_stage > 0
     fsdp = mix.fsdp is not None
@@ -314,11 +319,11 @@ def memory_model(scn: Scenario, allocator: AllocatorModel = DEFAULT_ALLOCATOR) -
         opt_transient += trainable * 4.0 / shard_o   # fp32 gradient partition fed to the optimizer
 
     top_k = scn.top_k
-    acts = activation_coefficients(m, mix, top_k, scn.recipe)
+    acts, checkpointing = activation_policy(activation_coefficients(m, mix, top_k, scn.recipe), scn)
     capacity = usable_bytes(cl.gpu, allocator)
-    return MemoryModel(
+    return split_states(MemoryModel(
         weights=weights, gradients=grads, gradients_in_forward=grads_fwd, optimizer=optimizer,
         optimizer_transient=opt_transient, weight_transient=transient, block_transient=block, acts=acts,
-        checkpointing=mix.gradient_checkpointing, cpu_bytes=cpu, capacity_bytes=capacity,
-        trainable_params=trainable, allocator=allocator,
-    )
+        checkpointing=checkpointing, cpu_bytes=cpu, capacity_bytes=capacity,
+        trainable_params=trainable, allocator=allocator, offload_activations=mix.activation_offload,
+    ), scn)

@@ -21,11 +21,13 @@ class TimeEstimate:
     mfu: float
     """Model FLOPs (6 x active params x tokens for full, 4x for frozen) over peak."""
     breakdown_s: dict[str, float]
-    """forward, backward, recompute, optimizer, communication, dequant, other (sum = step_s)."""
+    """forward, backward, recompute, optimizer, communication (the exposed part), dequant, other (sum = step_s)."""
     by_layer_s: dict[str, float] = field(default_factory=dict)
     """attention, mlp, experts, router, lm_head, norms_other per step."""
     calibrated: bool = False
     """True when the efficiency parameters came from measurements on this GPU."""
+    communication_hidden_s: float = 0.0
+    """Collective time overlapped with compute (not in step_s; `communication` is what stays exposed)."""
 
 
 @dataclass(frozen=True)
@@ -106,7 +108,9 @@ class Estimate:
             t = self.time
             out["time"] = {"step_s": round(t.step_s, 6), "tokens_per_s": round(t.tokens_per_s, 3),
                            "samples_per_s": round(t.samples_per_s, 5), "mfu": round(t.mfu, 4),
-                           "breakdown_s": {k: round(v, 6) for k, v in t.breakdown_s.items()},
+                           "breakdown_s": {**{k: round(v, 6) for k, v in t.breakdown_s.items()},
+                                           "communication_exposed": round(t.breakdown_s["communication"], 6),
+                                           "communication_hidden": round(t.communication_hidden_s, 6)},
                            "by_layer_s": {k: round(v, 6) for k, v in t.by_layer_s.items()},
                            "calibrated": t.calibrated}
         if self.run is not None:

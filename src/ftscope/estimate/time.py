@@ -1,143 +1,227 @@
-"""Step time: roofline per op, efficiency curves, launch floors, optimizer, collectives, host overhead.
+"""Step time: roofline per op with shape-aware efficiency, host-bound launches, pipeline bubble, optimizer,
+collectives (exposed and hidden), host overhead.
 
-For every op: time = max(FLOPs / (peak x efficiency(rows)), bytes / (bandwidth x efficiency)) + kernels x floor.
-One optimizer step = gradient_accumulation micro-batches (forward + backward [+ recompute]) + the optimizer
-+ the communication that backward could not hide + host overhead. All GPUs run in lock-step.
+For every op on the GPU: time = max(FLOPs / (peak x fraction x shape utilization), bytes / (bandwidth x
+efficiency)) + kernels x floor. Each pass (forward, backward, recompute) takes the longer of its GPU time and the
+host's time to launch its kernels (eager PyTorch issues each kernel from Python). One optimizer step =
+gradient_accumulation micro-batches (plus the pipeline bubble) + the optimizer + the communication compute could
+not hide + host overhead. All GPUs run in lock-step.
 """
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import Sequence
 
 from ..spec.scenario import Scenario
-from .compute import Op, micro_batch_ops, model_flops
+from .comm import collectives, exposed
+from .compute import Op, cached_ops, model_flops, recomputed
 from .cost import run_cost
 from .efficiency import Calibration, Efficiency, load_calibration
+from .kernels import attention_fraction, gemm_fraction, gemm_utilization
+from .layout import Layout, layout
 from .result import Estimate, TimeEstimate
 
 ADAM_BYTES_PER_PARAM = {"adamw": 84.0, "adamw_8bit": 24.0, "paged_adamw_8bit": 24.0, "sgd": 16.0}
 """Optimizer-step memory traffic per parameter with fp32 state: foreach AdamW reads and writes params,
 grads and both moments in about 21 passes of 4 bytes; 8-bit states cut most of that."""
+OPTIMIZER_KERNELS = 40
+"""Kernel launches of a foreach (multi-tensor) optimizer step."""
+PASSES = ("forward", "backward", "recompute")
+_PASS_CACHE: dict[tuple, tuple] = {}
+"""pass_times by (model, mix, batch shape, rates): a plan evaluates the same GPU at 1, 2, 4, 8 of them."""
 
 
-def _op_time(op: Op, eff: Efficiency, peak_flops: float, bandwidth: float) -> float:
-    floor = op.kernels * eff.kernel_floor_us * 1e-6
-    if op.kind == "dispatch":
-        return op.kernels * eff.expert_dispatch_us * 1e-6
-    if op.kind == "dequant":
-        return op.bytes / (bandwidth * eff.dequant_bandwidth) + floor
-    mem_t = op.bytes / (bandwidth * eff.bandwidth)
-    if op.kind == "matmul":
-        e = eff.matmul * op.rows / (op.rows + eff.matmul_half_rows)
-        if op.grouped:
-            e *= eff.grouped_matmul
-        return max(op.flops / (peak_flops * e), mem_t) + floor
-    if op.kind == "attention":
-        return max(op.flops / (peak_flops * eff.attention), mem_t) + floor
-    return max(op.flops / (peak_flops * eff.matmul * 0.1), mem_t) + floor if op.flops else mem_t + floor
+@dataclass(frozen=True)
+class Rates:
+    """What one GPU offers this scenario's ops, with the efficiencies folded in (built once per step estimate)."""
+
+    peak: float
+    """Dense tensor FLOP/s in the run's matmul dtype."""
+    fp8_peak: float
+    gemm: float
+    """FLOP/s of a large GEMM: peak x the architecture's fraction."""
+    fp8_gemm: float
+    attention: float
+    """FLOP/s of fused attention at long sequences (0 for eager: its matmuls are GEMMs)."""
+    seq_half: float
+    stream: float
+    """Bytes/s of streaming kernels."""
+    dequant: float
+    floor: float
+    """Seconds per kernel on the GPU."""
+    host: float
+    """Seconds per kernel launch on the host."""
+    sync: float
+    sms: int
+    k_half: float
+    grouped: float
+    compile_bytes: float
+    """Factors on fusible ops' bytes and kernels (1 without torch.compile)."""
+    compile_kernels: float
 
 
-def _ring(bytes_: float, n: int, gbs: float, eff: Efficiency, factor: float) -> float:
-    """Ring collective time: factor x (n-1)/n x bytes over the link."""
-    if n <= 1 or bytes_ <= 0:
-        return 0.0
-    return factor * (n - 1) / n * bytes_ / (gbs * 1e9 * eff.communication)
-
-
-DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP's default gradient bucket
-
-
-def _param_modules(scn: Scenario) -> int:
-    """Modules holding parameters (linears, norms, LoRA A/B): what ZeRO-3 hooks fetch one by one."""
-    m = scn.model
-    lora = len(m.lora_targets(scn.mix.lora_targets)) if scn.mix.trains_lora else 0
-    per_layer = sum(len(layer.linears) * n + 2 * n for layer, n in m.layer_groups)
-    return per_layer + 2 * lora + 3
-
-
-def communication_s(scn: Scenario, eff: Efficiency, trainable: int) -> tuple[float, float]:
-    """(collective seconds per step that can overlap compute, seconds on the critical path)."""
-    cl, mix, m = scn.cluster, scn.mix, scn.model
-    n = cl.world_size
-    if n <= 1:
-        return 0.0, 0.0
-    # the slowest link a ring crosses: the network when the job spans nodes
-    gbs = min(cl.gpu.intra_node_gbs, cl.inter_node_gbs) if cl.nodes > 1 else cl.gpu.intra_node_gbs
-    lat = eff.collective_latency_us * 1e-6
-    g_bytes = trainable * (2.0 if mix.precision != "fp32" else 4.0)
-    buckets = max(1.0, g_bytes / DDP_BUCKET_BYTES)
-    stage = mix.shard_stage
-    if stage == 0:
-        return _ring(g_bytes, n, gbs, eff, 2.0) + buckets * lat, 0.0       # all-reduce of gradients
-    # ZeRO-1 all-reduces gradients (each rank then updates its optimizer shard); ZeRO-2/3 reduce-scatter them
-    overlap = _ring(g_bytes, n, gbs, eff, 2.0 if stage == 1 else 1.0) + buckets * lat
-    exposed = _ring(trainable * 2.0, n, gbs, eff, 1.0) + buckets * lat     # all-gather of updated weights
-    if stage == 3:
-        from .memory import NF4_BYTES
-        w_b = NF4_BYTES if mix.method == "qlora" else 2.0
-        passes = (3.0 if mix.gradient_checkpointing else 2.0) * scn.workload.gradient_accumulation
-        gathers = _ring(m.total_params * w_b, n, gbs, eff, passes)
-        if mix.fsdp:  # FSDP2: one all-gather per block and pass
-            units = sum(k for _, k in m.layer_groups) + 1
-            overlap += gathers + units * passes * lat
-        else:         # DeepSpeed ZeRO-3: a fetch/release hook per parameterised module, on the critical path
-            modules = _param_modules(scn)
-            overlap += gathers + modules * passes * lat
-            exposed += modules * passes * eff.zero3_hook_us * 1e-6
-    return overlap, exposed
-
-
-def step_time(scn: Scenario, batch: int, eff: Efficiency, trainable: int) -> TimeEstimate:
-    gpu, mix, wl = scn.cluster.gpu, scn.mix, scn.workload
+def rates(scn: Scenario, eff: Efficiency) -> Rates:
+    gpu, mix = scn.cluster.gpu, scn.mix
     peak = gpu.matmul_tflops(mix.precision) * 1e12
+    fp8 = (gpu.fp8_tflops or 0.0) * 1e12 or peak
+    frac = gemm_fraction(eff, gpu.architecture)
+    att = 0.0 if mix.attention == "eager" else peak * attention_fraction(eff, mix.attention, gpu.architecture, 1e18)
     bw = gpu.memory_bandwidth_gbs * 1e9
-    seq = wl.mean_padded_len(batch)
-    ops = micro_batch_ops(scn, batch, seq)
-    parts = {"forward": 0.0, "backward": 0.0, "recompute": 0.0, "optimizer": 0.0, "communication": 0.0,
-             "dequant": 0.0, "other": 0.0}
-    by_layer: dict[str, float] = {}
+    compiled = mix.compile
+    return Rates(peak, fp8, peak * frac, fp8 * frac * eff.fp8_gemm, att, eff.attention_seq_half, bw * eff.bandwidth,
+                 bw * eff.dequant_bandwidth, eff.kernel_floor_us * 1e-6, eff.host_us_per_kernel * 1e-6,
+                 eff.sync_us * 1e-6, gpu.sm_count, eff.gemm_k_half, eff.grouped_matmul,
+                 eff.compile_stream_bytes if compiled else 1.0, eff.compile_kernels if compiled else 1.0)
+
+
+def op_time(op: Op, r: Rates) -> float:
+    """GPU seconds of one op's forward (0 for the eager loop's synchronizations: see pass_times)."""
+    kind = op.kind
+    if kind == "dispatch":
+        return 0.0
+    if kind == "dequant":
+        return op.bytes / r.dequant + op.kernels * r.floor
+    if op.fusible:
+        return op.bytes * r.compile_bytes / r.stream + op.kernels * r.compile_kernels * r.floor
+    mem_t = op.bytes / r.stream
+    floor = op.kernels * r.floor
+    if kind == "matmul":
+        util = gemm_utilization(max(op.rows, 1.0), op.n, op.k, r.sms, op.groups, r.k_half)
+        rate = (r.fp8_gemm if op.fp8 else r.gemm) * util * (r.grouped if op.grouped else 1.0)
+        return max(op.flops / rate, mem_t) + floor
+    if kind == "attention":
+        if not r.attention:   # eager: batched GEMMs over s x s scores
+            s = int(op.seq) or 1
+            return max(op.flops / (r.gemm * gemm_utilization(s, s, op.k, r.sms, 1, r.k_half)), mem_t) + floor
+        return max(op.flops * (op.seq + r.seq_half) / (r.attention * op.seq), mem_t) + floor
+    return (max(op.flops / (r.gemm * 0.1), mem_t) if op.flops else mem_t) + floor
+
+
+def pass_times(ops: Sequence[Op], scn: Scenario, eff: Efficiency,
+               r: Rates | None = None) -> tuple[dict[str, float], dict[str, float], float]:
+    """(seconds per breakdown part, seconds per layer, attention seconds) of one micro-batch: each pass is as
+    long as the longer of its GPU work and its kernel launches, plus the GPU's idle time around host
+    synchronizations; dequantization is reported apart, inside the pass that runs it."""
+    r = r or rates(scn, eff)
+    mix = scn.mix
+    ckpt = mix.gradient_checkpointing
+    gpu = [0.0, 0.0, 0.0]      # forward, backward, recompute
+    kern = [0.0, 0.0, 0.0]
+    deq = [0.0, 0.0, 0.0]
+    syncs = [0.0, 0.0, 0.0]
+    layers: dict[str, list[float]] = {}
+    attention = 0.0
     for op in ops:
-        t = _op_time(op, eff, peak, bw)
+        rec = recomputed(op, mix) if ckpt else 0.0
+        if op.kind == "dispatch":   # syncs in forward and recompute (backward replays known indices)
+            t = op.kernels * r.sync
+            syncs[0] += t
+            syncs[2] += t * rec
+            acc = layers.setdefault(op.layer, [0.0, 0.0, 0.0, 0.0])
+            acc[3] += t * (1 + rec)
+            continue
+        t = op_time(op, r)
+        k = op.kernels * (r.compile_kernels if op.fusible else 1.0)
+        back = 1.0 if op.kind == "dequant" else op.backward
+        gpu[0] += t
+        gpu[1] += t * back
+        gpu[2] += t * rec
+        kern[0] += k
+        kern[1] += k * back
+        kern[2] += k * rec
         if op.kind == "dequant":
-            passes = 2.0 + (1.0 if mix.gradient_checkpointing and op.recompute else 0.0)
-            parts["dequant"] += t * passes
-            total = t * passes
-        else:
-            fwd, bwd = t, t * op.backward
-            rec = t if (mix.gradient_checkpointing and op.recompute) else 0.0
-            parts["forward"] += fwd
-            parts["backward"] += bwd
-            parts["recompute"] += rec
-            total = fwd + bwd + rec
-        by_layer[op.layer] = by_layer.get(op.layer, 0.0) + total
-    ga = wl.gradient_accumulation
-    for key in ("forward", "backward", "recompute", "dequant"):
-        parts[key] *= ga
-    by_layer = {k: v * ga for k, v in by_layer.items()}
-    # optimizer step on this GPU's shard (ZeRO-1+ shard the optimizer) or on the CPU (offload)
-    n_opt = scn.cluster.world_size if mix.shard_stage >= 1 else 1
-    shard = trainable / n_opt
+            deq[0] += t
+            deq[1] += t * back
+            deq[2] += t * rec
+        elif op.kind == "attention":
+            attention += t * (1 + back)
+        acc = layers.setdefault(op.layer, [0.0, 0.0, 0.0, 0.0])
+        acc[0] += t
+        acc[1] += t * back
+        acc[2] += t * rec
+    scale = [max(kern[i] * r.host / gpu[i], 1.0) if gpu[i] > 0 else 1.0 for i in range(3)]  # host-bound passes stretch
+    parts = {p: (gpu[i] - deq[i]) * scale[i] + syncs[i] for i, p in enumerate(PASSES)}
+    parts["dequant"] = sum(deq[i] * scale[i] for i in range(3))
+    by_layer = {name: v[0] * scale[0] + v[1] * scale[1] + v[2] * scale[2] + v[3] for name, v in layers.items()}
+    return parts, by_layer, attention
+
+
+def optimizer_s(scn: Scenario, eff: Efficiency, trainable: int, lay: Layout | None = None) -> float:
+    """The optimizer step on this GPU's shard (ZeRO-1+ and FSDP shard it over data-parallel ranks), or on the
+    CPU with the transfers when offloaded."""
+    gpu, mix = scn.cluster.gpu, scn.mix
+    lay = lay or layout(scn)
+    bw = gpu.memory_bandwidth_gbs * 1e9
+    shard = trainable / (lay.tp * lay.pp) / (lay.dp if mix.shard_stage >= 1 else 1)
     state_scale = 0.5 if (mix.precision == "bf16" and mix.optimizer == "adamw") else 1.0
     if mix.offload != "none":
         transfer = shard * (2.0 + 2.0) / (gpu.host_link_gbs * 1e9 * eff.communication)
-        parts["optimizer"] = shard / eff.cpu_adam_params_per_s + transfer
+        t = shard / eff.cpu_adam_params_per_s + transfer
     else:
-        parts["optimizer"] = shard * ADAM_BYTES_PER_PARAM[mix.optimizer] * state_scale / (bw * eff.bandwidth) + 40 * eff.kernel_floor_us * 1e-6
+        t = (shard * ADAM_BYTES_PER_PARAM[mix.optimizer] * state_scale / (bw * eff.bandwidth)
+             + OPTIMIZER_KERNELS * max(eff.kernel_floor_us, eff.host_us_per_kernel) * 1e-6)
     if mix.offload == "optimizer+params":
         w = scn.model.total_params * 2.0 / scn.cluster.world_size
-        parts["optimizer"] += w * (3.0 if mix.gradient_checkpointing else 2.0) * ga / (gpu.host_link_gbs * 1e9 * eff.communication)
-    overlap, exposed = communication_s(scn, eff, trainable)
-    # prefetching overlaps gathers with forward and recompute too, reduce-scatters with backward
-    hidden = min(overlap, 0.8 * (parts["forward"] + parts["backward"] + parts["recompute"]))
-    parts["communication"] = overlap - hidden + exposed
+        passes = 3.0 if mix.gradient_checkpointing else 2.0
+        t += w * passes * scn.workload.gradient_accumulation / (gpu.host_link_gbs * 1e9 * eff.communication)
+    return t
+
+
+def _activation_offload_s(scn: Scenario, batch: int, seq: float, eff: Efficiency) -> float:
+    """Seconds per micro-batch to copy saved activations to the host and back (hidden behind compute)."""
+    from .memory import memory_model
+    saved, _ = memory_model(scn).activation_bytes(batch, seq)
+    return 2.0 * saved / (scn.cluster.gpu.host_link_gbs * 1e9 * eff.communication)
+
+
+def step_time(scn: Scenario, batch: int, eff: Efficiency, trainable: int, ops: Sequence[Op] | None = None) -> TimeEstimate:
+    """One optimizer step of `batch`-sequence micro-batches (`ops`: its micro_batch_ops, when already known)."""
+    wl, mix = scn.workload, scn.mix
+    lay = layout(scn)
+    seq = wl.mean_padded_len(batch)
+    given = ops
+    ops = ops if ops is not None else cached_ops(scn, batch, seq)
+    r = rates(scn, eff)
+    key = (scn.model, mix, batch, seq, r)
+    cached = _PASS_CACHE.get(key) if given is None else None
+    if cached is None:
+        cached = pass_times(ops, scn, eff, r)
+        if given is None:
+            if len(_PASS_CACHE) >= 4096:
+                _PASS_CACHE.clear()
+            _PASS_CACHE[key] = cached
+    mb, mb_layers, att = cached
+    ga = wl.gradient_accumulation
+    runs = ga + lay.bubble   # micro-batches, plus the pipeline's idle time in micro-batch units
+    parts = {k: v * runs for k, v in mb.items()}
+    by_layer = {k: v * runs for k, v in mb_layers.items()}
+    parts["optimizer"] = optimizer_s(scn, eff, trainable, lay)
+    compute_mb = mb["forward"] + mb["backward"] + mb["recompute"] + mb["dequant"]
+    windows = {"fwd_bwd": compute_mb * ga, "bwd": mb["backward"] * ga, "last_bwd": mb["backward"],
+               "attention": att * ga}
+    transfers = collectives(scn, eff, trainable, batch, seq, lay)
+    comm, hidden = exposed(transfers, windows, eff)
+    if mix.activation_offload:
+        copy = _activation_offload_s(scn, batch, seq, eff) * ga
+        comm += max(copy - eff.comm_overlap * compute_mb * ga, 0.0)
+        hidden += min(copy, eff.comm_overlap * compute_mb * ga)
+    parts["communication"] = comm
     parts["other"] = eff.step_overhead_s + eff.microbatch_overhead_s * ga
     step = sum(parts.values())
     world = scn.cluster.world_size
-    samples = batch * ga * world * wl.samples_per_sequence()
-    tokens = samples * wl.mean_tokens_per_sample() if wl.padding != "packed" else batch * ga * world * wl.peak_seq_len()
-    useful = model_flops(scn, batch * seq * ga, seq) * world
-    mfu = useful / (step * world * peak)
+    replicas = lay.dp
+    samples = batch * ga * replicas * wl.samples_per_sequence()
+    tokens = samples * wl.mean_tokens_per_sample() if wl.padding != "packed" else batch * ga * replicas * wl.peak_seq_len()
+    useful = model_flops(scn, batch * seq * ga, seq) * replicas
+    mfu = useful / (step * world * (r.fp8_peak if mix.fp8 else r.peak))
     return TimeEstimate(step_s=step, tokens_per_s=tokens / step, samples_per_s=samples / step, mfu=mfu,
-                        breakdown_s=parts, by_layer_s=by_layer)
+                        breakdown_s=parts, by_layer_s=by_layer, communication_hidden_s=hidden)
+
+
+def communication_s(scn: Scenario, eff: Efficiency, trainable: int) -> tuple[float, float]:
+    """(collective seconds per step that can overlap compute, seconds that cannot), at one token per micro-batch."""
+    ts = collectives(scn, eff, trainable)
+    return sum(t.seconds for t in ts if t.window != "none"), sum(t.seconds for t in ts if t.window == "none")
 
 
 def attach_time(est: Estimate, calibration: Calibration | str | None = None) -> Estimate:

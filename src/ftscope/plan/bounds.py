@@ -22,11 +22,12 @@ estimates every candidate whose bound could still enter a top-k, and checks ever
    (micro-batch x accumulation x GPUs). Also, a micro-batch takes at least what one sequence of the shortest
    length takes (`micro_batch_seconds`, the estimator's step time: a micro-batch's time grows with its size and
    length), so per sequence at least that over the largest micro-batch the candidate may run.
-4. Time, for a candidate rule 3 cannot rule out (`refined_hours`): the estimator's own step time at the largest
-   micro-batch the candidate may run and the shortest length it may pad to. One micro-batch's compute per
-   sequence never grows with the micro-batch (weight reads, dequantization, kernel launches and expert
-   dispatch are shared, GEMM efficiency rises with rows) nor shrinks with the length; the optimizer step and
-   host overheads are per step and grow with accumulation; communication (>= 0) is dropped.
+4. Time, for a candidate rule 3 cannot rule out (`refined_hours`): the least of the estimator's own step
+   times over the micro-batches the candidate may run (when they are at most REFINE_SPAN apart), at the
+   shortest length it may pad to. A micro-batch's compute never shrinks with the length (GEMM time is a
+   non-decreasing step in the rows); per sequence it may grow with the micro-batch (a partly filled last tile),
+   hence the minimum over micro-batches; the optimizer step and host overheads are per step and grow with
+   accumulation; communication (>= 0) is dropped.
 Dollars are hours x GPUs x price. A factor 1 - 1e-6 covers floating-point rounding in all of these.
 
 Not used, because this estimator breaks them: memory monotone in the GPU count (DDP's gradient buckets double
@@ -41,10 +42,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from ..estimate.compute import Op, micro_batch_ops
+from ..estimate.compute import Op, micro_batch_ops, recomputed
 from ..estimate.efficiency import Efficiency
 from ..estimate.memory import MemoryModel, memory_model, trainable_params
-from ..estimate.time import step_time
+from ..estimate.time import Rates, rates, step_time
 from ..spec.scenario import Scenario
 from .solvers import BATCH_CAP, _phase_totals, max_micro_batch
 
@@ -104,6 +105,9 @@ class SequenceWork:
 
     kind: str
     grouped: bool
+    fp8: bool
+    fusible: bool
+    """Fusible elementwise op: its time is its bytes (x torch.compile's share), its FLOPs do not count."""
     flops: tuple[float, float]
     bytes: tuple[float, float]
     passes: float
@@ -156,33 +160,34 @@ def sequence_work(scn: Scenario, seq: float) -> list[SequenceWork]:
             continue
         flops = _fit(f1, f2, f3, seq) if f_ok else None
         bytes_ = _fit(b1, b2, b3, seq) if b_ok else None
-        rec = 1.0 if (scn.mix.gradient_checkpointing and op.recompute) else 0.0
-        out.append(SequenceWork(op.kind, op.grouped, flops or (0.0, 0.0), bytes_ or (0.0, 0.0),
-                                1.0 + op.backward + rec))
+        out.append(SequenceWork(op.kind, op.grouped, op.fp8, op.fusible, flops or (0.0, 0.0), bytes_ or (0.0, 0.0),
+                                1.0 + op.backward + recomputed(op, scn.mix)))
     return out
 
 
-def _best_efficiency(kind: str, grouped: bool, eff: Efficiency) -> float:
-    if kind == "matmul":
-        return eff.matmul * (eff.grouped_matmul if grouped else 1.0)
-    if kind == "attention":
-        return eff.attention
-    return eff.matmul * 0.1
+def _best_rate(w: SequenceWork, r: Rates) -> float:
+    """The highest FLOP/s op_time gives an op of this kind (GEMM utilization and the attention length factor
+    are at most 1); 0 when its FLOPs do not count."""
+    if w.fusible:
+        return 0.0
+    if w.kind == "matmul":
+        return (r.fp8_gemm if w.fp8 else r.gemm) * (r.grouped if w.grouped else 1.0)
+    if w.kind == "attention":
+        return r.attention or r.gemm   # eager attention runs batched GEMMs
+    return r.gemm * 0.1
 
 
 def op_rates(work: list[SequenceWork], scn: Scenario, eff: Efficiency) -> list[tuple[float, float, float, float]]:
     """Per op, seconds per sequence of length s on scn's GPU: at least max(a s + b s^2, c s + d s^2), compute
-    at the highest efficiency its kind reaches and bytes at the streaming bandwidth, times its passes."""
-    if eff.matmul_half_rows < 0:
-        return []
-    gpu = scn.cluster.gpu
-    peak = gpu.matmul_tflops(scn.mix.precision) * 1e12
-    bandwidth = gpu.memory_bandwidth_gbs * 1e9 * eff.bandwidth
+    at the highest rate its kind reaches and bytes at the streaming bandwidth (a fusible op's at torch.compile's
+    share), times its passes."""
+    r = rates(scn, eff)
     out = []
     for w in work:
-        e = _best_efficiency(w.kind, w.grouped, eff)
-        f = (w.flops[0] * w.passes / (peak * e), w.flops[1] * w.passes / (peak * e)) if e > 0 else (0.0, 0.0)
-        b = (w.bytes[0] * w.passes / bandwidth, w.bytes[1] * w.passes / bandwidth) if bandwidth > 0 else (0.0, 0.0)
+        rate = _best_rate(w, r)
+        f = (w.flops[0] * w.passes / rate, w.flops[1] * w.passes / rate) if rate > 0 else (0.0, 0.0)
+        stream = r.stream / (r.compile_bytes if w.fusible else 1.0)
+        b = (w.bytes[0] * w.passes / stream, w.bytes[1] * w.passes / stream) if stream > 0 else (0.0, 0.0)
         out.append((f[0] * SAFETY, f[1] * SAFETY, b[0] * SAFETY, b[1] * SAFETY))
     return out
 
@@ -210,28 +215,38 @@ def micro_batch_seconds(scn: Scenario, batch: int, length: float, eff: Efficienc
     return (parts["forward"] + parts["backward"] + parts["recompute"] + parts["dequant"]) / ga
 
 
+REFINE_SPAN = 16
+"""Widest micro-batch range refined_hours evaluates one by one; a wider one gets no sharper bound."""
+
+
 def refined_hours(scn: Scenario, batch_low: int, batch_high: int, global_batch: int | None,
                   eff: Efficiency) -> float:
-    """A tighter lower bound on a candidate's hours, from the estimator's own step time at the largest
-    micro-batch it may run and the shortest length it may pad to. Exact because one micro-batch's compute per
-    sequence never grows with the micro-batch at a fixed length (weight reads, kernel launches and expert
-    dispatch are shared by its sequences, GEMMs get more efficient) and never shrinks with the length; the
-    optimizer step and host overheads grow with the accumulation steps; communication is dropped."""
+    """A tighter lower bound on a candidate's hours, from the estimator's own step time at each micro-batch it
+    may run and the shortest length it may pad to (0 when the range is wider than REFINE_SPAN). Exact because
+    a micro-batch's compute never shrinks with the length (GEMM time is a non-decreasing step in the rows, see
+    kernels.gemm_utilization); the optimizer step and host overheads are per step; communication is dropped.
+    Per sequence, compute may grow with the micro-batch (a partly filled last tile), hence one per batch."""
+    if batch_high - batch_low > REFINE_SPAN:
+        return 0.0
     wl, world = scn.workload, scn.cluster.world_size
     length = max(1, math.floor(max(wl.mean_padded_len(batch_low), shortest_sequence(scn))))
-    if global_batch is None:
-        ga = wl.gradient_accumulation
-        sequences_per_step = batch_high * ga * world
-    else:  # recommend's accumulation is ceil(global / (micro-batch x GPUs)): smallest at the largest micro-batch
-        ga = max(1, math.ceil(global_batch / (batch_high * world)))
-        sequences_per_step = global_batch + batch_high * world
-    fixed = scn.with_(padding="max_length", seq_len=length, gradient_accumulation=ga)
-    parts = step_time(fixed, batch_high, eff, trainable_params(scn)).breakdown_s
-    compute = parts["forward"] + parts["backward"] + parts["recompute"] + parts["dequant"]
     sequences = wl.samples_per_epoch() * wl.epochs / wl.samples_per_sequence()
-    seconds = sequences / world * compute / (ga * batch_high) + sequences / sequences_per_step * (
-        parts["optimizer"] + parts["other"])
-    return seconds / 3600.0 * SAFETY
+    trainable = trainable_params(scn)
+    best = math.inf
+    for batch in range(max(batch_low, 1), batch_high + 1):
+        if global_batch is None:
+            ga = wl.gradient_accumulation
+            sequences_per_step = batch * ga * world
+        else:  # recommend's accumulation: ceil(global / (micro-batch x GPUs)), so a step covers < global + b x GPUs
+            ga = max(1, math.ceil(global_batch / (batch * world)))
+            sequences_per_step = global_batch + batch * world
+        fixed = scn.with_(padding="max_length", seq_len=length, gradient_accumulation=ga)
+        parts = step_time(fixed, batch, eff, trainable).breakdown_s
+        compute = parts["forward"] + parts["backward"] + parts["recompute"] + parts["dequant"]
+        seconds = sequences / world * compute / (ga * batch) + sequences / sequences_per_step * (
+            parts["optimizer"] + parts["other"])
+        best = min(best, seconds)
+    return best / 3600.0 * SAFETY
 
 
 def hours_per_gpu_second(scn: Scenario) -> float:

@@ -13,6 +13,8 @@ from ..errors import FtscopeError
 PALETTE = ("#264653", "#2a9d8f", "#e9c46a", "#f4a261", "#e76f51", "#8ab17d", "#6d597a", "#b56576")
 MEMORY_KEYS = ("weights", "gradients", "optimizer", "activations", "temporary", "overhead")
 TIME_KEYS = ("forward", "backward", "recompute", "optimizer", "communication", "dequant", "other")
+NOT_STACKED = ("communication_exposed", "communication_hidden")
+"""Breakdown fields that split `communication` (exposed) or lie beside the step (hidden): not bars of their own."""
 
 
 def _plt():
@@ -92,7 +94,7 @@ def time_breakdown(rows: Sequence[Mapping[str, Any]], title: str = "step time br
     plt = _plt()
     fig, ax = plt.subplots(figsize=(max(6, 0.7 * len(rows) + 2), 4.2))
     keys = [k for k in TIME_KEYS if any(r["breakdown_s"].get(k) for r in rows)] or list(TIME_KEYS)
-    extra = sorted({k for r in rows for k in r["breakdown_s"]} - set(TIME_KEYS))
+    extra = sorted({k for r in rows for k in r["breakdown_s"]} - set(TIME_KEYS) - set(NOT_STACKED))
     bottom = [0.0] * len(rows)
     for key, color in zip(keys + extra, PALETTE * 3):
         vals = [r["breakdown_s"].get(key, 0.0) or 0.0 for r in rows]

@@ -40,6 +40,12 @@ class GpuSpec:
     tf32_tflops: float | None = None
     architecture: str = ""
     source: str = ""
+    sm_count: int = 0
+    """Streaming multiprocessors (CUs on AMD): GEMM tiles run in waves of this many (0: unknown)."""
+    fp8_tflops: float | None = None
+    """Dense FP8 tensor peak; None when the GPU has no FP8 units."""
+    peer_to_peer: bool = True
+    """False where the driver disables PCIe P2P (GeForce): collectives are staged through host memory."""
 
     @property
     def memory_gib(self) -> float:
@@ -55,7 +61,8 @@ class GpuSpec:
 
 
 _INLINE_KEYS = {"name", "memory_gib", "memory_mib", "bf16_tflops", "fp16_tflops", "fp32_tflops", "tf32_tflops",
-                "memory_bandwidth_gbs", "intra_node_gbs", "host_link_gbs", "bf16", "flash_attention", "base"}
+                "memory_bandwidth_gbs", "intra_node_gbs", "host_link_gbs", "bf16", "flash_attention", "base",
+                "sm_count", "fp8_tflops", "peer_to_peer"}
 
 
 def gpu_from_catalog(name: str) -> GpuSpec:
@@ -69,6 +76,7 @@ def gpu_from_catalog(name: str) -> GpuSpec:
         host_link_gbs=float(e.get("host_link_gbs") or 32), intra_node_link=str(e.get("intra_node_link", "pcie4")),
         bf16=bool(e.get("bf16", True)), flash_attention=bool(e.get("flash_attention", True)),
         tf32_tflops=e.get("tf32_tflops"), architecture=str(e.get("architecture", "")), source=str(e.get("source", "")),
+        sm_count=int(e.get("sm_count") or 0), fp8_tflops=e.get("fp8_tflops"), peer_to_peer=bool(e.get("peer_to_peer", True)),
     )
 
 
@@ -95,10 +103,10 @@ def gpu_from_inline(spec: dict[str, Any]) -> GpuSpec:
     values: dict[str, Any] = {f.name: getattr(base, f.name) for f in fields(GpuSpec)} if base else {
         "key": "custom", "name": spec.get("name", "custom GPU"), "intra_node_gbs": 32.0}
     for k in ("memory_gib", "memory_mib", "bf16_tflops", "fp16_tflops", "fp32_tflops", "tf32_tflops",
-              "memory_bandwidth_gbs", "intra_node_gbs", "host_link_gbs"):
+              "memory_bandwidth_gbs", "intra_node_gbs", "host_link_gbs", "sm_count", "fp8_tflops"):
         if k in spec:
-            _check_positive(f"hardware.gpu.{k}", spec[k], allow_none=k in ("bf16_tflops", "tf32_tflops"))
-    for k in ("bf16", "flash_attention"):
+            _check_positive(f"hardware.gpu.{k}", spec[k], allow_none=k in ("bf16_tflops", "tf32_tflops", "fp8_tflops"))
+    for k in ("bf16", "flash_attention", "peer_to_peer"):
         if k in spec and not isinstance(spec[k], bool):
             raise FtscopeError(f"hardware.gpu.{k} must be true or false; got {_show(spec[k])}")
     if "memory_gib" in spec:
@@ -106,9 +114,13 @@ def gpu_from_inline(spec: dict[str, Any]) -> GpuSpec:
     if "memory_mib" in spec:
         values["memory_bytes"] = int(float(spec["memory_mib"]) * MIB)
     for k in ("name", "bf16_tflops", "fp16_tflops", "fp32_tflops", "tf32_tflops", "memory_bandwidth_gbs",
-              "intra_node_gbs", "host_link_gbs", "bf16", "flash_attention"):
+              "intra_node_gbs", "host_link_gbs", "bf16", "flash_attention", "fp8_tflops", "peer_to_peer"):
         if k in spec:
             values[k] = spec[k]
+    if "sm_count" in spec:
+        if not float(spec["sm_count"]).is_integer():
+            raise FtscopeError(f"hardware.gpu.sm_count must be a whole number; got {_show(spec['sm_count'])}")
+        values["sm_count"] = int(spec["sm_count"])
     values["key"] = f"{values.get('key', 'custom')}*" if base else "custom"
     missing = [k for k in ("memory_bytes", "fp16_tflops", "fp32_tflops", "memory_bandwidth_gbs") if k not in values]
     if missing:

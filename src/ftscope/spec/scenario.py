@@ -10,7 +10,7 @@ import yaml
 
 from ..errors import FtscopeError, did_you_mean
 from .hardware import Cluster, GpuSpec, gpu_from_catalog, gpu_from_inline
-from .mix import Mix, check_mix
+from .mix import Mix, check_layout, check_mix
 from .model import ModelSpec, load_model, model_from_config
 from .recipe import DEFAULT_FRAMEWORK, Recipe, load_recipe
 from .workload import DatasetStats, Workload, check_workload
@@ -193,6 +193,10 @@ def scenario_from_dict(raw: Mapping[str, Any]) -> Scenario:
         raise FtscopeError("experts_backend grouped_mm runs in bf16 only; use batched_mm or eager with fp16/fp32")
     if not model.is_moe and mix.experts_top_k:
         raise FtscopeError(f"mix.experts_top_k is for MoE models; {model.name} is dense")
+    a = model.arch
+    check_layout(mix, heads=a.num_heads, kv_heads=a.num_kv_heads, layers=model.num_layers, experts=a.num_experts,
+                 world=cluster.world_size, gpus_per_node=cluster.gpus_per_node,
+                 gradient_accumulation=workload.gradient_accumulation, seq_len=workload.seq_len)
     price = _section(raw, "price")
     usd = price.get("usd_per_gpu_hour")
     if usd is not None:

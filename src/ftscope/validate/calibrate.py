@@ -13,33 +13,42 @@ from typing import Callable, Sequence
 
 from ..estimate import estimate
 from ..estimate.efficiency import Calibration, Efficiency
+from ..estimate.compute import micro_batch_ops
 from ..estimate.time import step_time
 from .compare import TIME_METRICS, Check, time_metric
 
 # (name, lower, upper): bounds keep every parameter physical
 FIT_PARAMS: tuple[tuple[str, float, float], ...] = (
-    ("matmul", 0.2, 0.95),
-    ("matmul_half_rows", 1.0, 4096.0),
+    ("gemm_ampere", 0.3, 0.98),
+    ("gemm_ada", 0.3, 0.98),
+    ("gemm_hopper", 0.3, 0.98),
     ("grouped_matmul", 0.2, 1.0),
-    ("attention", 0.1, 0.9),
+    ("fp8_gemm", 0.3, 1.0),
+    ("attention", 0.1, 0.95),
+    ("attention_hopper", 0.1, 0.95),
     ("bandwidth", 0.3, 0.95),
     ("dequant_bandwidth", 0.1, 0.95),
-    ("kernel_floor_us", 1.0, 200.0),
+    ("kernel_floor_us", 1.0, 50.0),
+    ("host_us_per_kernel", 2.0, 200.0),
+    ("sync_us", 5.0, 5000.0),
     ("step_overhead_s", 0.001, 2.0),
-    ("expert_dispatch_us", 1.0, 20000.0),
+    ("communication", 0.1, 1.0),
+    ("comm_overlap", 0.05, 1.0),
 )
 
 
 @dataclass(frozen=True)
 class TimePoint:
-    """A measured time metric with the pieces needed to recompute it fast for any Efficiency."""
+    """A measured time metric with the pieces needed to recompute it fast for any Efficiency: the micro-batch
+    ops do not depend on the efficiencies, so they are computed once."""
 
     check: Check
     batch: int
     trainable: int
+    ops: tuple = ()
 
     def predict(self, eff: Efficiency) -> float:
-        t = step_time(self.check.scenario, self.batch, eff, self.trainable)
+        t = step_time(self.check.scenario, self.batch, eff, self.trainable, self.ops or None)
         return time_metric(t, self.check.metric, self.check.scenario)
 
 
@@ -53,7 +62,9 @@ def time_points(checks: Sequence[Check]) -> list[TimePoint]:
         if c.metric not in FIT_METRICS:
             continue
         est = estimate(c.scenario, strict=False, with_time=False)
-        out.append(TimePoint(c, est.micro_batch_size, est.model_memory.trainable_params))
+        seq = c.scenario.workload.mean_padded_len(est.micro_batch_size)
+        ops = tuple(micro_batch_ops(c.scenario, est.micro_batch_size, seq))
+        out.append(TimePoint(c, est.micro_batch_size, est.model_memory.trainable_params, ops))
     return out
 
 
@@ -71,10 +82,31 @@ log error. It keeps what one GPU's points cannot see (attention without long con
 MoE runs) at the shared value instead of letting it drift to a bound."""
 
 
+SHARED_PRIOR_WEIGHT = 0.05
+"""Shared fit: a parameter's log distance from its documented default (Efficiency()) costs this much, a weak
+prior: a parameter no training point constrains (a held-out source's only kind of run) stays near its physical
+default instead of drifting to a bound."""
+LOSS_SCALE = 0.15
+"""Robust loss (soft L1) scale on log errors: points off by more than ~15 % weigh linearly, not quadratically,
+so a few runs the model cannot describe do not drag every parameter."""
+
+
+def _weights(points: Sequence[TimePoint]) -> list[float]:
+    """1 / sqrt(points of its source) per point, normalized to mean 1: a 200-point table counts more than a
+    3-point one, but not 70 times more."""
+    counts: dict[str, int] = {}
+    for p in points:
+        counts[source_of(p)] = counts.get(source_of(p), 0) + 1
+    raw = [1.0 / math.sqrt(counts[source_of(p)]) for p in points]
+    mean = sum(raw) / len(raw) if raw else 1.0
+    return [w / mean for w in raw]
+
+
 def fit(points: Sequence[TimePoint], base: Efficiency = Efficiency(),
-        params: Sequence[tuple[str, float, float]] = FIT_PARAMS, prior: Efficiency | None = None) -> tuple[Efficiency, float]:
-    """Least-squares fit of the parameters on log(predicted / measured), optionally pulled towards `prior`;
-    returns (efficiency, rms log error of the points)."""
+        params: Sequence[tuple[str, float, float]] = FIT_PARAMS, prior: Efficiency | None = None,
+        default_weight: float = SHARED_PRIOR_WEIGHT) -> tuple[Efficiency, float]:
+    """Robust least-squares fit of the parameters on log(predicted / measured), each source weighted, pulled
+    towards `prior` (per-GPU refits) or weakly towards the defaults; returns (efficiency, rms log error)."""
     import numpy as np
     from scipy.optimize import least_squares
 
@@ -82,19 +114,19 @@ def fit(points: Sequence[TimePoint], base: Efficiency = Efficiency(),
     lo = np.log([p[1] for p in params])
     hi = np.log([p[2] for p in params])
     x0 = np.clip(np.array(_to_x(base, names)), lo + 1e-9, hi - 1e-9)
-
-    x_prior = np.clip(np.array(_to_x(prior, names)), lo + 1e-9, hi - 1e-9) if prior is not None else None
+    anchor, weight = (prior, PRIOR_WEIGHT) if prior is not None else (Efficiency(), default_weight)
+    x_prior = np.clip(np.array(_to_x(anchor, names)), lo + 1e-9, hi - 1e-9)
+    w = np.array(_weights(points))
 
     def residuals(x):
         eff = _from_x(x, base, names)
-        r = [math.log(max(p.predict(eff), 1e-12) / p.check.measured) for p in points]
-        if x_prior is not None:
-            r += list(PRIOR_WEIGHT * (x - x_prior))
-        return np.array(r)
+        r = w * np.array([math.log(max(p.predict(eff), 1e-12) / p.check.measured) for p in points])
+        return np.concatenate([r, weight * (x - x_prior)])
 
-    res = least_squares(residuals, x0, bounds=(lo, hi), method="trf", x_scale="jac", max_nfev=400)
+    res = least_squares(residuals, x0, bounds=(lo, hi), method="trf", x_scale="jac", max_nfev=400,
+                        loss="soft_l1", f_scale=LOSS_SCALE)
     eff = _from_x(res.x, base, names)
-    point_res = res.fun[:len(points)]
+    point_res = res.fun[:len(points)] / w if len(points) else res.fun[:0]
     rms = float(np.sqrt(np.mean(point_res ** 2))) if len(point_res) else 0.0
     return eff, rms
 
@@ -123,15 +155,17 @@ def per_gpu_fits(points: Sequence[TimePoint], shared: Efficiency,
     return out
 
 
-def calibrate(checks: Sequence[Check], sources: Sequence[str], min_per_gpu_points: int = MIN_PER_GPU_POINTS) -> Calibration:
+def calibrate(checks: Sequence[Check], sources: Sequence[str], min_per_gpu_points: int = MIN_PER_GPU_POINTS,
+              default_weight: float = SHARED_PRIOR_WEIGHT) -> Calibration:
     """The shared fit over every time measurement, per-GPU refits where a GPU has enough points, with provenance."""
     pts = time_points(checks)
-    eff, rms = fit(pts)
+    eff, rms = fit(pts, default_weight=default_weight)
     per_gpu = {k: _rounded(v) for k, v in per_gpu_fits(pts, eff, min_per_gpu_points).items()}
     errs = abs_pct_errors(pts, eff)
     prov = {
-        "method": "scipy least_squares on log(predicted/measured), shared across GPUs; per-GPU refits from the "
-                  f"shared values for GPUs with >= {min_per_gpu_points} points",
+        "method": "scipy least_squares (soft L1, scale 0.15) on log(predicted/measured), points weighted 1/sqrt(points "
+                  "of their source), weakly pulled to the documented defaults; shared across GPUs; per-GPU refits "
+                  f"from the shared values for GPUs with >= {min_per_gpu_points} points",
         "sources": list(sources),
         "points": len(pts),
         "gpus": sorted({_gpu(p) for p in pts}),

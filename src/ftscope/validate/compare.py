@@ -114,8 +114,10 @@ def case_checks(case: Case) -> list[Check]:
     me = case.measured
     out: list[Check] = []
 
+    skip = me.get("not_compared") or {}
+
     def add(metric: str, value: Any, overrides: Sequence[str] = (), note: str = "") -> None:
-        if value is None:
+        if value is None or metric in skip:
             return
         out.append(Check(case.id, case.group, metric, float(value), _scn(case, overrides), note))
 
@@ -151,7 +153,7 @@ def case_checks(case: Case) -> list[Check]:
 
 def skipped_measurements(case: Case) -> list[tuple[str, str]]:
     """(what, why) for measured numbers of a case that no check compares, so nothing is dropped silently."""
-    out = []
+    out = [(f"{case.id}: {metric}", str(why)) for metric, why in (case.measured.get("not_compared") or {}).items()]
     for step in (case.measured.get("ladder_peak_active_gib_and_tokens_per_s") or {}):
         if step not in LADDER_STEPS:
             out.append((f"{case.id}: {step}", "adds torch.compile / chunked CE / optimizer-in-backward / activation "

@@ -26,6 +26,7 @@ def test_answerai_ddp_and_offload_rows(point):
     assert lora_off.scenario["mix"]["offload"] == "optimizer+params" and lora_off.needs == ()
     qlora_off = answerai(*point(ANSWERAI, "fsdpqlora-4090-70b-qlora-offload-bs2"))
     assert qlora_off.needs == ("qlora param offload",)
+    assert load_scenario(qlora_off.scenario).mix.offload == "optimizer+params"   # allowed under FSDP
 
 
 def test_answerai_effective_batch_rows_accumulate_to_about_32(point):

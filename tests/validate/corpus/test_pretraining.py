@@ -21,6 +21,11 @@ def test_foundry_point_is_packed_fsdp_with_its_layout(point):
     assert metrics == {"tokens_per_s_per_gpu": 1007, "mfu": pytest.approx(0.4125)}
 
 
+def test_foundry_attention_kernel_follows_the_table(point):
+    assert foundry(*point(FOUNDRY, "foundry-h100ls-70b-s2048-g512-mb8-amp_bf16")).scenario["mix"]["attention"] == "flash"
+    assert foundry(*point(FOUNDRY, "foundry-a10080-7b-s1024-g8-mb64-amp_bf16")).scenario["mix"]["attention"] == "flash1"
+
+
 def test_foundry_fp8_rows_need_fp8(point):
     m = foundry(*point(FOUNDRY, "foundry-h100fp8-3b-s2048-g8-mb10-amp_fp8"))
     assert m.needs == ("fp8",) and m.scenario["mix"]["fp8"] is True
@@ -61,7 +66,16 @@ def test_xtuner_sequence_parallel_rows_need_context_parallelism(point):
     assert m.needs == () and load_scenario(m.scenario).mix.zero_stage == 3
 
 
-def test_nemo_rows_are_listed_with_a_reason(point):
+def test_nemo_rows_without_an_architecture_are_listed(point):
     m = nemo(*point("nvidia-nemo-megatron-bridge-perf", "nemo2407-pretrain-gpt3-5b-g64"))
     assert m.scenario is None and "gpt3-5b" in m.reason
     assert m.measures[0].metric == "tokens_per_s_per_gpu"
+
+
+def test_nemo_layout_maps_to_mix_keys(point):
+    m = nemo(*point("nvidia-nemo-megatron-bridge-perf", "nemo2407-pretrain-llama-3-70b-g64"))
+    s = load_scenario(m.scenario)
+    assert (s.mix.tensor_parallel, s.mix.pipeline_parallel, s.mix.context_parallel) == (4, 4, 2)
+    assert s.mix.pipeline_schedule == "interleaved" and s.mix.virtual_stages == 5 and s.mix.fp8
+    assert s.workload.gradient_accumulation == 128 // (64 // 32)
+    assert set(m.needs) == {"tensor parallelism", "pipeline parallelism", "context parallelism", "fp8"}

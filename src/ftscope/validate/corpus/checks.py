@@ -21,9 +21,18 @@ class Listed:
     reason: str
 
 
+FRAMEWORK_RECIPES = {"torchtune": "torchtune", "hf-trainer": "hf-trainer", "llamafactory": "llama-factory",
+                     "unsloth": "unsloth"}
+"""Corpus frameworks that have a `framework:` recipe (catalog/recipes): their scenarios name it; the others
+(fsdp_qlora, llm-foundry, Megatron / NeMo, DeepSpeed, xtuner) run the generic step."""
+
+
 def _scenario(m: Mapped) -> Scenario:
     assert m.scenario is not None
-    return scenario_from_dict(m.scenario)
+    raw = dict(m.scenario)
+    if m.framework in FRAMEWORK_RECIPES and "framework" not in raw:
+        raw["framework"] = FRAMEWORK_RECIPES[m.framework]
+    return scenario_from_dict(raw)
 
 
 def corpus_checks(mapped: Sequence[Mapped], modelled: frozenset[str] = MODELLED) -> tuple[list[Check], list[Listed]]:

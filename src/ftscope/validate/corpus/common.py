@@ -14,7 +14,10 @@ from typing import Any, Mapping
 from ... import catalog
 from ...errors import FtscopeError
 
-MODELLED: frozenset[str] = frozenset()
+MODELLED: frozenset[str] = frozenset({
+    "tensor parallelism", "pipeline parallelism", "context parallelism", "expert parallelism",
+    "selective checkpointing", "fp8", "torch.compile", "optimizer in backward", "activation offload",
+    "qlora param offload"})
 """Features (the `needs` vocabulary below) the estimator models today; a point needing anything else is listed."""
 
 FEATURES = {

@@ -11,6 +11,8 @@ from .models import preset
 
 ANSWERAI_SAMPLES = 1024
 """Every row times one run over 1,024 dummy samples of exactly seq_len tokens."""
+OLDER_PCIE_GBS = 16.0
+"""The 3090 rig's "older PCIe board" read as PCIe 3.0 x16 (the 4090 rig is stated as full PCIe 4.0 x16)."""
 
 
 def answerai(raw: Mapping[str, Any], src: Mapping[str, Any]) -> Mapped:
@@ -38,6 +40,7 @@ def answerai(raw: Mapping[str, Any], src: Mapping[str, Any]) -> Mapped:
         if raw["method"] == "qlora":
             needs.append("qlora param offload")
     if raw.get("act_cpu_offload"):
+        mix["activation_offload"] = True
         needs.append("activation offload")
     notes = ["fsdp_qlora train.py defaults: LoRA r64 on q,k,v,o,gate,up,down, pure bf16, checkpointing, sdpa",
              "FSDP1 NO_SHARD ('ddp') as plain data parallelism" if ddp else "FSDP1 full_shard as fsdp full_shard"]
@@ -45,7 +48,11 @@ def answerai(raw: Mapping[str, Any], src: Mapping[str, Any]) -> Mapped:
     if "effective batch" in str(raw.get("ga", "")):
         ga = max(1, round(32 / (mbs * n)))
         notes.append(f"gradient accumulation not listed per row; {ga} gives the stated effective batch of ~32")
-    scenario = {"model": model, "framework": "fsdp-qlora", "hardware": {"gpu": gpu, "gpus_per_node": n}, "mix": mix,
+    hw_gpu: Any = gpu
+    if "older PCIe board" in str(raw["gpu"]):
+        hw_gpu = {"base": gpu, "intra_node_gbs": OLDER_PCIE_GBS}
+        notes.append(f"'older PCIe board': PCIe 3.0 x16, {OLDER_PCIE_GBS:g} GB/s per direction between the GPUs")
+    scenario = {"model": model, "framework": "fsdp-qlora", "hardware": {"gpu": hw_gpu, "gpus_per_node": n}, "mix": mix,
                 "workload": {"micro_batch_size": mbs, "seq_len": seq, "padding": "max_length",
                              "gradient_accumulation": ga}}
     notes += [x for x in (mnote, gnote) if x]
@@ -99,10 +106,11 @@ def _torchtune_mix(raw: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
         if torchtune_version(raw) == "torchtune":  # the LoRA configs switched to the chunked loss with it
             mix["loss"] = "chunked"
     text = f"{raw.get('optimizer', '')} {raw.get('note', '')}".lower()
-    if raw.get("optimizer_in_bwd") or "optimizer_in_bwd" in text or "fused optimizer" in text:
+    if raw.get("optimizer_in_bwd") or "optimizer_in_bwd" in text:
         needs.append("optimizer in backward")
+        mix["optimizer_in_backward"] = True
     if "8bit" in text:
-        mix["optimizer"] = "adamw_8bit"
+        mix["optimizer"] = "paged_adamw_8bit" if "paged" in text else "adamw_8bit"
     if raw.get("compile"):
         needs.append("torch.compile")
         mix["compile"] = True
@@ -110,6 +118,7 @@ def _torchtune_mix(raw: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
         mix["loss"] = "chunked"
     if raw.get("act_offload"):
         needs.append("activation offload")
+        mix["activation_offload"] = True
     gc = raw.get("act_ckpt")
     mix["gradient_checkpointing"] = bool(gc) if gc is not None else "gc off" not in text
     n = int(raw.get("n_gpus") or 1)

@@ -37,7 +37,8 @@ def _parallel_needs(tp: int, pp: int, cp: int, ep: int) -> tuple[str, ...]:
     return tuple(needs)
 
 
-def _layout(mix: dict[str, Any], tp: int, pp: int, cp: int, ep: int, vp: int | None = None) -> None:
+def _layout(mix: dict[str, Any], tp: int, pp: int, cp: int, ep: int, vp: int | None = None,
+            overlap: bool = False) -> None:
     """Megatron layout keys of the mix (only the ones that differ from 1)."""
     for key, degree in (("tensor_parallel", tp), ("pipeline_parallel", pp), ("context_parallel", cp),
                         ("expert_parallel", ep)):
@@ -45,6 +46,8 @@ def _layout(mix: dict[str, Any], tp: int, pp: int, cp: int, ep: int, vp: int | N
             mix[key] = degree
     if tp > 1:
         mix["sequence_parallel"] = True
+        if overlap:
+            mix["tp_comm_overlap"] = True
     if pp > 1 and vp and vp > 1:
         mix["pipeline_schedule"] = "interleaved"
         mix["virtual_stages"] = vp
@@ -57,6 +60,15 @@ FOUNDRY_INTER_NODE_GBS = 25.0
 get the same."""
 
 
+def foundry_attention(raw: Mapping[str, Any]) -> str:
+    """The attention kernel a foundry table ran: its notes say attn_impl triton (the 2023 default) for the A100
+    and H100 tables and flash-attn 1.0.7 for the FP8 one; the 2024 large-scale table used flash (FlashAttention-2
+    by then) for 1b / 3b / 7b / 70b and triton for 13b / 30b."""
+    if str(raw["table"]).startswith("H100 80GB BF16 (Large Scale") and raw["model"] in ("mpt-1b", "mpt-3b", "mpt-7b", "mpt-70b"):
+        return "flash"
+    return "flash1"
+
+
 def foundry(raw: Mapping[str, Any], src: Mapping[str, Any]) -> Mapped:
     r = raw["result"]
     notes = ["MPT as the falcon family's sequential layout (same matrices); C4 concatenated to seq_len: packed",
@@ -66,7 +78,9 @@ def foundry(raw: Mapping[str, Any], src: Mapping[str, Any]) -> Mapped:
     if raw["precision"] == "bf16":
         notes.append("FSDP 'PURE' mixed precision: fp32 sharded master weights, bf16 compute and communication")
     model = mpt_config(src["models"][raw["model"]], int(raw["seq_len"]))
-    mix = {"method": "full", "precision": "bf16-mixed", "attention": "flash", "fsdp": raw["sharding"].split("-", 1)[1],
+    attention = foundry_attention(raw)
+    notes.append(f"attention kernel: {'FlashAttention-2' if attention == 'flash' else 'the 2022 Triton / v1 flash kernel'}")
+    mix = {"method": "full", "precision": "bf16-mixed", "attention": attention, "fsdp": raw["sharding"].split("-", 1)[1],
            "gradient_checkpointing": bool(raw["act_ckpt"]), "optimizer": "adamw"}
     if needs:
         mix["fp8"] = True
@@ -80,6 +94,39 @@ def foundry(raw: Mapping[str, Any], src: Mapping[str, Any]) -> Mapped:
 
 # ---- NeMo / Megatron-Bridge ---------------------------------------------------------------------------------------
 
+NEMO_LORA = {"nemo": {"lora_rank": 32, "lora_targets": ["q_proj", "k_proj", "v_proj"]},
+             "megatron-bridge": {"lora_rank": 32, "lora_targets": "all-linear"}}
+"""The tables do not state LoRA's rank or targets: each framework's default then, NeMo 1.x's
+lora_tuning (attention_qkv, adapter_dim 32) and Megatron-Bridge's LoRA (linear_qkv/proj/fc1/fc2, dim 32)."""
+TE_FUSED = "Transformer Engine fuses norms, activations and RoPE into its GEMM and attention kernels: modelled " \
+           "as compile's fused elementwise traffic"
+
+
+def _nemo_mix(raw: Mapping[str, Any]) -> tuple[dict[str, Any], tuple[str, ...]]:
+    par = raw["parallel"]
+    tp, pp, cp, ep = (int(par.get(k) or 1) for k in ("tp", "pp", "cp", "ep"))
+    vp = int(par.get("vp") or 1)
+    # Transformer Engine's fused attention on Hopper is cuDNN's Hopper-native flash kernel (FlashAttention-3 class)
+    mix: dict[str, Any] = {"method": "full", "precision": "bf16-mixed", "attention": "flash3", "optimizer": "adamw",
+                           "experts_backend": "grouped_mm"}
+    task = str(raw.get("task"))
+    if task == "lora":
+        mix.update(method="lora", **NEMO_LORA["nemo" if raw["id"].startswith("nemo") else "megatron-bridge"])
+    mix["compile"] = True   # TE_FUSED
+    needs = list(_parallel_needs(tp, pp, cp, ep))
+    if "fp8" in str(raw["precision"]):
+        mix["fp8"] = True
+        needs.append("fp8")
+    if par.get("fsdp"):
+        mix["fsdp"] = "full_shard"
+    elif pp == 1:
+        mix["zero_stage"] = 1      # Megatron's distributed optimizer shards the optimizer states over DP
+    else:
+        mix["zero_stage"] = 1
+    _layout(mix, tp, pp, cp, ep, vp, overlap=True)   # the performance recipes overlap TP collectives
+    return mix, tuple(needs)
+
+
 def nemo(raw: Mapping[str, Any], src: Mapping[str, Any]) -> Mapped:
     r = raw["result"]
     framework = "nemo" if raw["id"].startswith("nemo") else "megatron-bridge"
@@ -90,8 +137,25 @@ def nemo(raw: Mapping[str, Any], src: Mapping[str, Any]) -> Mapped:
     model, mnote = preset(raw["model"])
     if model is None:
         return listed(raw, src["id"], framework, f"no architecture for {raw['model']} (no preset, none in the source)", *measures)
-    return listed(raw, src["id"], framework, "activation recomputation of the recipe not stated (Megatron performance "
-                  "recipes set it per model)", *measures)
+    mix, needs = _nemo_mix(raw)
+    par = raw["parallel"]
+    n = int(raw["n_gpus"])
+    dp = n // (int(par.get("tp") or 1) * int(par.get("pp") or 1) * int(par.get("cp") or 1))
+    # Megatron's micro-batches per step and data-parallel rank: global batch / (micro-batch x DP); the tables'
+    # GA column says the same for every row but gpt-oss-120b's (2 where 512 / (4 x 16) = 8)
+    ga = max(int(raw["gbs"]) // (int(raw["mbs"]) * dp), 1)
+    scenario = {"model": model, "hardware": hardware(gpu, n), "mix": mix,
+                "workload": {"micro_batch_size": int(raw["mbs"]), "seq_len": int(raw["seq_len"]), "padding": "packed",
+                             "gradient_accumulation": ga}}
+    notes = tuple(x for x in (mnote, "activation recompute not stated: none assumed (Megatron's default; model "
+                              "TFLOP/s near 40 % of the FP8 peak leave no room for a recomputed forward)",
+                              "Megatron's distributed optimizer as ZeRO-1; sequence parallel and TP comm overlap with TP",
+                              "Transformer Engine's cuDNN fused attention (Hopper-native) as flash3",
+                              TE_FUSED,
+                              "LoRA rank and targets not stated: the framework's default" if raw.get("task") == "lora" else "",
+                              "MoE routing force-balanced (as ftscope assumes)" if "balanced" in str(raw.get("note")) else "")
+                  if x)
+    return Mapped(raw["id"], src["id"], framework, scenario, measures, needs, notes=notes)
 
 
 # ---- FlagPerf ---------------------------------------------------------------------------------------------------
@@ -160,6 +224,12 @@ def flagperf(raw: Mapping[str, Any], src: Mapping[str, Any]) -> Mapped:
         mix["zero_stage"] = 1
         notes.append("Megatron-style data parallelism (gradients all-reduced, distributed optimizer) as ZeRO-1")
     _layout(mix, lay["tp"], lay["pp"], 1, lay["ep"])
+    if lay["pp"] > 1 or lay["tp"] > 1:
+        mix.setdefault("zero_stage", 1)   # Megatron's distributed optimizer
+        notes.append("Megatron: distributed optimizer as ZeRO-1, sequence parallel with TP")
+    if fw in ("megatron-core", "flagscale"):
+        mix["compile"] = True
+        notes.append(TE_FUSED)
     needs = needs + _parallel_needs(lay["tp"], lay["pp"], 1, lay["ep"])
     ga = int(raw.get("ga") or max(int(raw.get("gbs", n)) // (int(raw["mbs"]) * lay["dp"]), 1))
     scenario = {"model": model, "hardware": hardware(gpu, n), "mix": mix,

@@ -1,0 +1,97 @@
+"""Per-GPU memory under a parallel layout and the activation policies beyond full checkpointing.
+
+memory.py builds one data-parallel rank's memory as if it held the whole model; this module then splits it:
+- tensor x pipeline parallelism hold 1 / (tp x pp) of every weight, gradient and optimizer state (routed experts
+  also 1 / ep), and so of the gathered blocks and optimizer temporaries;
+- tensor parallelism splits each block's activations over its ranks with sequence parallelism; without it the
+  norms' and residuals' inputs (about half the bytes) stay whole on every rank; context parallelism splits the
+  tokens; a 1F1B pipeline's first stage holds pp micro-batches of its 1 / pp of the blocks: one micro-batch of
+  every block, as without a pipeline (interleaving adds (pp - 1) / (pp x v) more);
+- Megatron's selective checkpointing saves everything but the attention core (for fused attention that is
+  about all of it; eager attention's scores are dropped); torchtitan's per-op policy and torch.compile keep
+  the matmul inputs and outputs and recompute the elementwise ops between them (the norms' fp32 copies and
+  the gated MLP's activation intermediates); checkpoint_every N keeps full activations for the other blocks;
+- the optimizer step fused into backward holds one block's gradients at a time; activation offload keeps only
+  the block being computed and the next one's prefetched activations on the GPU.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..spec.model import ModelSpec
+from ..spec.scenario import Scenario
+from .activations import ActivationCoefficients
+
+
+def state_split(scn: Scenario) -> float:
+    """Fraction of the model's parameters one GPU holds under tensor, pipeline and expert parallelism."""
+    mix, m = scn.mix, scn.model
+    mp = mix.tensor_parallel * mix.pipeline_parallel
+    if mp == 1 and mix.expert_parallel == 1:
+        return 1.0
+    experts = sum(lin.params * n for lin, n in m.linears() if lin.group == "experts")
+    total = m.total_params
+    return ((total - experts) + experts / mix.expert_parallel) / total / mp
+
+
+def elementwise_saved_per_token(model: ModelSpec, mix) -> float:
+    """Bytes per token of what the elementwise ops between matmuls save (recomputed by per-op checkpointing
+    and torch.compile): each attention block's fp32 norm copies and two of a gated MLP's three intermediates."""
+    a = model.arch
+    c = 4 if mix.precision == "fp32" else 2
+    out = 0.0
+    for layer, n in model.layer_groups:
+        if layer.mixer != "attention":
+            continue
+        norms = 4 * a.hidden_size * (2 if not a.fact("parallel") else 1)
+        mlp = 2 * c * a.intermediate_size if layer.ffn == "dense" and any(lin.role == "gate" for lin in layer.linears) else 0
+        out += (norms + mlp) * n
+    return out
+
+
+def _scale_acts(acts: ActivationCoefficients, factor: float) -> ActivationCoefficients:
+    return replace(acts, **{k: getattr(acts, k) * factor for k in (
+        "saved_per_token", "saved_per_token_quadratic", "layer_per_token", "layer_per_token_quadratic",
+        "layer_ffn_per_token", "forward_transient_per_token", "checkpoint_per_token")})
+
+
+def activation_policy(acts: ActivationCoefficients, scn: Scenario) -> tuple[ActivationCoefficients, bool]:
+    """(activation coefficients, whole blocks checkpointed?) under the mix's checkpointing policy, compile and
+    parallel layout."""
+    mix = scn.mix
+    checkpointing = mix.gradient_checkpointing and mix.checkpointing == "full"
+    if mix.gradient_checkpointing and mix.checkpointing == "selective":
+        acts = replace(acts, saved_per_token_quadratic=0.0, layer_per_token_quadratic=0.0)
+    if (mix.gradient_checkpointing and mix.checkpointing == "per-op") or mix.compile:
+        drop = elementwise_saved_per_token(scn.model, mix)
+        acts = replace(acts, saved_per_token=max(acts.saved_per_token - drop, 0.0))
+    if checkpointing and mix.checkpoint_every > 1:
+        # 1 in N blocks keeps its input only; the others keep everything they save
+        kept = acts.saved_per_token * (1 - 1 / mix.checkpoint_every)
+        acts = replace(acts, checkpoint_per_token=acts.checkpoint_per_token / mix.checkpoint_every + kept)
+    tp, cp = mix.tensor_parallel, mix.context_parallel
+    factor = (1.0 / tp if mix.sequence_parallel else 0.5 + 0.5 / tp) / cp
+    if mix.pipeline_parallel > 1 and mix.virtual_stages > 1:
+        factor *= 1 + (mix.pipeline_parallel - 1) / (mix.pipeline_parallel * mix.virtual_stages)
+    if factor != 1.0:
+        acts = _scale_acts(acts, factor)
+    return acts, checkpointing
+
+
+def split_states(mm, scn: Scenario):
+    """A MemoryModel with its weights, gradients, optimizer states and their transients split by the layout,
+    and the gradient memory of an optimizer fused into backward."""
+    f = state_split(scn)
+    mix = scn.mix
+    if f == 1.0 and not mix.optimizer_in_backward:
+        return mm
+    grads, grads_fwd = mm.gradients * f, mm.gradients_in_forward * f
+    opt_transient = mm.optimizer_transient * f
+    if mix.optimizer_in_backward:
+        layer = scn.model.largest_layer_params() / max(mm.trainable_params, 1)
+        grads, grads_fwd = grads * min(layer * 2, 1.0), 0.0
+        opt_transient *= min(layer * 2, 1.0)
+    return replace(mm, weights=mm.weights * f, gradients=grads, gradients_in_forward=grads_fwd,
+                   optimizer=mm.optimizer * f, optimizer_transient=opt_transient,
+                   weight_transient=mm.weight_transient * f, block_transient=mm.block_transient * f,
+                   cpu_bytes=mm.cpu_bytes * f)

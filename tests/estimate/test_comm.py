@@ -1,0 +1,67 @@
+"""Collectives (estimate/comm.py): ring volumes, which compute hides them, and model-parallel traffic."""
+from __future__ import annotations
+
+import pytest
+
+import ftscope
+from ftscope.estimate.comm import Transfer, collectives, exposed, ring_s
+from ftscope.estimate.efficiency import Efficiency
+
+E = Efficiency()
+
+
+def scn(per=8, nodes=1, model="llama-2-7b", wl=None, **mix):
+    return ftscope.load_scenario({"model": model, "hardware": {"gpu": "h100-80gb", "gpus_per_node": per, "nodes": nodes},
+                                  "mix": {"method": "full", **mix},
+                                  "workload": {"micro_batch_size": 1, "seq_len": 4096, "gradient_accumulation": 8,
+                                               **(wl or {})}})
+
+
+def by_window(s):
+    out = {}
+    for t in collectives(s, E, s.model.total_params, 1, 4096):
+        out[t.window] = out.get(t.window, 0.0) + t.seconds
+    return out
+
+
+def test_ring_volume():
+    assert ring_s(1e9, 1, 100, E) == 0
+    assert ring_s(1e9, 4, 100, E) == pytest.approx(0.75 * 1e9 / (100e9 * E.communication))
+    assert ring_s(1e9, 4, 100, E, 2.0) == pytest.approx(2 * ring_s(1e9, 4, 100, E))
+
+
+def test_data_parallel_windows():
+    ddp = by_window(scn(zero_stage=0))
+    assert set(ddp) == {"last_bwd"}                    # one all-reduce, behind the last backward
+    z2 = by_window(scn(zero_stage=2))
+    assert z2["bwd"] > 0 and z2["none"] > 0            # reduce-scatter per micro-batch, gather after the step
+    fsdp = by_window(scn(fsdp="full_shard"))
+    assert fsdp["fwd_bwd"] > z2["bwd"]                  # weights gathered every pass
+    # FSDP recomputes a checkpointed block while it is gathered: no third gather
+    gc = by_window(scn(fsdp="full_shard", gradient_checkpointing=True))
+    assert gc["fwd_bwd"] == pytest.approx(fsdp["fwd_bwd"])
+    ds = by_window(scn(zero_stage=3, gradient_checkpointing=True))
+    assert ds["fwd_bwd"] > by_window(scn(zero_stage=3))["fwd_bwd"]
+
+
+def test_model_parallel_traffic_is_exposed():
+    tp = by_window(scn(tensor_parallel=8))
+    assert tp["none"] > 0
+    overlapped = by_window(scn(tensor_parallel=8, tp_comm_overlap=True))
+    assert overlapped.get("none", 0.0) < tp["none"] and overlapped["fwd_bwd"] > 0
+    ring = by_window(scn(context_parallel=8))
+    assert ring["attention"] > 0                         # passed around while attention computes
+    ulysses = by_window(scn(context_parallel=8, context_parallel_impl="all_to_all"))
+    assert ulysses["none"] > 0 and "attention" not in ulysses
+    moe = by_window(scn(model="mixtral-8x7b", expert_parallel=8, per=8))
+    assert moe["none"] > 0
+    assert by_window(scn(pipeline_parallel=2))["none"] > 0
+
+
+def test_exposed_respects_windows_and_their_overlap():
+    eff = Efficiency(comm_overlap=0.5)
+    ts = [Transfer(1.0, "fwd_bwd", 0.1), Transfer(2.0, "bwd"), Transfer(0.3, "none")]
+    out, hidden = exposed(ts, {"fwd_bwd": 2.0, "bwd": 1.0}, eff)
+    # fwd_bwd hides min(0.9, 1.0); bwd min(2, 0.5); together at most 0.5 x 2.0
+    assert hidden == pytest.approx(1.0) and out == pytest.approx(3.3 - 1.0)
+    assert exposed([], {}, eff) == (0.0, 0.0)

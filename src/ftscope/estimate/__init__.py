@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from ..errors import FtscopeError
+from ..spec.rules import problem
 from ..spec.scenario import Scenario
 from .memory import memory_model
 from .result import Estimate
@@ -11,17 +12,8 @@ DEFAULT_MARGIN = 0.0
 
 
 def unsupported_reason(scn: Scenario) -> str | None:
-    """Why this mix cannot run on this hardware at all, or None."""
-    gpu, mix = scn.cluster.gpu, scn.mix
-    if mix.attention == "flash" and not gpu.flash_attention:
-        return f"FlashAttention-2 needs an Ampere-or-newer GPU; {gpu.key} has none (use attention: sdpa)"
-    if mix.precision.startswith("bf16") and not gpu.bf16:
-        return f"{gpu.key} has no bf16 support (use precision: fp16-mixed)"
-    if mix.experts_backend == "grouped_mm" and scn.model.is_moe and not gpu.bf16:
-        return f"experts_backend grouped_mm needs bf16, which {gpu.key} lacks (use batched_mm)"
-    if scn.model.is_moe and mix.experts_top_k and mix.experts_top_k > scn.model.arch.num_experts:
-        return f"experts_top_k {mix.experts_top_k} exceeds the model's {scn.model.arch.num_experts} experts"
-    return None
+    """Why this mix cannot run on this model and hardware at all (the first rule in spec/rules.py it breaks), or None."""
+    return problem(scn.mix, scn.model, scn.cluster.gpu)
 
 
 def _warnings(scn: Scenario, seq: int) -> tuple[str, ...]:

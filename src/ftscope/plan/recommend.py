@@ -18,25 +18,29 @@ from ..estimate.efficiency import Calibration, load_calibration
 from ..estimate.memory import memory_model
 from ..estimate.result import Estimate
 from ..spec.hardware import GpuSpec, gpu_from_catalog
-from ..spec.mix import Mix, check_mix
+from ..spec.mix import Mix
+from ..spec.schema import choices
 from ..spec.scenario import Scenario
 from .solvers import max_micro_batch
 
 RANK_BY = ("time", "cost", "memory")
-SHARDING = ((0, None), (1, None), (2, None), (3, None), (0, "full_shard"), (0, "shard_grad_op"))
+SHARDING = (tuple((z, None) for z in choices(Mix, "zero_stage"))
+            + tuple((0, f) for f in choices(Mix, "fsdp")))
+"""Every ZeRO stage, then every FSDP strategy (the two never combine: spec/rules.py)."""
 
 
 @dataclass(frozen=True)
 class SearchSpace:
-    """The mix dimensions recommend enumerates (the scenario's LoRA rank and targets are kept)."""
+    """The mix dimensions recommend enumerates: every value the Mix field types allow, except the optimizers
+    (paged 8-bit AdamW and SGD are choices of taste, not of fit); the scenario's LoRA rank and targets are kept."""
 
-    methods: tuple[str, ...] = ("full", "lora", "qlora")
+    methods: tuple[str, ...] = choices(Mix, "method")
     gradient_checkpointing: tuple[bool, ...] = (False, True)
     sharding: tuple[tuple[int, str | None], ...] = SHARDING
-    offload: tuple[str, ...] = ("none", "optimizer", "optimizer+params")
-    attention: tuple[str, ...] = ("eager", "sdpa", "flash")
+    offload: tuple[str, ...] = choices(Mix, "offload")
+    attention: tuple[str, ...] = choices(Mix, "attention")
     optimizer: tuple[str, ...] = ("adamw", "adamw_8bit")
-    experts_backend: tuple[str, ...] = ("eager", "batched_mm", "grouped_mm", "modules")
+    experts_backend: tuple[str, ...] = choices(Mix, "experts_backend")
 
 
 @dataclass(frozen=True)
@@ -108,12 +112,7 @@ def _mixes(scn: Scenario, space: SearchSpace) -> Iterator[Mix]:
 
 
 def mix_reason(scn: Scenario) -> str | None:
-    try:
-        check_mix(scn.mix)
-    except FtscopeError as exc:
-        return f"unsupported: {exc}"
-    if scn.model.is_moe and scn.mix.experts_backend == "grouped_mm" and scn.mix.precision in ("fp32", "fp16-mixed"):
-        return "unsupported: grouped_mm needs bf16"
+    """'unsupported: <why>' when the mix breaks a rule of spec/rules.py on this model and GPU, else None."""
     reason = unsupported_reason(scn)
     return f"unsupported: {reason}" if reason else None
 

@@ -1,57 +1,71 @@
-"""The optimization mix: method, checkpointing, attention, sharding, offload, precision, optimizer, MoE knobs."""
+"""The optimization mix: method, checkpointing, attention, sharding, offload, precision, optimizer, MoE knobs.
+
+Each field's type lists what it allows (a `Literal`, or a range), as litgpt's `Config` does; `schema.validate`
+checks a scenario's `mix:` mapping against them, `choices(Mix, name)` gives plan/recommend their search space
+and `--help` its lists. Rules on combinations live in `rules.py`. A new mix key is one field here (and, when it
+constrains other keys, one rule there).
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Annotated, Literal
 
-from ..errors import FtscopeError
+from pydantic import BeforeValidator, Field
 
-METHODS = ("full", "lora", "qlora")
-ATTENTION = ("eager", "sdpa", "flash")
-OFFLOAD = ("none", "optimizer", "optimizer+params")
-PRECISION = ("bf16-mixed", "bf16", "fp16-mixed", "fp32")
-OPTIMIZERS = ("adamw", "adamw_8bit", "paged_adamw_8bit", "sgd")
-FSDP = (None, "full_shard", "shard_grad_op")
-EXPERT_BACKENDS = ("eager", "batched_mm", "grouped_mm", "modules")
-LOSSES = ("standard", "chunked")
+from .schema import Choice, Flag, Int, Text, choices, forbid_extra
 
 
+def _unset(to: object, *spellings: object) -> BeforeValidator:
+    """Accept YAML's ways of saying "off" (null, false, no) for a key whose off value is `to`."""
+    return BeforeValidator(lambda v: to if v is None or v is False or v in spellings else v)
+
+
+LoraTargets = Annotated[
+    Annotated[str, Field(min_length=1)] | Annotated[tuple[Text(min_length=1), ...], Field(min_length=1)],
+    Field(description="all-linear, attention, mlp or a list of module names"),
+]
+ZeroStage = Annotated[Choice(0, 1, 2, 3), _unset(0)]
+Rank = Int(1, 4096)
+TopK = Int(1, 4096)
+
+
+@forbid_extra
 @dataclass(frozen=True)
 class Mix:
     """How the run is optimized. Field names are the scenario's `mix:` keys."""
 
-    method: str = "lora"
+    method: Literal["full", "lora", "qlora"] = "lora"
     """full | lora | qlora (LoRA over an NF4 double-quantized frozen base)."""
-    lora_rank: int = 16
-    lora_targets: str | tuple[str, ...] = "all-linear"
+    lora_rank: Rank = 16
+    lora_targets: LoraTargets = "all-linear"
     """all-linear | attention | mlp | list of module names (q_proj, w1, ...)."""
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: Flag() = False
     """Keep only block inputs; recompute each block in backward (one extra forward)."""
-    attention: str = "sdpa"
+    attention: Literal["eager", "sdpa", "flash"] = "sdpa"
     """eager (keeps the s x s scores) | sdpa | flash."""
-    zero_stage: int = 0
+    zero_stage: ZeroStage = 0
     """DeepSpeed ZeRO: 0 none (DDP), 1 optimizer, 2 +gradients, 3 +parameters sharded."""
-    fsdp: str | None = None
+    fsdp: Annotated[Literal["full_shard", "shard_grad_op"] | None, _unset(None, "none", "no")] = None
     """torch FSDP2 sharding instead of ZeRO: full_shard (like ZeRO-3) | shard_grad_op (like ZeRO-2)."""
-    offload: str = "none"
+    offload: Annotated[Literal["none", "optimizer", "optimizer+params"], _unset("none")] = "none"
     """none | optimizer | optimizer+params (to CPU RAM)."""
-    precision: str = "bf16-mixed"
+    precision: Literal["bf16-mixed", "bf16", "fp16-mixed", "fp32"] = "bf16-mixed"
     """bf16-mixed (fp32 master weights) | bf16 (pure) | fp16-mixed | fp32."""
-    optimizer: str = "adamw"
+    optimizer: Literal["adamw", "adamw_8bit", "paged_adamw_8bit", "sgd"] = "adamw"
     """adamw | adamw_8bit | paged_adamw_8bit | sgd."""
-    experts_top_k: int | None = None
+    experts_top_k: TopK | None = None
     """Override the model's experts per token (sparse vs dense MoE)."""
-    experts_backend: str = "grouped_mm"
+    experts_backend: Literal["eager", "batched_mm", "grouped_mm", "modules"] = "grouped_mm"
     """transformers 5 fused 3-D experts: eager (loop) | batched_mm | grouped_mm; or modules: one nn.Linear per
     expert (transformers 4.x), which bitsandbytes quantizes and PEFT adapts without merging the stack."""
+    loss: Literal["standard", "chunked"] = "standard"
+    """standard (HF: fp32 logits for the whole batch) | chunked (torchtune/Liger/Unsloth: bf16 logits, fp32 per chunk)."""
 
     @property
     def fused_experts(self) -> bool:
         """Experts stored as fused 3-D parameters (transformers 5): bitsandbytes leaves them unquantized and
         PEFT's LoRA on them materializes W + BA of the whole stack."""
         return self.experts_backend != "modules"
-    loss: str = "standard"
-    """standard (HF: fp32 logits for the whole batch) | chunked (torchtune/Liger/Unsloth: bf16 logits, fp32 per chunk)."""
 
     @property
     def trains_lora(self) -> bool:
@@ -89,49 +103,12 @@ class Mix:
         return " ".join(parts)
 
 
-def _show(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-def _choice(value: object, options: Sequence[object], key: str) -> None:
-    try:
-        ok = value in options
-    except TypeError:  # unhashable garbage
-        ok = False
-    if not ok:
-        shown = ", ".join(str(o) for o in options if o is not None)
-        raise FtscopeError(f"mix.{key} must be one of {shown}; got {_show(value)}")
-
-
-def check_mix(mix: Mix) -> None:
-    """Reject values out of range and combinations that real frameworks refuse, saying why."""
-    _choice(mix.method, METHODS, "method")
-    _choice(mix.attention, ATTENTION, "attention")
-    _choice(mix.offload, OFFLOAD, "offload")
-    _choice(mix.precision, PRECISION, "precision")
-    _choice(mix.optimizer, OPTIMIZERS, "optimizer")
-    _choice(mix.fsdp, FSDP, "fsdp")
-    _choice(mix.experts_backend, EXPERT_BACKENDS, "experts_backend")
-    _choice(mix.loss, LOSSES, "loss")
-    if isinstance(mix.zero_stage, bool) or mix.zero_stage not in (0, 1, 2, 3):
-        raise FtscopeError(f"mix.zero_stage must be 0, 1, 2 or 3; got {_show(mix.zero_stage)}")
-    if isinstance(mix.lora_rank, bool) or not isinstance(mix.lora_rank, int) or not 1 <= mix.lora_rank <= 4096:
-        raise FtscopeError(f"mix.lora_rank must be an integer from 1 to 4096; got {_show(mix.lora_rank)}")
-    if not isinstance(mix.gradient_checkpointing, bool):
-        raise FtscopeError(f"mix.gradient_checkpointing must be true or false; got {_show(mix.gradient_checkpointing)}")
-    if mix.fsdp and mix.zero_stage:
-        raise FtscopeError("mix sets both fsdp and zero_stage: choose DeepSpeed ZeRO or torch FSDP, not both")
-    if mix.offload == "optimizer" and mix.shard_stage == 0:
-        raise FtscopeError("offload: optimizer needs DeepSpeed ZeRO (zero_stage >= 1) or fsdp to move optimizer state to CPU")
-    if mix.offload == "optimizer+params" and mix.shard_stage != 3:
-        raise FtscopeError("offload: optimizer+params needs zero_stage: 3 or fsdp: full_shard (only sharded parameters can be offloaded)")
-    if mix.offload != "none" and mix.optimizer in ("adamw_8bit", "paged_adamw_8bit"):
-        raise FtscopeError(f"offload runs the optimizer step on the CPU (DeepSpeed CPUAdam); {mix.optimizer} is a GPU-only bitsandbytes optimizer")
-    if mix.method == "qlora" and mix.offload == "optimizer+params":
-        raise FtscopeError("QLoRA with parameter offload is not supported: bitsandbytes 4-bit weights cannot be offloaded by ZeRO-3/FSDP")
-    if mix.method == "qlora" and mix.precision == "fp32":
-        raise FtscopeError("QLoRA computes in bf16 or fp16 (bnb_4bit_compute_dtype); precision fp32 is not a QLoRA setup")
-    if mix.experts_top_k is not None and (isinstance(mix.experts_top_k, bool) or not isinstance(mix.experts_top_k, int)
-                                          or mix.experts_top_k < 1):
-        raise FtscopeError(f"mix.experts_top_k must be a positive integer; got {_show(mix.experts_top_k)}")
+def mix_help() -> str:
+    """'mix.method: full | lora | qlora; mix.attention: ...' for every choice field (the --help text)."""
+    from dataclasses import fields
+    parts = []
+    for f in fields(Mix):
+        values = choices(Mix, f.name)
+        if values:
+            parts.append(f"mix.{f.name}: {' | '.join(str(v) for v in values)}")
+    return "; ".join(parts)

@@ -6,7 +6,6 @@ meta device to check that the sums are exact.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -14,6 +13,7 @@ from typing import Any, Iterable, Sequence
 
 from .. import catalog
 from ..errors import FtscopeError, did_you_mean
+from ..files import check_path, os_error, parse_json, read_text, show
 from .architecture import Arch, normalize
 
 
@@ -345,15 +345,14 @@ def build(arch: Arch, name: str, source: str = "") -> ModelSpec:
 
 # ---- loading ------------------------------------------------------------------------------------------------
 
-def _read_config(path: Path) -> dict[str, Any]:
+def _read_config(path: Path) -> tuple[dict[str, Any], str]:
+    """(the config.json dict, how to name it in errors) of a config file or a model folder."""
     if path.is_dir():
         path = path / "config.json"
-    if not path.is_file():
-        raise FtscopeError(f"no config.json at {path}")
-    try:
-        return json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise FtscopeError(f"malformed config.json at {path}: {exc}") from None
+    where = f"config.json at {show(path)}"
+    if not path.exists():
+        raise FtscopeError(f"no config.json at {show(path)}")
+    return parse_json(read_text(path, "config.json"), where), where
 
 
 def _hf_cache_config(hf_id: str) -> Path | None:
@@ -361,10 +360,13 @@ def _hf_cache_config(hf_id: str) -> Path | None:
     import os
     root = Path(os.environ.get("HF_HUB_CACHE") or Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface")) / "hub")
     snapshots = root / ("models--" + hf_id.replace("/", "--")) / "snapshots"
-    if snapshots.is_dir():
-        for snap in sorted(snapshots.iterdir(), reverse=True):
-            if (snap / "config.json").is_file():
-                return snap
+    try:
+        if snapshots.is_dir():
+            for snap in sorted(snapshots.iterdir(), reverse=True):
+                if (snap / "config.json").is_file():
+                    return snap
+    except OSError as exc:
+        raise os_error(exc, "HF cache folder", snapshots) from None
     return None
 
 
@@ -376,18 +378,25 @@ def load_model(ref: str) -> ModelSpec:
     if preset is not None:
         entry = catalog.model_index()[preset]
         return build(normalize(catalog.model_config(preset)), preset, entry.get("source", ""))
+    check_path(ref, "model")
     try:
         path = Path(ref).expanduser()
     except RuntimeError:  # '~user' for a user that does not exist
-        raise FtscopeError(f"cannot resolve the home directory in model path '{ref}'") from None
-    if path.exists() or ref.endswith(".json"):
-        return build(normalize(_read_config(path)), str(path), str(path.resolve()))
+        raise FtscopeError(f"cannot resolve the home directory in model path '{show(ref)}'") from None
+    try:
+        exists = path.exists()
+    except OSError as exc:
+        raise os_error(exc, "model path", ref) from None
+    if exists or ref.endswith(".json"):
+        cfg, where = _read_config(path)
+        return build(normalize(cfg, where), str(path), str(path.resolve()))
     if "/" in ref:
         snap = _hf_cache_config(ref)
         if snap is not None:
-            return build(normalize(_read_config(snap)), ref, str(snap))
+            cfg, where = _read_config(snap)
+            return build(normalize(cfg, where), ref, str(snap))
     raise FtscopeError(
-        f"unknown model '{ref}'{did_you_mean(ref, catalog.model_index().keys())}: "
+        f"unknown model '{show(ref)}'{did_you_mean(ref, catalog.model_index().keys())}: "
         "give a preset (ftscope models), an HF id in the local cache, or a path to config.json"
     )
 

@@ -7,47 +7,53 @@ bandwidth fraction. A GPU with no measurements uses the shared values.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, fields, replace
 from functools import lru_cache
 from importlib import resources
-from pathlib import Path
 from typing import Any
 
 from ..errors import FtscopeError
+from ..files import parse_json, read_text, show
+from ..spec.schema import Number, Text, forbid_extra, validate
+
+Fraction = Number(gt=0, le=1)
+"""Achieved share of a hardware peak."""
+Micros = Number(ge=0, le=1e6)
+Seconds = Number(ge=0, le=3600)
 
 
+@forbid_extra
 @dataclass(frozen=True)
 class Efficiency:
     """Achieved fractions of hardware peaks and fixed costs (defaults: the bundled calibration)."""
 
-    matmul: float = 0.72
+    matmul: Fraction = 0.72
     """Fraction of dense tensor peak that large GEMMs reach."""
-    matmul_half_rows: float = 64.0
+    matmul_half_rows: Number(gt=0, le=1e6) = 64.0
     """GEMM rows (tokens) at which efficiency is half of `matmul`: short GEMMs run far below peak."""
-    grouped_matmul: float = 1.0
+    grouped_matmul: Number(gt=0, le=4) = 1.0
     """Grouped expert GEMMs (one kernel over all experts: grouped_mm, batched_mm) relative to `matmul`."""
-    attention: float = 0.45
+    attention: Fraction = 0.45
     """Fraction of peak fused attention kernels (flash / sdpa) reach."""
-    bandwidth: float = 0.80
+    bandwidth: Fraction = 0.80
     """Fraction of memory bandwidth that streaming kernels reach (elementwise, optimizer, weight reads)."""
-    dequant_bandwidth: float = 0.65
+    dequant_bandwidth: Fraction = 0.65
     """Fraction of memory bandwidth the 4-bit dequantization kernels reach."""
-    kernel_floor_us: float = 6.0
+    kernel_floor_us: Micros = 6.0
     """Minimum time of one kernel launch (microseconds)."""
-    step_overhead_s: float = 0.03
+    step_overhead_s: Seconds = 0.03
     """Host time per optimizer step outside the GPU kernels (data loading, logging, Python)."""
-    microbatch_overhead_s: float = 0.005
+    microbatch_overhead_s: Seconds = 0.005
     """Host time per micro-batch (collation, transfer, hooks)."""
-    expert_dispatch_us: float = 40.0
+    expert_dispatch_us: Micros = 40.0
     """Per expert, per MoE layer, per pass: routing, indexing and host sync of the eager expert loop."""
-    communication: float = 0.70
+    communication: Fraction = 0.70
     """Fraction of link bandwidth collectives reach."""
-    cpu_adam_params_per_s: float = 1.0e9
+    cpu_adam_params_per_s: Number(ge=1e3, le=1e13) = 1.0e9
     """Parameters per second DeepSpeed's CPU Adam updates (offloaded optimizer). Prior, not fitted."""
-    collective_latency_us: float = 50.0
+    collective_latency_us: Micros = 50.0
     """Fixed cost of one collective (launch + ring latency). Prior, not fitted: no published case times it."""
-    zero3_hook_us: float = 150.0
+    zero3_hook_us: Micros = 150.0
     """DeepSpeed ZeRO-3's Python fetch/release hooks per parameterised module per pass (FSDP2 gathers per
     block instead). Prior, not fitted: no published case times ZeRO-3."""
 
@@ -80,13 +86,23 @@ def _diff(eff: Efficiency, base: Efficiency) -> dict[str, float]:
     return {k: v for k, v in asdict(eff).items() if v != getattr(base, k)}
 
 
-def calibration_from_dict(data: dict[str, Any]) -> Calibration:
-    try:
-        shared = replace(Efficiency(), **data.get("shared", {}))
-        per_gpu = {k: replace(shared, **v) for k, v in (data.get("per_gpu") or {}).items()}
-    except TypeError as exc:
-        raise FtscopeError(f"calibration file has an unknown parameter: {exc}") from None
-    return Calibration(shared=shared, per_gpu=per_gpu, provenance=data.get("provenance", {}))
+@forbid_extra
+@dataclass(frozen=True)
+class CalibrationFile:
+    """A calibration JSON as written by `ftscope calibrate --out`: shared values, per-GPU overrides, provenance."""
+
+    shared: dict[Text(), Any] | None = None
+    per_gpu: dict[Text(), dict[Text(), Any]] | None = None
+    provenance: dict[Text(), Any] | None = None
+
+
+def calibration_from_dict(data: Any, where: str = "calibration") -> Calibration:
+    """Check a calibration mapping (every value a finite number in its physical range) and build it."""
+    given = validate(CalibrationFile, data, source=where)
+    shared = validate(Efficiency, given.shared or {}, "shared", source=where)
+    per_gpu = {gpu: validate(Efficiency, {**asdict(shared), **values}, f"per_gpu.{gpu}", source=where)
+               for gpu, values in (given.per_gpu or {}).items()}
+    return Calibration(shared=shared, per_gpu=per_gpu, provenance=given.provenance or {})
 
 
 @lru_cache(maxsize=8)
@@ -96,13 +112,6 @@ def load_calibration(path: str | None = None) -> Calibration:
         res = resources.files("ftscope").joinpath("data", "calibration.json")
         if not res.is_file():
             return Calibration(Efficiency(), {}, {"source": "built-in defaults (no calibration file)"})
-        text = res.read_text()
-    else:
-        p = Path(path)
-        if not p.is_file():
-            raise FtscopeError(f"calibration file not found: {p}")
-        text = p.read_text()
-    try:
-        return calibration_from_dict(json.loads(text))
-    except json.JSONDecodeError as exc:
-        raise FtscopeError(f"malformed calibration file {path}: {exc}") from None
+        return calibration_from_dict(parse_json(res.read_text(), "bundled calibration.json"), "bundled calibration.json")
+    where = f"calibration file {show(path)}"
+    return calibration_from_dict(parse_json(read_text(path, "calibration file"), where), where)

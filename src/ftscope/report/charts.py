@@ -27,12 +27,18 @@ def _plt():
 
 def save(fig: Any, path: str | Path) -> Path:
     """Write a figure as PNG or SVG (by extension) and close it."""
+    from ..files import os_error, output_file
+
     p = Path(path)
     if p.suffix.lower() not in (".png", ".svg"):
         raise FtscopeError(f"plot file must end in .png or .svg; got {p.name}")
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(p, dpi=110, bbox_inches="tight")
-    _plt().close(fig)
+    p = output_file(p, "plot file")
+    try:
+        fig.savefig(p, dpi=110, bbox_inches="tight")
+    except OSError as exc:
+        raise os_error(exc, "plot file", p, "write") from None
+    finally:
+        _plt().close(fig)
     return p
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 import base64
 import html
 import io
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -129,12 +128,3 @@ def render(sections: Sequence[Section], title: str, out: str | Path, png_dir: st
     p.write_text("\n".join(parts))
     return p
 
-
-def load_json(path: str | Path) -> dict[str, Any]:
-    p = Path(path)
-    if not p.is_file():
-        raise FtscopeError(f"file not found: {p}")
-    try:
-        return json.loads(p.read_text())
-    except json.JSONDecodeError as exc:
-        raise FtscopeError(f"malformed JSON in {p}: {exc}") from None

@@ -271,6 +271,8 @@ def explain(tp: Any, errors: list[dict[str, Any]], where: str = "", names: dict[
     if ann is None:
         return f"{path or 'the input'}: {err['msg']}; got {_show(value)}"
     what = describe(ann)
+    if not path:
+        return f"expected {what}; got {_show(value)}"
     hint = did_you_mean(value, [str(c) for a in _arms(ann) if typing.get_origin(a) is Literal
                                 for c in typing.get_args(a)]) if isinstance(value, str) else ""
     if isinstance(value, float) and not math.isfinite(value):

@@ -195,6 +195,9 @@ def profile(
     opt.out_dir(emit_dir, "--emit folder")
     opt.out_file(plot_file, "--plot file", (".png", ".svg"))
     scn = load_scenario(scenario, overrides or [])
+    if data is not None:
+        from .measure.batches import read_jsonl_lengths
+        read_jsonl_lengths(data, tokenizer)  # a bad data file or tokenizer fails before the model is built
     _open_store_for_writing(db)
     if nproc > 1 or nnodes > 1:
         from .measure.distributed import profile_distributed
@@ -496,9 +499,9 @@ def study_moe_cmd(
     opt.model_dir(weights, "--weights folder")
     opt.out_dir(out, "--out folder")
     scn = load_scenario(scenario, overrides or [])
-    if not scn.model.is_moe:
-        raise FtscopeError(f"study moe needs an MoE model; {scn.model.name} is dense")
-    from .measure.moe_study import study_moe
+    from .measure.moe_study import read_inputs, study_moe
+
+    read_inputs(scn, data, eval_data, tokenizer, ks)  # every input checked before torch is imported
     from .report.moe_study import write_outputs
 
     con = _console() if not json_out else None

@@ -101,6 +101,13 @@ def _first_line(exc: Exception) -> str:
     return " ".join(lines[:1] + lines[-1:]) if len(lines) > 1 else (lines[0] if lines else type(exc).__name__)
 
 
+def _yaml_loader() -> Any:
+    """libyaml's safe loader when PyYAML was built with it (the pure-Python scanner takes seconds over deep
+    nesting before it yields a single event); else the pure-Python one. Both are safe loaders."""
+    import yaml
+    return getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 def check_yaml_budget(text: str, where: str) -> None:
     """Refuse YAML nested deeper than MAX_DEPTH or expanding (aliases counted in full) past MAX_NODES.
 
@@ -111,7 +118,7 @@ def check_yaml_budget(text: str, where: str) -> None:
 
     anchors: dict[str, int] = {}
     stack: list[list[Any]] = [[0, None]]  # per open collection: [expanded size so far, anchor]
-    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+    for event in yaml.parse(text, Loader=_yaml_loader()):
         if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
             stack.append([1, event.anchor])
             if len(stack) - 1 > MAX_DEPTH:
@@ -138,8 +145,10 @@ def parse_yaml(text: str, where: str) -> Any:
 
     try:
         check_yaml_budget(text, where)
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_yaml_loader())  # noqa: S506 - a safe loader, C or Python
     except yaml.YAMLError as exc:
+        if "maximum nesting depth" in str(exc):  # libyaml's own limit, met while scanning ahead
+            raise FtscopeError(f"{where} is nested more than {MAX_DEPTH} levels deep") from None
         raise FtscopeError(f"malformed YAML in {where}: {_first_line(exc)}") from None
     except RecursionError:
         raise FtscopeError(f"{where} is nested too deeply") from None
@@ -198,6 +207,14 @@ def output_file(path: str | os.PathLike[str], what: str) -> Path:
     if p.is_dir():
         raise FtscopeError(f"{what} {show(p)} is a folder; give a file name")
     _make_parent(p.parent, what, p)
+    existed = p.exists()
+    try:  # the one sure test of writability (permissions, read-only mounts, /sys): open it for appending
+        with open(p, "ab"):
+            pass
+        if not existed:
+            p.unlink()
+    except OSError as exc:
+        raise os_error(exc, what, p, "write") from None
     return p
 
 

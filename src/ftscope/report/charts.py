@@ -89,7 +89,8 @@ def throughput_vs_batch(series: Sequence[Mapping[str, Any]], title: str = "throu
         ax.set_ylabel(mine[0].get("unit", "samples/s") if mine else "samples/s")
         ax.set_title(f"{title}: {group}" if group else title, fontsize=10)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:  # a run with no throughput figure has nothing to label
+            ax.legend(fontsize=7)
     return fig
 
 

@@ -95,11 +95,8 @@ def case_sections(case_paths: Sequence[str] | None) -> list[Section]:
 
 def db_sections(db: str | Path) -> list[Section]:
     """Charts from a profile store: filled in by the profile verb's measurements (see measure/store.py)."""
-    p = Path(db)
-    if not p.is_file():
-        raise FtscopeError(f"results store not found: {p}")
     from .profile_charts import sections_from_store
-    return sections_from_store(p)
+    return sections_from_store(Path(db))
 
 
 def render(sections: Sequence[Section], title: str, out: str | Path, png_dir: str | Path | None = None) -> Path:

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Mapping, Sequence
 from pydantic import BeforeValidator
 
 from ..errors import FtscopeError
-from ..files import MAX_DEPTH, check_yaml_budget, load_structured
+from ..files import MAX_DEPTH, load_structured, parse_yaml
 from .hardware import Cluster, Hardware
 from .mix import Mix
 from .model import ModelSpec, load_model
@@ -156,9 +156,7 @@ def scenario_from_dict(raw: Mapping[str, Any]) -> Scenario:
 
 def parse_overrides(pairs: Sequence[str]) -> list[tuple[list[str], Any]]:
     """`mix.zero_stage=3` -> (['mix', 'zero_stage'], 3); values parsed as YAML scalars / lists (under the same
-    budgets as a file); text YAML cannot parse stays text."""
-    import yaml
-
+    budgets as a file); text YAML cannot parse stays text, a list or mapping that does not parse is an error."""
     out = []
     for pair in pairs:
         if "=" not in pair:
@@ -167,11 +165,12 @@ def parse_overrides(pairs: Sequence[str]) -> list[tuple[list[str], Any]]:
         path = key.strip().split(".")
         if len(path) > MAX_DEPTH or not all(path):
             raise FtscopeError(f"override key '{key[:60]}' is not a key path like mix.zero_stage")
-        check_yaml_budget(text, f"override {key[:60]}")
         try:
-            value = yaml.safe_load(text) if text else None
-        except yaml.YAMLError:
-            value = text
+            value = parse_yaml(text, f"override {key[:60]}") if text else None
+        except FtscopeError as exc:
+            if text.startswith(("[", "{")) or "nested" in str(exc) or "expands" in str(exc):
+                raise  # a list or mapping that does not parse is a mistake, not text
+            value = text  # plain text YAML cannot read (e.g. a: b) stays text
         out.append((path, value))
     return out
 

@@ -40,13 +40,14 @@ def _not_bool(value: Any) -> Any:
 def Int(ge: int | None = None, le: int | None = None, **field: Any) -> Any:  # noqa: N802 - reads as a type
     """An integer in [ge, le] (4.0 accepted, true and "4" refused)."""
     from pydantic import BeforeValidator, Field, Strict
-    return Annotated[int, BeforeValidator(_integral), Strict(), Field(ge=ge, le=le, **field)]
+    # constraints before the validator: they stay in the int schema (and in the JSON Schema as minimum/maximum)
+    return Annotated[int, Strict(), Field(ge=ge, le=le, **field), BeforeValidator(_integral)]
 
 
 def Number(gt: float | None = None, ge: float | None = None, le: float | None = None, **field: Any) -> Any:  # noqa: N802
     """A finite real number in the range (ints accepted, booleans, strings, NaN and inf refused)."""
     from pydantic import BeforeValidator, Field, Strict
-    return Annotated[float, BeforeValidator(_not_bool), Strict(), Field(gt=gt, ge=ge, le=le, allow_inf_nan=False, **field)]
+    return Annotated[float, Strict(), Field(gt=gt, ge=ge, le=le, allow_inf_nan=False, **field), BeforeValidator(_not_bool)]
 
 
 def Choice(*values: Any) -> Any:  # noqa: N802

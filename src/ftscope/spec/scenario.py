@@ -134,14 +134,15 @@ def _prepare(raw: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def scenario_from_dict(raw: Mapping[str, Any]) -> Scenario:
-    """Check and resolve a scenario mapping; every problem is a one-line FtscopeError."""
+def scenario_from_dict(raw: Mapping[str, Any], model: ModelSpec | None = None) -> Scenario:
+    """Check and resolve a scenario mapping; every problem is a one-line FtscopeError. `model`: the model as built
+    (a profile store's config), used instead of resolving the `model:` text."""
     if not isinstance(raw, Mapping):
         raise FtscopeError("a scenario must be a mapping with model, hardware, mix and workload")
     if raw.get("model") in (None, ""):
         raise FtscopeError("scenario has no 'model' (a preset from `ftscope models`, an HF id or a config.json path)")
     given = validate(ScenarioInput, _prepare(raw))
-    model = load_model(given.model)
+    model = model or load_model(given.model)
     cluster = given.hardware.to_cluster()
     mix = given.mix
     problem = mix_problem(mix) or model_problem(mix, model)

@@ -9,7 +9,6 @@ the reason: nothing in the store is dropped silently. The store is opened read-o
 """
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 from ..errors import FtscopeError
@@ -19,15 +18,16 @@ from .compare import Check
 
 
 def _scenario(run_scenario: dict, build_config: dict | None, label: str) -> Scenario:
-    """The run's scenario with the model as built; FtscopeError saying why it cannot be re-estimated."""
+    """The run's scenario with the model as built (so a model path that no longer resolves, e.g. a relative one,
+    does not matter); FtscopeError saying why it cannot be re-estimated."""
     if not build_config:
         raise FtscopeError("no config as built in the store")
-    scn = scenario_from_dict(run_scenario)
     model = model_from_config(build_config, name=f"{run_scenario.get('model', label)} (as built)")
-    mix = scn.mix
-    if model.is_moe and mix.experts_top_k and mix.experts_top_k > model.arch.num_experts:
-        mix = replace(mix, experts_top_k=model.arch.num_experts)
-    return replace(scn, model=model, mix=mix)
+    mix = run_scenario.get("mix")
+    if isinstance(mix, dict) and isinstance(mix.get("experts_top_k"), int) and model.is_moe:
+        # a shrunk model may have fewer experts than the scenario's top-k
+        run_scenario = {**run_scenario, "mix": {**mix, "experts_top_k": min(mix["experts_top_k"], model.arch.num_experts)}}
+    return scenario_from_dict(run_scenario, model=model)
 
 
 def store_checks(db: str | Path) -> tuple[list[Check], list[tuple[str, str]]]:

@@ -58,7 +58,7 @@ class StoredPoint:
 
 @dataclass(frozen=True)
 class Build:
-    config: dict[Text(), Any]
+    config: dict[Text(), Any] | None = None
 
 
 @dataclass(frozen=True)

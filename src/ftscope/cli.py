@@ -30,6 +30,14 @@ JSON_OPT = typer.Option(False, "--json", help="Print one JSON document (the outp
 CAL_OPT = typer.Option(None, "--calibration", help="Efficiency calibration file (default: the bundled fit).")
 
 
+def _overrides_help() -> str:
+    from .spec.mix import mix_help  # the allowed values come from Mix's field types, nowhere else
+    return f"key.path=value overrides, e.g. mix.zero_stage=3. Choices: {mix_help()}."
+
+
+OVERRIDES_ARG = typer.Argument(None, help=_overrides_help())
+
+
 def _print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
 
@@ -48,7 +56,7 @@ _split = opt.split
 @app.command()
 def estimate(
     scenario: Path = typer.Argument(..., help="Scenario YAML/JSON file."),
-    overrides: Optional[List[str]] = typer.Argument(None, help="key.path=value overrides, e.g. mix.zero_stage=3."),
+    overrides: Optional[List[str]] = OVERRIDES_ARG,
     json_out: bool = JSON_OPT,
     margin: float = typer.Option(0.0, "--margin", help="Fraction of GPU memory to keep free (0.05 = 5 %)."),
     check: bool = typer.Option(False, "--check", help="Exit 1 when the scenario does not fit (a pre-launch guard)."),
@@ -77,7 +85,7 @@ def estimate(
 @app.command()
 def plan(
     scenario: Path = typer.Argument(..., help="Scenario YAML/JSON file (its hardware is replaced by each candidate)."),
-    overrides: Optional[List[str]] = typer.Argument(None, help="key.path=value overrides."),
+    overrides: Optional[List[str]] = OVERRIDES_ARG,
     gpus: Optional[str] = typer.Option(None, "--gpus", help="Comma-separated GPU types (default: every GPU with a price)."),
     counts: str = typer.Option("1,2,4,8", "--counts", help="GPUs per node to try."),
     max_gpus: Optional[int] = typer.Option(None, "--max-gpus", help="Skip candidates with more GPUs than this."),
@@ -151,7 +159,7 @@ def _open_store_for_writing(db: Path) -> None:
 @app.command()
 def profile(
     scenario: Path = typer.Argument(..., help="Scenario YAML/JSON file."),
-    overrides: Optional[List[str]] = typer.Argument(None, help="key.path=value overrides."),
+    overrides: Optional[List[str]] = OVERRIDES_ARG,
     device: str = typer.Option("auto", "--device", help="auto | cuda | cpu."),
     steps: int = typer.Option(3, "--steps", help="Timed steps per batch size."),
     warmup: int = typer.Option(1, "--warmup", help="Untimed steps first."),
@@ -262,7 +270,7 @@ def profile(
 @app.command()
 def trace(
     scenario: Path = typer.Argument(..., help="Scenario YAML/JSON file."),
-    overrides: Optional[List[str]] = typer.Argument(None, help="key.path=value overrides."),
+    overrides: Optional[List[str]] = OVERRIDES_ARG,
     batch: Optional[int] = typer.Option(None, "--batch", help="Micro-batch to trace (default: the scenario's, 1 for max)."),
     seq: Optional[int] = typer.Option(None, "--seq", help="Sequence length (default: the scenario's longest)."),
     shrink: Optional[str] = typer.Option(None, "--shrink", help="Trace a smaller copy: layers=2,hidden=256,..."),
@@ -312,7 +320,7 @@ def trace(
 @app.command()
 def recommend(
     scenario: Path = typer.Argument(..., help="Scenario YAML/JSON file: model, data and the mix to start from."),
-    overrides: Optional[List[str]] = typer.Argument(None, help="key.path=value overrides."),
+    overrides: Optional[List[str]] = OVERRIDES_ARG,
     gpus: Optional[str] = typer.Option(None, "--gpus", help="GPU budget(s) NAME:MAX_COUNT, e.g. a100-80gb:8,h100-80gb:4 "
                                                             "(default: the scenario's GPU and count)."),
     any_gpu: bool = typer.Option(False, "--any-gpu", help="Search every GPU type with a price, 1-8 GPUs."),
@@ -466,7 +474,7 @@ def report(
 @study_app.command("moe")
 def study_moe_cmd(
     scenario: Path = typer.Argument(..., help="Scenario of an MoE model (e.g. examples/moe-study-demo.yaml)."),
-    overrides: Optional[List[str]] = typer.Argument(None, help="key.path=value overrides."),
+    overrides: Optional[List[str]] = OVERRIDES_ARG,
     data: Path = typer.Option(..., "--data", help="Training JSONL ({prompt, answer} or {prompt, choices, answer})."),
     eval_data: Path = typer.Option(..., "--eval", help="Evaluation JSONL, same format."),
     tokenizer: Path = typer.Option(..., "--tokenizer", help="Local tokenizer.json."),

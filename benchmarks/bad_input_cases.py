@@ -131,6 +131,10 @@ BAD_VALUES = {
     "model a number": {"model": 7}, "model empty": {"model": ""}, "model 300 characters": {"model": "m" * 300},
     "model id with a 300-byte part": {"model": "org/" + "m" * 300}, "model with a NUL": {"model": "a\x00b"},
     "model ~unknown-user": {"model": "~no_such_user_ftscope/config.json"}, "model unknown": {"model": "llama-2-7"},
+    "model an empty inline config": {"model": {}}, "model an inline config with NaN": {"model": {**fx.LLAMA, "hidden_size": float("nan")}},
+    "framework unknown": {"framework": "trl-sftt"}, "framework a number": {"framework": 7},
+    "mix.lora_dropout 1.5": {"mix__lora_dropout": 1.5}, "mix.lora_dropout NaN": {"mix__lora_dropout": float("nan")},
+    "mix.loss unknown": {"mix__loss": "fused"},
 }
 
 
@@ -313,6 +317,11 @@ def options(d: Path, ok: str, tiny: str, data: str, tok: str) -> list[Case]:
         "calibrate --baseline xyz": ["calibrate", "--baseline", "xyz"],
         "report nothing to report": ["report", "--no-cases", "--out", str(d / "r.html")],
         "models extra argument": ["models", "x"], "gpus --json=1": ["gpus", "--json=1"],
+        "serve --port 70000": ["serve", "--port", "70000"], "serve --port -1": ["serve", "--port", "-1"],
+        "serve --db missing": ["serve", "--db", str(d / "missing.sqlite")], "serve --db a folder": ["serve", "--db", str(d)],
+        "serve --db a text file": ["serve", "--db", str(d / "afile.txt")],
+        "validate --corpus --source unknown": ["validate", "--corpus", "--source", "no-such-source"],
+        "calibrate --cv unknown": ["calibrate", "--cv", "everything"],
     }
     return [Case(name, tuple(argv)) for name, argv in bad.items()]
 

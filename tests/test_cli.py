@@ -123,11 +123,17 @@ def small_cases(tmp_path):
 
 
 def test_calibrate_cv_json(small_cases):
-    d = ok_json("calibrate", "--cases", small_cases, "--cv", "--json")
+    d = ok_json("calibrate", "--cases", small_cases, "--cv", "all", "--json")
     assert set(d["shared"]) >= {"matmul", "bandwidth", "kernel_floor_us"}
     assert d["provenance"]["points"] >= 5
-    assert set(d["cross_validation"]) == {"leave_one_case_out", "leave_one_gpu_out", "leave_one_model_out",
-                                          "per_gpu_leave_one_case_out"}
+    assert set(d["cross_validation"]) == {"leave_one_source_out", "leave_one_case_out", "leave_one_gpu_out",
+                                          "leave_one_model_out", "per_gpu_leave_one_case_out"}
+    # two sources (the IISWC series, LLaMA-Factory's wiki): each held out in turn
+    assert set(d["cross_validation"]["leave_one_source_out"]) == {"iiswc", "llamafactory-wiki-performance-comparison"}
+
+
+def test_calibrate_cv_kind_is_checked(small_cases):
+    assert_user_error(ftscope("calibrate", "--cases", small_cases, "--cv", "sources"), "--cv must be one of")
 
 
 def test_calibrate_fits_profile_stores_too(small_cases):
@@ -249,3 +255,12 @@ def test_in_process_estimate_json(dense):
     r = CliRunner().invoke(app, ["estimate", str(dense), "--json"])
     assert r.exit_code == 0
     assert json.loads(r.stdout)["memory"]["fits"] is True
+
+
+def test_validate_corpus_json_and_reasons():
+    d = ok_json("validate", "--corpus", "--source", "answerai-fsdp-qlora-benchmarks", "--json")
+    assert set(d["coverage"]) == {"answerai-fsdp-qlora-benchmarks"}
+    assert d["totals"]["points"] == 33 and d["totals"]["compared"] + d["totals"]["listed"] == 33
+    r = ftscope("validate", "--corpus", "--source", "hf-blog-fsdp-llama2-70b", "--reasons")
+    assert r.returncode == 0 and "not compared" in r.stdout and "hfblog-fsdp-llama2-70b-chat-16xa100" in r.stdout
+    assert_user_error(ftscope("validate", "--corpus", "--source", "nope"), "unknown corpus source")

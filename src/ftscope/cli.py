@@ -39,7 +39,8 @@ OVERRIDES_ARG = typer.Argument(None, help=_overrides_help())
 
 
 def _print_json(data: Any) -> None:
-    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+    from .report.contract import to_json
+    sys.stdout.write(to_json(data))
 
 
 def _console():
@@ -358,12 +359,8 @@ def recommend(
                     plot_file)
     written = []
     if emit_dir is not None and result.best is not None:
-        from .plan.emit import emit
-        from .plan.recommend import best_deepspeed
-        written = emit(result.best.scenario, result.best.estimate.micro_batch_size, emit_dir)
-        ds = best_deepspeed(result)
-        if ds is not None and ds is not result.best:  # the best ZeRO alternative, for DeepSpeed users
-            written += emit(ds.scenario, ds.estimate.micro_batch_size, emit_dir / "deepspeed")
+        from .plan.emit import emit_recommendation
+        written = emit_recommendation(result, emit_dir)
     if json_out:
         data = result.to_dict()
         data["emitted"] = [str(p) for p in written]
@@ -469,6 +466,21 @@ def report(
         raise FtscopeError("nothing to report: give --plan, --db or leave the published cases in")
     path = render(sections, "ftscope report", out, png_dir)
     _console().print(f"wrote {path} ({path.stat().st_size / 1024:,.0f} KiB, {sum(len(s.figures) for s in sections)} charts)")
+
+
+@app.command()
+def serve(
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0 exposes it to the network)."),
+    port: int = typer.Option(8765, "--port", help="Port (0: any free port; the URL is printed)."),
+    db: Optional[Path] = typer.Option(None, "--db", help="A profile results store (SQLite) to chart, as `report` does."),
+) -> None:
+    """The planner as a local web page: pick a model, GPUs and mix, see the estimate, plan and recommendations
+    change as you type; share the URL, download the scenario, the --json result and launch configs."""
+    from .serve import main as run_serve
+
+    opt.integer(port, "--port", 0, 65_535)
+
+    run_serve(host, port, db)
 
 
 @study_app.command("moe")
@@ -612,11 +624,18 @@ def show(
 def validate(
     cases: Optional[List[Path]] = typer.Option(None, "--cases", help="Published case files (default: the bundled cases)."),
     db: Optional[Path] = typer.Option(None, "--db", help="Also compare every measured point of this profile store."),
+    corpus: bool = typer.Option(False, "--corpus", help="The published-runs corpus instead: coverage and error per source."),
+    source: Optional[str] = typer.Option(None, "--source", help="With --corpus: one source only (its id)."),
+    reasons: bool = typer.Option(False, "--reasons", help="With --corpus: list every point not compared, with why."),
     json_out: bool = JSON_OPT,
     calibration: Optional[Path] = CAL_OPT,
 ) -> None:
     """Predicted vs measured on published cases (and profile runs): absolute % error per case and metric,
-    median and max. Memory is compared in the metric the source measured (allocated, reserved, nvidia-smi)."""
+    median and max. Memory is compared in the metric the source measured (allocated, reserved, nvidia-smi).
+    With --corpus: every point of the 420-point published corpus, compared or listed with the reason."""
+    if corpus or source or reasons:
+        _validate_corpus(source, reasons, json_out, str(calibration) if calibration else None)
+        return
     from .validate.compare import run_validation, skipped_measurements, summary
     from .validate.cases import load_cases
 
@@ -646,23 +665,48 @@ def validate(
         con.print(f"not compared: {m} ({w})")
 
 
+def _validate_corpus(source: Optional[str], reasons: bool, json_out: bool, calibration: Optional[str]) -> None:
+    from .validate.corpus.checks import TABLE_COLUMNS, report, run_corpus, table_rows
+
+    mapped, results, listed = run_corpus(source, calibration)
+    rep = report(mapped, results, listed)
+    if json_out:
+        _print_json(rep)
+        return
+    from .report.tables import simple_table
+    con = _console()
+    con.print(simple_table("published-runs corpus: coverage and absolute % error per source (n: median / max)",
+                           list(TABLE_COLUMNS), table_rows(rep)))
+    if reasons:
+        con.print(simple_table("not compared", ["source", "point", "what", "why"],
+                               [[x.source, x.id, x.what, x.reason] for x in listed]))
+
+
+CV_KINDS = ("source", "case", "gpu", "model", "all")
+
+
 @app.command()
 def calibrate(
     cases: Optional[List[Path]] = typer.Option(None, "--cases", help="Case files to fit on (default: the bundled cases)."),
     out: Optional[Path] = typer.Option(None, "--out", help="Write the calibration JSON here (default: print it)."),
-    cv: bool = typer.Option(False, "--cv", help="Also print leave-one-case/GPU/model-out cross-validation errors."),
+    cv: Optional[str] = typer.Option(None, "--cv", help="Also cross-validate: hold out each source | case | gpu | model "
+                                     "in turn (fit without it, predict it), or all of them."),
     baseline: Optional[str] = typer.Option(None, "--baseline", help="Also fit a baseline model on the same data: iiswc."),
     db: Optional[List[Path]] = typer.Option(None, "--db", help="Also fit on the CUDA step times of this profile store (repeatable)."),
+    corpus: bool = typer.Option(False, "--corpus", help="Also fit on the throughput of the published-runs corpus."),
     json_out: bool = JSON_OPT,
 ) -> None:
     """Fit the time model's efficiency parameters to measured times (published cases, plus your own profile
-    runs with --db); `--cv` says how well it predicts what it did not see."""
-    from .validate.calibrate import calibrate as run_calibrate, cross_validate, cross_validate_per_gpu, time_points
+    runs with --db, plus the published-runs corpus with --corpus); `--cv` says how well it predicts what it did
+    not see."""
+    from .validate.calibrate import calibrate as run_calibrate, cross_validations, time_points
     from .validate.cases import load_cases
     from .validate.compare import all_checks
 
     if baseline is not None:
         opt.choice(baseline, "--baseline", ("iiswc",))
+    if cv is not None:
+        opt.choice(cv, "--cv", CV_KINDS)
     opt.input_files(cases, "cases file")
     opt.out_file(out, "--out calibration file")
     paths = [str(c) for c in cases] if cases else None
@@ -673,16 +717,15 @@ def calibrate(
         for store in db:
             checks += store_checks(store)[0]
             sources.append(f"profile store {store.name}")
+    if corpus:
+        from .validate.corpus import map_corpus
+        from .validate.corpus.checks import corpus_checks
+        checks += corpus_checks(map_corpus())[0]
+        sources.append("bundled published-runs.yaml")
     cal = run_calibrate(checks, sources)
     data: dict[str, Any] = cal.to_dict()
     if cv:
-        pts = time_points(checks)
-        data["cross_validation"] = {
-            "leave_one_case_out": cross_validate(pts, lambda p: p.check.case_id),
-            "leave_one_gpu_out": cross_validate(pts, lambda p: p.check.scenario.cluster.gpu.key),
-            "leave_one_model_out": cross_validate(pts, lambda p: p.check.scenario.model.name),
-            "per_gpu_leave_one_case_out": cross_validate_per_gpu(pts),
-        }
+        data["cross_validation"] = cross_validations(time_points(checks), cv)
     if baseline is not None:
         from dataclasses import asdict
         from .validate.iiswc import max_batch_fit, throughput_fit

@@ -283,3 +283,56 @@ def test_dynamic_padding_peak_uses_longest_batch_capped_by_cutoff():
     assert capped.seq_len == 1024
     assert uncapped.seq_len == 1470
     assert capped.memory.peak_bytes < uncapped.memory.peak_bytes
+
+
+# ---- framework recipes -------------------------------------------------------------------------------------
+
+def _fw(framework, method="qlora", model="llama-3.1-8b", **mix):
+    return ftscope.load_scenario({"model": model, "framework": framework, "hardware": {"gpu": "h100-80gb"},
+                                  "mix": {"method": method, "gradient_checkpointing": True, **mix},
+                                  "workload": {"micro_batch_size": 2, "seq_len": 1024}})
+
+
+def test_kbit_preparation_keeps_non_4bit_weights_in_fp32():
+    from ftscope.estimate.memory import memory_model
+
+    plain, kbit = memory_model(_fw("hf-trainer")), memory_model(_fw("peft-kbit"))
+    m = _fw("hf-trainer").model
+    non4 = m.embedding_params + m.lm_head_params + m.final_norm_params + sum(l.other_params * n for l, n in m.layer_groups)
+    assert kbit.weights - plain.weights == pytest.approx(2.0 * non4)
+    # autocast's bf16 copy of the fp32 LM head lives from the head's forward to its backward
+    assert kbit.weight_transient - plain.weight_transient == pytest.approx(2.0 * m.lm_head_params)
+    # the fp32 embedding output makes the residual stream fp32: checkpointed block inputs double
+    assert kbit.acts.checkpoint_per_token == pytest.approx(2 * plain.acts.checkpoint_per_token)
+
+
+def test_bf16_adapters_halve_adapter_state():
+    from ftscope.estimate.memory import memory_model
+
+    fp32, bf16 = memory_model(_fw("hf-trainer", loss="standard")), memory_model(_fw("trl-sft", loss="standard"))
+    assert bf16.optimizer == pytest.approx(fp32.optimizer / 2)
+    assert bf16.acts.saved_per_token < fp32.acts.saved_per_token  # no per-adapter fp32 -> bf16 input copies
+
+
+def test_fused_linear_loss_keeps_no_logits_and_its_tile_stops_growing():
+    std = ftscope.estimate(_fw("hf-trainer", loss="standard"), with_time=False)
+    fused = ftscope.estimate(_fw("hf-trainer", loss="fused_linear"), with_time=False)
+    assert fused.memory.allocated_bytes < std.memory.allocated_bytes
+    a = fused.model_memory.acts
+    assert a.logits_saved_per_token < 100 and a.loss_tile_tokens == 4096
+    from dataclasses import replace
+
+    mm = fused.model_memory
+    uncapped = replace(mm, acts=replace(a, loss_tile_tokens=float("inf")))
+    start_of_backward = lambda model, s: model._phases(1, s)[2][4]  # noqa: E731 - (phase, ..., allocated)
+    extra = start_of_backward(uncapped, 8192) - start_of_backward(mm, 8192)
+    assert extra == pytest.approx(a.loss_tile_per_token * (8192 - 4096))
+    assert start_of_backward(uncapped, 2048) == start_of_backward(mm, 2048)
+
+
+def test_lora_dropout_adds_a_copy_and_mask_per_adapter():
+    base = _fw("trl-sft", method="lora", gradient_checkpointing=False)
+    drop = _fw("trl-sft", method="lora", gradient_checkpointing=False, lora_dropout=0.05)
+    from ftscope.estimate.memory import memory_model
+
+    assert memory_model(drop).acts.saved_per_token > memory_model(base).acts.saved_per_token

@@ -51,3 +51,19 @@ def test_no_deepspeed_json_without_zero():
 def test_training_snippet_is_valid_python(tmp_path):
     emit(_scn(method="qlora", zero_stage=3), 4, tmp_path)
     compile((tmp_path / "train_args.py").read_text(), "train_args.py", "exec")
+
+
+def test_emit_recommendation_writes_the_winner_and_the_best_zero_candidate(tmp_path):
+    from dataclasses import replace
+
+    from ftscope.plan.emit import emit_recommendation
+    from ftscope.plan.recommend import best_deepspeed, recommend
+
+    rec = recommend(_scn())
+    assert rec.best is not None
+    written = emit_recommendation(rec, tmp_path)
+    ds = best_deepspeed(rec)
+    top = {p.relative_to(tmp_path) for p in written if p.parent == tmp_path}
+    assert {"accelerate.yaml", "train_args.py"} <= {str(p) for p in top}
+    assert any(p.parent == tmp_path / "deepspeed" for p in written) == (ds is not None and ds is not rec.best)
+    assert emit_recommendation(replace(rec, best=None), tmp_path / "none") == []

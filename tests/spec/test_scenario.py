@@ -402,3 +402,15 @@ def test_estimate_of_a_valid_scenario_is_finite_and_non_negative(raw):
     assert isinstance(out["memory"]["fits"], bool)
     if out["memory"]["fits"]:
         assert out["memory"]["peak_gib"] <= out["memory"]["capacity_gib"] + 1e-3
+
+
+def test_model_may_be_an_inline_config(scenario_dict):
+    from ftscope.catalog import model_config
+    cfg = {**model_config("llama-2-7b"), "_name_or_path": "my-llama"}
+    scenario_dict["model"] = cfg
+    scn = scenario_from_dict(scenario_dict)
+    assert scn.model.name == scn.model_ref == "my-llama"
+    assert scn.model.total_params == load_scenario({**scenario_dict, "model": "llama-2-7b"}).model.total_params
+    scenario_dict["model"] = {"model_type": "llama"}
+    with pytest.raises(FtscopeError, match="hidden_size"):
+        scenario_from_dict(scenario_dict)

@@ -153,3 +153,20 @@ def test_time_point_predicts_what_check_predicts(bundled_subset):
     cal = Calibration(TRUTH, {}, {})
     for p in time_points(bundled_subset):
         assert p.predict(TRUTH) == pytest.approx(p.check.predict(cal), rel=1e-9)
+
+
+def test_source_of_groups_the_same_runs_together():
+    from ftscope.validate.calibrate import DEV_CASE_SOURCES, source_of
+    scn = ftscope.load_scenario(d())
+    tp = lambda case, group: TimePoint(Check(case, group, "step_s", 1.0, scn), 1, 1)  # noqa: E731
+    assert source_of(tp("iiswc-a40-x", "iiswc")) == "iiswc"
+    assert source_of(tp("torchtune-llama31-8b-lora-4090", "torchtune")) == DEV_CASE_SOURCES["torchtune"]
+    assert source_of(tp("torchtune-2409-x", "torchtune-readme-and-tutorials")) == DEV_CASE_SOURCES["torchtune"]
+    assert source_of(tp("db:gpu-timing.sqlite:run3", "profile-cuda")) == "profile stores (a100-80gb)"
+
+
+def test_mfu_is_not_fitted_twice():
+    from ftscope.validate.calibrate import FIT_METRICS
+    scn = ftscope.load_scenario(d())
+    pts = time_points([Check("a", "g", "mfu", 0.5, scn), Check("a", "g", "tokens_per_s_per_gpu", 1e4, scn)])
+    assert [p.check.metric for p in pts] == ["tokens_per_s_per_gpu"] and "mfu" not in FIT_METRICS

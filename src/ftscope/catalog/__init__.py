@@ -93,3 +93,15 @@ def prices_for(gpu_key: str) -> tuple[dict[str, Any], ...]:
             if seen is None or str(p["date"]) > str(seen["date"]):
                 newest[p["provider"]] = p
     return tuple(sorted(newest.values(), key=lambda p: p["usd_per_gpu_hour"]))
+
+
+@lru_cache(maxsize=None)
+def recipe_names() -> tuple[str, ...]:
+    """Bundled framework recipes (catalog/recipes/<name>.yaml)."""
+    return tuple(sorted(p.name[:-5] for p in _ROOT.joinpath("recipes").iterdir() if p.name.endswith(".yaml")))
+
+
+@lru_cache(maxsize=None)
+def recipe_data(name: str) -> dict[str, Any]:
+    """One framework recipe's mapping (see spec/recipe.py for its fields)."""
+    return _yaml(f"recipes/{name}.yaml")

@@ -18,6 +18,7 @@ from functools import lru_cache
 
 from ..spec.mix import Mix
 from ..spec.model import Layer, Linear, ModelSpec
+from ..spec.recipe import Recipe, load_recipe
 
 LOSS_CHUNKS = 8
 """Chunks of a chunked cross-entropy (torchtune's CEWithChunkedOutputLoss default)."""
@@ -49,18 +50,31 @@ class ActivationCoefficients:
     """bf16 logits and their fp32 upcast, alive while the loss is computed."""
     logits_backward_extra_per_token: float
     """Gradient buffers of the loss at the start of backward."""
+    loss_tile_per_token: float = 0.0
+    """A fused LM head's logits tile buffer, per token up to `loss_tile_tokens` tokens (then fixed)."""
+    loss_tile_tokens: float = 0.0
 
 
 def _trained(lin: Linear, mix: Mix, lora: frozenset[int]) -> bool:
     return mix.method == "full" or id(lin) in lora
 
 
-def _block_bytes(layer: Layer, model: ModelSpec, mix: Mix, lora: frozenset[int], top_k: int) -> tuple[float, float, float]:
+def fp32_stream(mix: Mix, recipe: Recipe) -> bool:
+    """The residual stream runs in fp32 under autocast: full AMP's fp32 parameters, or QLoRA whose k-bit
+    preparation left the embeddings (and norms) in fp32."""
+    mixed = mix.precision in ("bf16-mixed", "fp16-mixed")
+    full_mixed = mix.method == "full" and mixed and mix.shard_stage == 0
+    kbit = mix.method == "qlora" and mixed and recipe.kbit_fp32("embeddings")
+    return full_mixed or kbit
+
+
+def _block_bytes(layer: Layer, model: ModelSpec, mix: Mix, lora: frozenset[int], top_k: int,
+                 recipe: Recipe) -> tuple[float, float, float]:
     """(bytes per token, bytes per token per context token, the FFN's part of the first) that one block saves."""
     a = model.arch
     h = a.hidden_size
     c = 4 if mix.precision == "fp32" else 2                      # matmul activation dtype
-    full_mixed = mix.method == "full" and mix.precision in ("bf16-mixed", "fp16-mixed") and mix.shard_stage == 0
+    full_mixed = fp32_stream(mix, recipe)
     r = 4 if (mix.precision == "fp32" or full_mixed) else 2       # residual stream dtype (fp32 params under AMP)
     norm = 4 * h + (r * h if mix.method == "full" else 0)        # fp32 stats copy (+ normalized input if weight trains)
     rank = mix.lora_rank if mix.trains_lora else 0
@@ -73,14 +87,22 @@ def _block_bytes(layer: Layer, model: ModelSpec, mix: Mix, lora: frozenset[int],
     # when the input is not already in that dtype each linear saves its own copy: the fp32 residual stream of
     # full AMP, and PEFT's fp32 adapters (it casts x to the adapter's dtype, autocast casts it back per lora_A).
     mixed = mix.precision in ("bf16-mixed", "fp16-mixed")
-    per_linear = mixed and (full_mixed or (mix.trains_lora and mix.method != "full"))
+    fp32_adapters = mix.trains_lora and recipe.adapter_dtype(mix.method) == "fp32"
+    per_linear = mixed and (full_mixed or fp32_adapters)
+    # LoRA dropout > 0: each adapter drops out its own copy of the input (saved by lora_A) and keeps the mask
+    dropout = mix.trains_lora and mix.lora_dropout > 0
 
     def inp(*roles: str, width: int) -> float:
         lins = [by_role[x] for x in roles if x in by_role]
         if per_linear:
             saved = sum(c * width for lin in lins if (full_mixed and _trained(lin, mix, lora)) or id(lin) in lora)
+        elif dropout:
+            saved = sum((c + 1) * width for lin in lins if id(lin) in lora)
+            saved += c * width if any(_trained(lin, mix, lora) and id(lin) not in lora for lin in lins) else 0.0
         else:
             saved = c * width if any(_trained(lin, mix, lora) for lin in lins) else 0.0
+        if per_linear and dropout:
+            saved += sum(width for lin in lins if id(lin) in lora)  # the dropout mask (bool)
         return saved + sum(c * rank for lin in lins if id(lin) in lora)  # lora_A output
 
     if layer.mixer == "attention":
@@ -149,21 +171,37 @@ def _ffn_bytes(layer: Layer, model: ModelSpec, mix: Mix, lora: frozenset[int], t
     return total
 
 
+def _loss_bytes(mix: Mix, recipe: Recipe, c: int, v: int, h: int) -> tuple[float, float, float]:
+    """(saved, extra at the end of forward, extra at the start of backward) per token for the loss."""
+    if mix.loss == "chunked":
+        # the LM head and cross-entropy per chunk (torchtune compiles its loss): the bf16 logits are kept, the fp32
+        # upcast and the loss gradients exist for one chunk at a time. Not yet checked against a torchtune trace.
+        chunk = 1.0 / (recipe.loss_chunks or LOSS_CHUNKS)
+        return c * v, 4.0 * v * chunk, (4.0 + c) * v * chunk
+    if mix.loss == "fused_linear":
+        # logits are never materialized: per-token fp32 statistics are kept, the hidden-state gradient is fp32;
+        # the logits tile buffer is added by the caller (it stops growing at the tile's token count)
+        return 4.0 * 4, 0.0, 4.0 * h
+    return 4.0 * v, (c + 4.0) * v, 8.0 * v
+
+
 @lru_cache(maxsize=8192)
-def activation_coefficients(model: ModelSpec, mix: Mix, top_k: int) -> ActivationCoefficients:
-    """Per-token (and per token x context) saved bytes for this model and mix, on one GPU."""
+def activation_coefficients(model: ModelSpec, mix: Mix, top_k: int, recipe: Recipe | None = None) -> ActivationCoefficients:
+    """Per-token (and per token x context) saved bytes for this model and mix, on one GPU, as the framework
+    recipe runs it (default: transformers + PEFT)."""
+    recipe = recipe or load_recipe()
     lora = model.lora_target_ids(mix.lora_targets) if mix.trains_lora else frozenset()
     saved = quad = 0.0
     worst = worst_q = worst_ffn = 0.0
     for layer, n in model.layer_groups:
-        b, q, f = _block_bytes(layer, model, mix, lora, top_k)
+        b, q, f = _block_bytes(layer, model, mix, lora, top_k, recipe)
         saved += b * n
         quad += q * n
         if b > worst:
             worst, worst_q, worst_ffn = b, q, f
     a = model.arch
     h, v = a.hidden_size, a.vocab_size
-    full_mixed = mix.method == "full" and mix.precision in ("bf16-mixed", "fp16-mixed") and mix.shard_stage == 0
+    full_mixed = fp32_stream(mix, recipe)
     r = 4 if (mix.precision == "fp32" or full_mixed) else 2
     c = 4 if mix.precision == "fp32" else 2
     head = 4 * h + (c * h if mix.method == "full" else 0)
@@ -172,15 +210,13 @@ def activation_coefficients(model: ModelSpec, mix: Mix, top_k: int) -> Activatio
         per_layer = max(sum(lin.in_features * lin.out_features for lin in layer.linears if lin.group == "experts")
                         for layer, _ in model.layer_groups)
         fwd_transient = 4.0 * per_layer * top_k
-    if mix.loss == "chunked":
-        chunk = 1.0 / LOSS_CHUNKS
-        logits = (c * v, 4.0 * v * chunk, (4.0 + c) * v * chunk)
-    else:
-        logits = (4.0 * v, (c + 4.0) * v, 8.0 * v)
+    logits = _loss_bytes(mix, recipe, c, v, h)
     return ActivationCoefficients(
         saved_per_token=saved, saved_per_token_quadratic=quad, layer_per_token=worst, layer_per_token_quadratic=worst_q,
         layer_ffn_per_token=worst_ffn, forward_transient_per_token=fwd_transient,
         checkpoint_per_token=r * h * model.num_layers, head_per_token=head,
         logits_saved_per_token=logits[0], logits_forward_extra_per_token=logits[1],
         logits_backward_extra_per_token=logits[2],
+        loss_tile_per_token=float(c * min(v, recipe.loss_tile_vocab)) if mix.loss == "fused_linear" else 0.0,
+        loss_tile_tokens=float(recipe.loss_tile_tokens),
     )

@@ -107,8 +107,9 @@ class MemoryModel:
         wt = self.weight_transient
         g_fwd = self.gradients_in_forward
         g_end = max(self.gradients, g_fwd)
-        fwd_act = saved + a.logits_forward_extra_per_token * t
-        bwd_act = saved + a.logits_backward_extra_per_token * t
+        tile = a.loss_tile_per_token * min(t, a.loss_tile_tokens)
+        fwd_act = saved + a.logits_forward_extra_per_token * t + tile
+        bwd_act = saved + a.logits_backward_extra_per_token * t + tile
         # once the head's backward has run, the loss tensors are freed; then each block's backward holds (under
         # checkpointing, recomputed) its activations and, in eager attention, as many bytes again per score as it
         # saved (layer_per_token_quadratic: zero for sdpa/flash). By the time the attention's backward runs, the
@@ -173,6 +174,33 @@ def peft_merged_expert_bytes(scn: Scenario) -> float:
     return sum(b * n for b, n in zip(per_layer, counts))
 
 
+def kbit_fp32_params(scn: Scenario, quantized: int) -> int:
+    """QLoRA: parameters left out of 4-bit that the recipe's k-bit preparation keeps in fp32 (embeddings, norms,
+    LM head, and the rest: routers, fused expert stacks, biases)."""
+    rec, m = scn.recipe, scn.model
+    if scn.mix.method != "qlora" or not rec.kbit_fp32_params:
+        return 0
+    norms = m.final_norm_params + sum(layer.other_params * n for layer, n in m.layer_groups)
+    groups = {"embeddings": m.embedding_params, "lm_head": m.lm_head_params, "norms": norms}
+    groups["other"] = max(m.total_params - quantized - sum(groups.values()), 0)
+    return sum(n for g, n in groups.items() if rec.kbit_fp32(g))
+
+
+def kbit_autocast_copies(scn: Scenario) -> tuple[float, list[float]]:
+    """Bytes of the bf16 copies autocast makes of frozen weights a k-bit preparation left in fp32, which the
+    matmul keeps for the input gradient: (the LM head's, from its forward to its backward; each block's fused
+    expert stacks, one block at a time under checkpointing)."""
+    rec, m, mix = scn.recipe, scn.model, scn.mix
+    if mix.method != "qlora" or mix.precision not in ("bf16-mixed", "fp16-mixed"):
+        return 0.0, []
+    head = 2.0 * (m.lm_head_params or m.embedding_params) if rec.kbit_fp32("lm_head") else 0.0
+    stacks = []
+    if rec.kbit_fp32("other") and m.is_moe and mix.fused_experts:
+        for layer, n in m.layer_groups:
+            stacks += [2.0 * sum(lin.params for lin in layer.linears if lin.group == "experts")] * n
+    return head, stacks
+
+
 def trainable_params(scn: Scenario) -> int:
     m, mix = scn.model, scn.mix
     if mix.method == "full":
@@ -194,6 +222,7 @@ def memory_model(scn: Scenario, allocator: AllocatorModel = DEFAULT_ALLOCATOR) -
     frozen = 0 if mix.method == "full" else total
 
     # bytes per trainable parameter: working weight, gradient, optimizer (+ fp32 master)
+    low_adapters = mixed and mix.trains_lora and not deepspeed and scn.recipe.adapter_dtype(mix.method) != "fp32"
     if fp32:
         w_b, g_b, master = 4.0, 4.0, 0.0
     elif mixed and (deepspeed or (mix.method == "full" and fsdp)):
@@ -202,9 +231,10 @@ def memory_model(scn: Scenario, allocator: AllocatorModel = DEFAULT_ALLOCATOR) -
             w_b, g_b, master = 4.0, 4.0, 0.0    # FSDP2 shards fp32 params; bf16 is a per-block gathered copy
     elif mixed:
         w_b, g_b, master = 4.0, 4.0, 0.0        # torch AMP: fp32 parameters, autocast casts per op
-    else:                                       # pure bf16
+    if mix.precision == "bf16" or low_adapters:  # pure bf16, or a recipe that keeps adapters in bf16
         w_b, g_b, master = 2.0, 2.0, 0.0
-    opt_state = OPTIMIZER_STATE_BYTES[mix.optimizer] * (0.5 if mix.precision == "bf16" and mix.optimizer == "adamw" else 1.0)
+    low_states = (mix.precision == "bf16" or low_adapters) and mix.optimizer == "adamw"
+    opt_state = OPTIMIZER_STATE_BYTES[mix.optimizer] * (0.5 if low_states else 1.0)
     opt_b = opt_state + master
 
     # frozen base weights
@@ -213,7 +243,7 @@ def memory_model(scn: Scenario, allocator: AllocatorModel = DEFAULT_ALLOCATOR) -
         if m.is_moe and mix.fused_experts:
             # bitsandbytes replaces nn.Linear only: transformers 5's fused 3-D experts stay in bf16
             quantized -= sum(lin.params * k for lin, k in m.linears() if lin.group == "experts")
-        frozen_bytes = quantized * NF4_BYTES + (total - quantized) * 2.0
+        frozen_bytes = quantized * NF4_BYTES + (total - quantized) * 2.0 + kbit_fp32_params(scn, quantized) * 2.0
     else:
         frozen_bytes = frozen * (4.0 if fp32 else 2.0)
 
@@ -251,9 +281,13 @@ def memory_model(scn: Scenario, allocator: AllocatorModel = DEFAULT_ALLOCATOR) -
         largest = max((lin.params for lin, _ in m.linears() if not (lin.group == "experts" and mix.fused_experts)),
                       default=0)
         block += largest * 2.0  # the dequantized bf16 weight of the matmul in flight
+    head_copy, stack_copies = kbit_autocast_copies(scn)
+    transient += head_copy
     if mix.gradient_checkpointing:
+        block += max(stack_copies, default=0.0)
         block += peft_merged_expert_bytes(scn)  # one recomputed layer's
     else:
+        transient += sum(stack_copies)
         transient += peft_merged_expert_bytes(scn)  # every layer's, saved for backward
     if stage == 3:
         # ZeRO-3/FSDP gather the current block and prefetch the next (MoE blocks are gathered whole)
@@ -266,12 +300,12 @@ def memory_model(scn: Scenario, allocator: AllocatorModel = DEFAULT_ALLOCATOR) -
     opt_transient = 0.0
     if mix.offload == "none" and mix.optimizer in ("adamw",):
         # foreach AdamW: one temporary per parameter, in the optimizer state's dtype
-        opt_transient += trainable * (2.0 if mix.precision == "bf16" else 4.0) / shard_o
+        opt_transient += trainable * (2.0 if low_states else 4.0) / shard_o
     if deepspeed and mixed and mix.offload == "none":
         opt_transient += trainable * 4.0 / shard_o   # fp32 gradient partition fed to the optimizer
 
     top_k = scn.top_k
-    acts = activation_coefficients(m, mix, top_k)
+    acts = activation_coefficients(m, mix, top_k, scn.recipe)
     capacity = cl.gpu.memory_bytes - allocator.cuda_context_gib * GIB
     return MemoryModel(
         weights=weights, gradients=grads, gradients_in_forward=grads_fwd, optimizer=optimizer,

@@ -3,11 +3,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from ..spec.scenario import Scenario
+
+if TYPE_CHECKING:
+    from .recommend import Recommendation
 
 
 def deepspeed_config(scn: Scenario, micro_batch: int) -> dict[str, Any] | None:
@@ -114,4 +117,18 @@ def emit(scn: Scenario, micro_batch: int, out_dir: str | Path) -> list[Path]:
     snip = out / "train_args.py"
     snip.write_text(training_snippet(scn, micro_batch))
     written.append(snip)
+    return written
+
+
+def emit_recommendation(rec: "Recommendation", out_dir: str | Path) -> list[Path]:
+    """What `recommend --emit DIR` writes: the winner's configs in DIR and, when the winner does not run under
+    DeepSpeed, the best ZeRO candidate's in DIR/deepspeed (for users who launch with deepspeed)."""
+    from .recommend import best_deepspeed
+
+    if rec.best is None:
+        return []
+    written = emit(rec.best.scenario, rec.best.estimate.micro_batch_size, out_dir)
+    ds = best_deepspeed(rec)
+    if ds is not None and ds is not rec.best:
+        written += emit(ds.scenario, ds.estimate.micro_batch_size, Path(out_dir) / "deepspeed")
     return written

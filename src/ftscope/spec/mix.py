@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 
 from pydantic import BeforeValidator, Field
 
-from .schema import Choice, Flag, Int, Text, choices, forbid_extra
+from .schema import Choice, Flag, Int, Number, Text, choices, forbid_extra
 
 
 def _unset(to: object, *spellings: object) -> BeforeValidator:
@@ -58,8 +58,12 @@ class Mix:
     experts_backend: Literal["eager", "batched_mm", "grouped_mm", "modules"] = "grouped_mm"
     """transformers 5 fused 3-D experts: eager (loop) | batched_mm | grouped_mm; or modules: one nn.Linear per
     expert (transformers 4.x), which bitsandbytes quantizes and PEFT adapts without merging the stack."""
-    loss: Literal["standard", "chunked"] = "standard"
-    """standard (HF: fp32 logits for the whole batch) | chunked (torchtune/Liger/Unsloth: bf16 logits, fp32 per chunk)."""
+    loss: Literal["standard", "chunked", "fused_linear"] = "standard"
+    """standard (HF: fp32 logits for the whole batch) | chunked (torchtune / LitGPT: the LM head and the
+    cross-entropy per chunk of tokens) | fused_linear (TRL's fused LM head, Liger, Unsloth: no logits kept).
+    A `framework:` recipe sets it unless the scenario does."""
+    lora_dropout: Number(ge=0, lt=1) = 0.0
+    """LoRA dropout probability; above 0 every adapted linear keeps its own dropped-out input and mask."""
 
     @property
     def fused_experts(self) -> bool:

@@ -355,11 +355,15 @@ def _read_config(path: Path) -> tuple[dict[str, Any], str]:
     return parse_json(read_text(path, "config.json"), where), where
 
 
+def hf_hub_cache() -> Path:
+    """The local Hugging Face hub cache (HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub)."""
+    import os
+    return Path(os.environ.get("HF_HUB_CACHE") or Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface")) / "hub")
+
+
 def _hf_cache_config(hf_id: str) -> Path | None:
     """A model folder for an HF id in the local HF cache (no network)."""
-    import os
-    root = Path(os.environ.get("HF_HUB_CACHE") or Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface")) / "hub")
-    snapshots = root / ("models--" + hf_id.replace("/", "--")) / "snapshots"
+    snapshots = hf_hub_cache() / ("models--" + hf_id.replace("/", "--")) / "snapshots"
     try:
         if snapshots.is_dir():
             for snap in sorted(snapshots.iterdir(), reverse=True):
@@ -401,6 +405,6 @@ def load_model(ref: str) -> ModelSpec:
     )
 
 
-def model_from_config(cfg: dict[str, Any], name: str = "custom") -> ModelSpec:
-    """A ModelSpec straight from a config dict (used by `--shrink` and tests)."""
-    return build(normalize(cfg), name)
+def model_from_config(cfg: dict[str, Any], name: str = "custom", where: str = "config.json") -> ModelSpec:
+    """A ModelSpec straight from a config dict (an inline `model:` mapping, `--shrink`, stores, tests)."""
+    return build(normalize(cfg, where), name)

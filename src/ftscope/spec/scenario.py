@@ -7,17 +7,18 @@ so one `validate` call checks types, ranges and unknown keys; the rules across k
 from __future__ import annotations
 
 import copy
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Annotated, Any, Mapping, Sequence
 
-from pydantic import BeforeValidator
+from pydantic import BeforeValidator, Field
 
 from ..errors import FtscopeError
 from ..files import MAX_DEPTH, load_structured, parse_yaml
 from .hardware import Cluster, Hardware
 from .mix import Mix
-from .model import ModelSpec, load_model
+from .model import ModelSpec, load_model, model_from_config
+from .recipe import DEFAULT_FRAMEWORK, Recipe, load_recipe
 from .rules import mix_problem, model_problem
 from .schema import Number, Text, forbid_extra, validate
 from .workload import Workload, check_workload
@@ -44,13 +45,20 @@ class Price:
     provider: Label | None = None
 
 
+ModelRef = Annotated[
+    Text(min_length=1, max_length=4096) | dict[Text(), Any],
+    Field(description="a preset (ftscope models), an HF id, a path to config.json, or an inline config.json mapping"),
+]
+
+
 @forbid_extra
 @dataclass(frozen=True)
 class ScenarioInput:
     """A scenario as written: the shape `validate` checks every key against."""
 
-    model: Text(min_length=1, max_length=4096,
-                description="a preset (ftscope models), an HF id or a path to config.json (a string)")
+    model: ModelRef
+    framework: Text(description="a framework recipe (hf-trainer, trl-sft, ...)") | None = None
+    """The framework whose training step the run uses (its recipe's mix/workload defaults apply)."""
     name: Label = ""
     description: Label = ""
     hardware: Hardware = Hardware()
@@ -81,6 +89,8 @@ class Scenario:
     model_ref: str = ""
     """The `model:` value as given."""
     name: str = ""
+    recipe: Recipe = field(default_factory=load_recipe)
+    """The `framework:` recipe (default hf-trainer): what the framework's step does beyond the generic one."""
 
     def with_(self, **changes: Any) -> "Scenario":
         """A copy with `mix`/`workload`/`cluster` fields replaced: with_(micro_batch_size=8, zero_stage=2)."""
@@ -110,6 +120,7 @@ class Scenario:
         gpu = self.cluster.gpu
         return {
             "name": self.name,
+            "framework": self.recipe.name,
             "model": self.model_ref or self.model.name,
             "hardware": {"gpu": gpu.key, "gpus_per_node": self.cluster.gpus_per_node, "nodes": self.cluster.nodes,
                          "inter_node_gbs": self.cluster.inter_node_gbs},
@@ -119,10 +130,18 @@ class Scenario:
         }
 
 
-def _prepare(raw: Mapping[str, Any]) -> dict[str, Any]:
-    """The few spellings a scenario may use that are not its types: an empty section (`mix:`) means defaults;
+def _prepare(raw: Mapping[str, Any]) -> tuple[dict[str, Any], Recipe]:
+    """The scenario with what its types do not say filled in, and its framework recipe: an empty section (`mix:`)
+    means defaults; the recipe's mix and workload defaults apply under the scenario's own keys;
     `workload.dataset.path` is for `ftscope profile` and needs token statistics beside it for an estimate."""
     out = {k: ({} if k in SECTIONS and v is None else v) for k, v in raw.items()}
+    framework = out.get("framework") or DEFAULT_FRAMEWORK
+    if not isinstance(framework, str):
+        raise FtscopeError(f"framework must be a recipe name (hf-trainer, trl-sft, ...); got {str(framework)[:40]!r}")
+    recipe = load_recipe(framework)
+    for section, defaults in (("mix", recipe.mix_defaults), ("workload", recipe.workload_defaults)):
+        if defaults and isinstance(out.get(section, {}), Mapping):
+            out[section] = {**defaults, **out.get(section, {})}  # the scenario's own keys win
     wl = out.get("workload")
     dataset = wl.get("dataset") if isinstance(wl, Mapping) else None
     if isinstance(dataset, Mapping) and any(k in dataset for k in PROFILE_DATASET_KEYS):
@@ -131,7 +150,7 @@ def _prepare(raw: Mapping[str, Any]) -> dict[str, Any]:
                                "(num_samples, mean_tokens, median_tokens, p99_tokens, max_tokens)")
         stats = {k: v for k, v in dataset.items() if k not in PROFILE_DATASET_KEYS}
         out["workload"] = {**wl, "dataset": stats}
-    return out
+    return out, recipe
 
 
 def scenario_from_dict(raw: Mapping[str, Any], model: ModelSpec | None = None) -> Scenario:
@@ -141,8 +160,10 @@ def scenario_from_dict(raw: Mapping[str, Any], model: ModelSpec | None = None) -
         raise FtscopeError("a scenario must be a mapping with model, hardware, mix and workload")
     if raw.get("model") in (None, ""):
         raise FtscopeError("scenario has no 'model' (a preset from `ftscope models`, an HF id or a config.json path)")
-    given = validate(ScenarioInput, _prepare(raw))
-    model = model or load_model(given.model)
+    prepared, recipe = _prepare(raw)
+    given = validate(ScenarioInput, prepared)
+    if model is None:
+        model = _model(given.model)
     cluster = given.hardware.to_cluster()
     mix = given.mix
     problem = mix_problem(mix) or model_problem(mix, model)
@@ -152,7 +173,16 @@ def scenario_from_dict(raw: Mapping[str, Any], model: ModelSpec | None = None) -
         model.lora_targets(mix.lora_targets)  # raises on names that match nothing
     check_workload(given.workload)
     return Scenario(model=model, cluster=cluster, mix=mix, workload=given.workload,
-                    usd_per_gpu_hour=given.price.usd_per_gpu_hour, model_ref=given.model, name=given.name)
+                    usd_per_gpu_hour=given.price.usd_per_gpu_hour, name=given.name, recipe=recipe,
+                    model_ref=model.name if isinstance(given.model, dict) else given.model)
+
+
+def _model(value: str | dict[str, Any]) -> ModelSpec:
+    """A preset, HF id or config path; or an inline config.json mapping (its `_name_or_path` names it)."""
+    if isinstance(value, dict):
+        name = str(value.get("_name_or_path") or "inline config")[:200]
+        return model_from_config(value, name=name, where="model (an inline config.json)")
+    return load_model(value)
 
 
 def parse_overrides(pairs: Sequence[str]) -> list[tuple[list[str], Any]]:

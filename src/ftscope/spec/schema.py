@@ -44,10 +44,12 @@ def Int(ge: int | None = None, le: int | None = None, **field: Any) -> Any:  # n
     return Annotated[int, Strict(), Field(ge=ge, le=le, **field), BeforeValidator(_integral)]
 
 
-def Number(gt: float | None = None, ge: float | None = None, le: float | None = None, **field: Any) -> Any:  # noqa: N802
+def Number(gt: float | None = None, ge: float | None = None, lt: float | None = None, le: float | None = None,  # noqa: N802
+           **field: Any) -> Any:
     """A finite real number in the range (ints accepted, booleans, strings, NaN and inf refused)."""
     from pydantic import BeforeValidator, Field, Strict
-    return Annotated[float, Strict(), Field(gt=gt, ge=ge, le=le, allow_inf_nan=False, **field), BeforeValidator(_not_bool)]
+    return Annotated[float, Strict(), Field(gt=gt, ge=ge, lt=lt, le=le, allow_inf_nan=False, **field),
+                     BeforeValidator(_not_bool)]
 
 
 def Choice(*values: Any) -> Any:  # noqa: N802
@@ -90,8 +92,17 @@ def validate(tp: type[T], data: Any, where: str = "", source: str = "", names: d
     try:
         return _adapter(tp).validate_python(data)
     except ValidationError as exc:
-        message = explain(tp, exc.errors(include_url=False), where, names or {})
-        raise FtscopeError(f"{source}: {message}" if source else message) from None
+        errors = exc.errors(include_url=False)
+        message = explain(tp, errors, where, names or {})
+        error = FtscopeError(f"{source}: {message}" if source else message)
+        if not source:  # a scenario key: what `ftscope serve` shows the message beside
+            picked = _pick(tp, errors)
+            shown = _walk(tp, tuple(picked["loc"]))[0]
+            if picked["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
+                shown = shown[:-1]  # a key that is not a field: its section is where to say so
+            key = ".".join([where, *shown] if where else shown).replace(".[", "[")
+            error.field = key or None  # type: ignore[attr-defined]
+        raise error from None
 
 
 def json_schema(tp: Any) -> dict[str, Any]:
@@ -199,19 +210,22 @@ def _pick(tp: Any, errors: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _bounds(meta: list[Any], integer: bool) -> str:
-    lo = next((("ge", m.ge) for m in meta if getattr(m, "ge", None) is not None), None) or \
-        next((("gt", m.gt) for m in meta if getattr(m, "gt", None) is not None), None)
-    hi = next((m.le for m in meta if getattr(m, "le", None) is not None), None)
+    def first(attr: str) -> Any:
+        return next((getattr(m, attr) for m in meta if getattr(m, attr, None) is not None), None)
+
     def fmt(v: float) -> str:
         return f"{int(v):,}" if integer or (float(v).is_integer() and abs(v) < 1e15) else f"{v:g}"
 
-    if lo and lo[0] == "ge" and hi is not None:
-        return f" from {fmt(lo[1])} to {fmt(hi)}"
-    if lo and hi is not None:
-        return f" above {fmt(lo[1])} and at most {fmt(hi)}"
-    if lo:
-        return f" of at least {fmt(lo[1])}" if lo[0] == "ge" else f" above {fmt(lo[1])}"
-    return f" of at most {fmt(hi)}" if hi is not None else ""
+    ge, gt, le, lt = first("ge"), first("gt"), first("le"), first("lt")
+    if ge is not None and le is not None:
+        return f" from {fmt(ge)} to {fmt(le)}"
+    low = f"at least {fmt(ge)}" if ge is not None else (f"above {fmt(gt)}" if gt is not None else "")
+    high = f"at most {fmt(le)}" if le is not None else (f"below {fmt(lt)}" if lt is not None else "")
+    if low and high:
+        return f" {low} and {high}"
+    if low or high:
+        return f" of {low or high}" if low.startswith("at") or high.startswith("at") else f" {low or high}"
+    return ""
 
 
 def describe(tp: Any) -> str:

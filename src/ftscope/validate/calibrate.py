@@ -40,13 +40,17 @@ class TimePoint:
 
     def predict(self, eff: Efficiency) -> float:
         t = step_time(self.check.scenario, self.batch, eff, self.trainable)
-        return time_metric(t, self.check.metric, self.check.scenario.mix.gradient_checkpointing)
+        return time_metric(t, self.check.metric, self.check.scenario)
+
+
+FIT_METRICS = tuple(m for m in TIME_METRICS if m != "mfu")
+"""Metrics the fit uses: a published MFU is the same measurement as its throughput, counted once."""
 
 
 def time_points(checks: Sequence[Check]) -> list[TimePoint]:
     out = []
     for c in checks:
-        if c.metric not in TIME_METRICS:
+        if c.metric not in FIT_METRICS:
             continue
         est = estimate(c.scenario, strict=False, with_time=False)
         out.append(TimePoint(c, est.micro_batch_size, est.model_memory.trainable_params))
@@ -149,6 +153,21 @@ def _rounded(eff: Efficiency) -> Efficiency:
     return replace(eff, **{k: float(f"{v:.4g}") for k, v in asdict(eff).items()})
 
 
+DEV_CASE_SOURCES = {"llamafactory": "llamafactory-wiki-performance-comparison",
+                    "torchtune": "torchtune-readme-and-tutorials", "peft": "peft-docs-and-readme-memory"}
+"""Bundled-case groups that measured the same runs as a corpus source: held out together with it, so a source's
+numbers never sit on both sides of a split."""
+
+
+def source_of(p: TimePoint) -> str:
+    """The public source (or measurement campaign) a time point comes from: the unit leave-one-source-out holds out.
+    Bundled cases by their source (the IISWC series is one), profile stores by GPU, corpus points by source id."""
+    c = p.check
+    if c.case_id.startswith("db:"):
+        return f"profile stores ({c.scenario.cluster.gpu.key})"
+    return DEV_CASE_SOURCES.get(c.group, c.group)
+
+
 def cross_validate(points: Sequence[TimePoint], key: Callable[[TimePoint], str]) -> dict[str, dict[str, float]]:
     """Leave-one-group-out: fit without a group, predict it. Returns per group the median/max abs % error."""
     groups: dict[str, list[TimePoint]] = {}
@@ -180,4 +199,18 @@ def cross_validate_per_gpu(points: Sequence[TimePoint], min_points: int = MIN_PE
             eff = fit(train, base=shared, prior=shared)[0] if len(train) >= min_points else shared
             errs += abs_pct_errors([p for p in own if p.check.case_id == case], eff)
         out[gpu] = {"n": len(errs), "median": statistics.median(errs), "max": max(errs)}
+    return out
+
+
+def cross_validations(points: Sequence[TimePoint], kind: str) -> dict[str, dict[str, dict[str, float]]]:
+    """Leave-one-out errors by `kind`: source | case | gpu | model | all (all of them plus the per-GPU refits)."""
+    keys: dict[str, Callable[[TimePoint], str]] = {
+        "source": source_of,
+        "case": lambda p: p.check.case_id,
+        "gpu": lambda p: p.check.scenario.cluster.gpu.key,
+        "model": lambda p: p.check.scenario.model.name,
+    }
+    out = {f"leave_one_{k}_out": cross_validate(points, f) for k, f in keys.items() if kind in (k, "all")}
+    if kind == "all":
+        out["per_gpu_leave_one_case_out"] = cross_validate_per_gpu(points)
     return out

@@ -89,14 +89,20 @@ def _group(case_id: str) -> str:
     return case_id.split("-")[0]
 
 
+def read_yaml(path: str | Path | None, bundled: str, kind: str) -> tuple[Any, str]:
+    """(parsed YAML, where it came from) of a file, or of ftscope's bundled data/`bundled`: read and parsed under
+    the size, depth and alias budgets of files.py; every problem is one FtscopeError."""
+    if path is None:
+        text, where = resources.files("ftscope").joinpath("data", bundled).read_text(), f"bundled {bundled}"
+    else:
+        text, where = read_text(path, f"{kind} file", MAX_CASES_BYTES), show(path)
+    return parse_yaml(text, f"{kind} file {where}" if path is not None else where), where
+
+
 def load_case_file(path: str | Path | None = None) -> list[Case]:
     """Cases from a file, or the bundled copy of the published cases."""
-    if path is None:
-        text = resources.files("ftscope").joinpath("data", BUNDLED).read_text()
-        where = f"bundled {BUNDLED}"
-    else:
-        text, where = read_text(path, "cases file", MAX_CASES_BYTES), f"cases file {show(path)}"
-    data = parse_yaml(text, where)
+    data, where = read_yaml(path, BUNDLED, "cases")
+    where = f"cases file {where}" if path is not None else where
     if not isinstance(data, dict) or "cases" not in data:
         raise FtscopeError(f"{where} needs a top-level 'cases:' list")
     given = validate(CasesFile, {"cases": data["cases"]}, source=where)

@@ -18,9 +18,11 @@ from ..spec.scenario import Scenario, apply_overrides, scenario_from_dict
 from .cases import Case
 
 MEMORY_FIELD = {"allocated": "allocated_gib", "reserved": "peak_gib", "smi": "device_gib", "unknown": "device_gib"}
-TIME_METRICS = ("samples_per_s", "tokens_per_s", "step_s", "fwd_bwd_opt_s", "forward_s", "backward_s", "optimizer_s")
+TIME_METRICS = ("samples_per_s", "tokens_per_s", "tokens_per_s_per_gpu", "mfu", "step_s", "fwd_bwd_opt_s",
+                "forward_s", "backward_s", "optimizer_s")
 """step_s is a training loop's whole step (host overhead included); fwd_bwd_opt_s is the synchronized forward +
-backward + optimizer that profilers (and the IISWC stage times) report, without data loading or logging."""
+backward + optimizer that profilers (and the IISWC stage times) report, without data loading or logging.
+tokens_per_s is the whole job's, tokens_per_s_per_gpu the job's over its GPUs; mfu is a fraction."""
 # ms-swift's setups as overrides of the case's scenario
 SETUP_OVERRIDES = {
     "lora_1gpu": [], "qlora_bnb4_1gpu": ["mix.method=qlora"], "full_1gpu": ["mix.method=full"],
@@ -46,26 +48,32 @@ class Check:
         m = self.metric
         if m == "max_micro_batch_size":
             return float(est.max_micro_batch_size)
+        if m == "oom":  # memory alone decides (an unsupported kernel is not an out-of-memory)
+            return float(est.memory.peak_bytes > est.model_memory.capacity_bytes * (1 - est.margin))
         if m.startswith("peak_gib"):
             return est.to_dict()["memory"][MEMORY_FIELD[m.split(":")[1]]]
         if est.time is None:
             return float("nan")
-        return time_metric(est.time, m, self.scenario.mix.gradient_checkpointing)
+        return time_metric(est.time, m, self.scenario)
 
 
-def time_metric(t: TimeEstimate, metric: str, gradient_checkpointing: bool) -> float:
-    """One TIME_METRICS value from a step-time estimate, as the source measured it."""
+def time_metric(t: TimeEstimate, metric: str, scn: Scenario) -> float:
+    """One TIME_METRICS value from a step-time estimate of scenario `scn`, as the source measured it."""
     b = t.breakdown_s
     if metric == "samples_per_s":
         return t.samples_per_s
     if metric == "tokens_per_s":
         return t.tokens_per_s
+    if metric == "tokens_per_s_per_gpu":
+        return t.tokens_per_s / scn.cluster.world_size
+    if metric == "mfu":
+        return t.mfu
     if metric == "step_s":
         return t.step_s
     if metric == "fwd_bwd_opt_s":
         return t.step_s - b["other"]
     # profilers put dequantization inside the pass that triggers it: one forward, the rest in backward
-    passes = 3.0 if gradient_checkpointing else 2.0
+    passes = 3.0 if scn.mix.gradient_checkpointing else 2.0
     if metric == "forward_s":
         return b["forward"] + b["dequant"] / passes
     if metric == "backward_s":
@@ -180,10 +188,18 @@ def metric_family(metric: str) -> str:
 
 
 def summary(results: Sequence[CheckResult]) -> dict[str, dict[str, float]]:
-    """Median and max absolute % error per metric family."""
+    """Median and max absolute % error per metric family; out-of-memory outcomes as right / wrong counts."""
     by: dict[str, list[float]] = {}
+    out: dict[str, dict[str, float]] = {}
+    ooms = [r for r in results if r.metric == "oom"]
+    if ooms:
+        right = sum(1 for r in ooms if r.predicted == r.measured)
+        out["oom"] = {"n": len(ooms), "right": right, "wrong": len(ooms) - right}
     for r in results:
+        if r.metric == "oom":
+            continue
         e = abs(r.error_pct)
         if e == e:
             by.setdefault(metric_family(r.metric), []).append(e)
-    return {k: {"n": len(v), "median": statistics.median(v), "max": max(v)} for k, v in sorted(by.items())}
+    out.update({k: {"n": len(v), "median": statistics.median(v), "max": max(v)} for k, v in by.items()})
+    return dict(sorted(out.items()))

@@ -1,0 +1,147 @@
+"""Framework recipes: what a fine-tuning framework does differently from the generic transformers + PEFT step.
+
+A recipe is data (`catalog/recipes/<name>.yaml`), read into a typed `Recipe`: the framework version it
+describes, the source lines each fact was read from, the defaults it gives the scenario's `mix:` and
+`workload:` keys (a scenario's own keys win), and implementation facts the memory and time models read
+(fp32 upcast under k-bit preparation, adapter dtype, loss implementation, checkpointing variant, ...). The
+models never look at a framework's name, only at these fields.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from functools import lru_cache
+from typing import Any, Mapping
+
+from ..errors import FtscopeError, unknown
+
+DEFAULT_FRAMEWORK = "hf-trainer"
+CHECKPOINT_IMPLS = ("non_reentrant", "reentrant", "offload")
+ADAPTER_DTYPES = ("fp32", "bf16", "base")
+VERIFIED = ("trace", "source")
+KBIT_GROUPS = ("embeddings", "norms", "lm_head", "other")
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a recipe fact was read."""
+
+    repo: str
+    """owner/name of the framework's public repository."""
+    ref: str
+    """The commit (or release tag) read."""
+    path: str
+    lines: str
+    """Line range, e.g. '1106-1130'."""
+    fact: str
+    """What those lines establish."""
+
+
+@dataclass(frozen=True, eq=False)
+class Recipe:
+    """One framework's training step, as far as memory and time are concerned."""
+
+    name: str
+    """The `framework:` value (hf-trainer, trl-sft, axolotl, ...)."""
+    title: str
+    version: str
+    """Framework version (and the library versions that matter) the facts describe."""
+    description: str = ""
+    mix_defaults: Mapping[str, Any] = field(default_factory=dict)
+    """Defaults for `mix:` keys the framework sets (its config's defaults): gradient checkpointing, loss, ..."""
+    workload_defaults: Mapping[str, Any] = field(default_factory=dict)
+    """Defaults for `workload:` keys (padding: packed for frameworks that pack by default)."""
+    kbit_fp32_params: tuple[str, ...] = ()
+    """QLoRA: which parameters that are not 4-bit end up in fp32 after the framework's k-bit preparation
+    (peft.prepare_model_for_kbit_training casts all of them): embeddings, norms, lm_head, other (MoE routers,
+    fused expert stacks); `all` for every one. fp32 embeddings and norms make the residual stream fp32."""
+    qlora_adapter_dtype: str = "fp32"
+    """Dtype of LoRA adapters over a 4-bit base: fp32 (PEFT's autocast_adapter_dtype) | bf16 | base."""
+    lora_adapter_dtype: str = "fp32"
+    """Dtype of LoRA adapters over a bf16 base under bf16-mixed: fp32 (PEFT's default) | bf16 | base."""
+    loss_chunks: int = 8
+    """mix.loss chunked: number of output chunks (torchtune's num_output_chunks); 0: fixed-size chunks of
+    loss_chunk_tokens tokens (LitGPT)."""
+    loss_chunk_tokens: int = 128
+    """mix.loss chunked with loss_chunks 0: tokens per chunk."""
+    loss_tile_tokens: int = 4096
+    """mix.loss fused_linear: tokens per logits tile (TRL's TOKEN_CHUNK_SIZE); the tile buffer stops growing there."""
+    loss_tile_vocab: int = 32768
+    """mix.loss fused_linear: vocabulary columns per logits tile (TRL's _CHUNKED_LOGPROB_CHUNK_SIZE)."""
+    checkpoint_impl: str = "non_reentrant"
+    """How gradient checkpointing runs: non_reentrant (torch.utils.checkpoint, use_reentrant=False: stops
+    recomputing at the block's last saved tensor) | reentrant (recomputes the whole block) | offload (block
+    inputs kept in CPU RAM, Unsloth's offloaded checkpointing)."""
+    compile: bool = False
+    """torch.compile on the model by default (time model)."""
+    quantize_at_load: bool = True
+    """QLoRA weights are quantized while loading, one bf16 tensor at a time (not a full bf16 copy)."""
+    gpu_only: bool = False
+    """The framework needs a GPU to run at all (its recipe is read from source, not traced here)."""
+    verified: str = "source"
+    """trace: checked against a fake-tensor trace of the framework's own step | source: read from its code."""
+    sources: tuple[Source, ...] = ()
+    notes: tuple[str, ...] = ()
+
+    def kbit_fp32(self, group: str) -> bool:
+        """Whether a QLoRA run of this framework keeps this group of non-4-bit parameters in fp32."""
+        return group in self.kbit_fp32_params or "all" in self.kbit_fp32_params
+
+    def adapter_dtype(self, method: str) -> str:
+        """Adapter dtype for a LoRA method: fp32, bf16 or base."""
+        return self.qlora_adapter_dtype if method == "qlora" else self.lora_adapter_dtype
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("sources", "notes")}
+        out["mix_defaults"] = dict(self.mix_defaults)
+        out["workload_defaults"] = dict(self.workload_defaults)
+        out["sources"] = [s.__dict__ for s in self.sources]
+        out["notes"] = list(self.notes)
+        return out
+
+
+_SCALARS = {f.name for f in fields(Recipe)} - {"sources", "notes", "mix_defaults", "workload_defaults"}
+
+
+def recipe_from_dict(raw: Mapping[str, Any]) -> Recipe:
+    """A checked Recipe from a recipe file's mapping; a malformed file is a one-line FtscopeError."""
+    name = raw.get("name")
+    try:
+        sources = tuple(Source(**s) for s in raw.get("sources") or ())
+        known = {k: (tuple(v) if isinstance(v, list) else v) for k, v in raw.items() if k in _SCALARS}
+        extra = set(raw) - _SCALARS - {"sources", "notes", "mix_defaults", "workload_defaults"}
+        if extra:
+            raise FtscopeError(f"recipe {name}: unknown keys {sorted(extra)}")
+        rec = Recipe(**known, mix_defaults=dict(raw.get("mix_defaults") or {}),
+                     workload_defaults=dict(raw.get("workload_defaults") or {}),
+                     sources=sources, notes=tuple(raw.get("notes") or ()))
+    except TypeError as exc:
+        raise FtscopeError(f"recipe {name}: {exc}") from None
+    for key, value, options in (("checkpoint_impl", rec.checkpoint_impl, CHECKPOINT_IMPLS),
+                                ("qlora_adapter_dtype", rec.qlora_adapter_dtype, ADAPTER_DTYPES),
+                                ("lora_adapter_dtype", rec.lora_adapter_dtype, ADAPTER_DTYPES),
+                                ("verified", rec.verified, VERIFIED)):
+        if value not in options:
+            raise FtscopeError(f"recipe {rec.name}: {key} must be one of {', '.join(options)}; got {value!r}")
+    if rec.loss_chunk_tokens < 1 or rec.loss_chunks < 0:
+        raise FtscopeError(f"recipe {rec.name}: loss_chunk_tokens must be positive and loss_chunks not negative")
+    bad = set(rec.kbit_fp32_params) - set(KBIT_GROUPS) - {"all"}
+    if bad:
+        raise FtscopeError(f"recipe {rec.name}: kbit_fp32_params must name {', '.join(KBIT_GROUPS)} or all; got {sorted(bad)}")
+    return rec
+
+
+@lru_cache(maxsize=None)
+def framework_names() -> tuple[str, ...]:
+    from .. import catalog
+
+    return tuple(sorted(catalog.recipe_names()))
+
+
+@lru_cache(maxsize=None)
+def load_recipe(name: str = DEFAULT_FRAMEWORK) -> Recipe:
+    """The bundled recipe of a framework (`ftscope` catalog/recipes/<name>.yaml)."""
+    from .. import catalog
+
+    if not isinstance(name, str) or name.lower() not in framework_names():
+        raise unknown("framework", str(name), framework_names())
+    return recipe_from_dict(catalog.recipe_data(name.lower()))

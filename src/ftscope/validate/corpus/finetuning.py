@@ -1,0 +1,143 @@
+"""Fine-tuning sources with full configurations: Answer.AI's fsdp_qlora benchmarks and torchtune's tables."""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from .common import Mapped, Measure, exact_gpu, gpu_key, listed, lora_targets, memory_kind, number, peak
+from .models import preset
+
+# ---- Answer.AI fsdp_qlora ---------------------------------------------------------------------------------------
+
+ANSWERAI_SAMPLES = 1024
+"""Every row times one run over 1,024 dummy samples of exactly seq_len tokens."""
+
+
+def answerai(raw: Mapping[str, Any], src: Mapping[str, Any]) -> Mapped:
+    r = raw["result"]
+    n, seq, mbs = int(raw["n_gpus"]), int(raw["seq_len"]), int(raw["mbs"])
+    measures = [Measure("tokens_per_s_per_gpu", ANSWERAI_SAMPLES * seq / r["total_time_s_1024_samples"] / n,
+                        "1,024 samples x seq_len / total time / GPUs")]
+    if r.get("peak_reserved_gib"):
+        measures.append(Measure("peak_gib:reserved", float(r["peak_reserved_gib"]), "torch max_memory_reserved"))
+    model, mnote = preset(raw["model"])
+    gpu, gnote = gpu_key(raw["gpu"])
+    if model is None or gpu is None:
+        why = gnote if gpu is None else f"no architecture for {raw['model']} (no preset, none in the source)"
+        return listed(raw, src["id"], "fsdp_qlora", why, *measures)
+    ddp = "NO_SHARD" in str(raw["sharding"])
+    mix: dict[str, Any] = {"method": raw["method"], "lora_rank": 64, "lora_targets": "all-linear",
+                           "gradient_checkpointing": True, "attention": "sdpa", "precision": "bf16", "optimizer": "adamw"}
+    if not ddp:
+        mix["fsdp"] = "full_shard"
+    needs: list[str] = []
+    if raw.get("cpu_offload"):
+        mix["offload"] = "optimizer+params"
+        if raw["method"] == "qlora":
+            needs.append("qlora param offload")
+    if raw.get("act_cpu_offload"):
+        needs.append("activation offload")
+    notes = ["fsdp_qlora train.py defaults: LoRA r64 on q,k,v,o,gate,up,down, pure bf16, checkpointing, sdpa",
+             "FSDP1 NO_SHARD ('ddp') as plain data parallelism" if ddp else "FSDP1 full_shard as fsdp full_shard"]
+    ga = 1
+    if "effective batch" in str(raw.get("ga", "")):
+        ga = max(1, round(32 / (mbs * n)))
+        notes.append(f"gradient accumulation not listed per row; {ga} gives the stated effective batch of ~32")
+    scenario = {"model": model, "hardware": {"gpu": gpu, "gpus_per_node": n}, "mix": mix,
+                "workload": {"micro_batch_size": mbs, "seq_len": seq, "padding": "max_length",
+                             "gradient_accumulation": ga}}
+    notes += [x for x in (mnote, gnote) if x]
+    return Mapped(raw["id"], src["id"], "fsdp_qlora", scenario, tuple(measures), tuple(needs), notes=tuple(notes))
+
+
+# ---- torchtune --------------------------------------------------------------------------------------------------
+
+TORCHTUNE_LORA_TARGETS = ["q_proj", "v_proj", "output_proj"]
+"""torchtune's Llama 3.1 LoRA single-device recipes: lora_attn_modules q, v, output (as ftscope's copy of the
+bundled cases reads them)."""
+
+
+def _torchtune_memory(raw: Mapping[str, Any]) -> Measure | None:
+    r = raw["result"]
+    for key in ("peak_mem_gib", "peak_mem_per_gpu", "peak_mem_gb", "peak_reserved_training_gb"):
+        if r.get(key) is not None:
+            kind = memory_kind(r.get("mem_kind"))
+            unit = r.get("unit", "GiB" if key.endswith("gib") else "GB")
+            return peak(r[key], kind, f"{key} as {kind} (source unit: {unit}, compared as GiB)")
+    return None
+
+
+def _torchtune_throughput(raw: Mapping[str, Any]) -> Measure | None:
+    r = raw["result"]
+    if r.get("tokens_per_s") is None:
+        return None
+    n = int(raw.get("n_gpus") or 1)
+    scope = str(r.get("tokens_per_s_scope", ""))
+    if n > 1:
+        return Measure("tokens_per_s_per_gpu", float(r["tokens_per_s"]) / n, "per job / GPUs",
+                       reason="tokens/s of a multi-GPU run without saying per GPU or per job")
+    return Measure("tokens_per_s_per_gpu", float(r["tokens_per_s"]), scope or "one GPU")
+
+
+def _torchtune_mix(raw: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    method = str(raw["method"])
+    mix: dict[str, Any] = {"method": method, "precision": "bf16", "attention": "sdpa", "optimizer": "adamw"}
+    needs: list[str] = []
+    if method in ("lora", "qlora"):
+        lora = raw.get("lora") or {}
+        mix["lora_rank"] = int(lora.get("r", 8))
+        mix["lora_targets"] = lora_targets(lora["targets"]) if lora.get("targets") else TORCHTUNE_LORA_TARGETS
+        mix["loss"] = "chunked"
+    text = f"{raw.get('optimizer', '')} {raw.get('note', '')}".lower()
+    if raw.get("optimizer_in_bwd") or "optimizer_in_bwd" in text or "fused optimizer" in text:
+        needs.append("optimizer in backward")
+    if "8bit" in text:
+        mix["optimizer"] = "adamw_8bit"
+    if raw.get("compile"):
+        needs.append("torch.compile")
+        mix["compile"] = True
+    if raw.get("chunked_ce"):
+        mix["loss"] = "chunked"
+    if raw.get("act_offload"):
+        needs.append("activation offload")
+    gc = raw.get("act_ckpt")
+    mix["gradient_checkpointing"] = bool(gc) if gc is not None else "gc off" not in text
+    n = int(raw.get("n_gpus") or 1)
+    if n > 1:
+        mix["fsdp"] = "full_shard"
+        if "cpu offload" in text:
+            mix["offload"] = "optimizer+params"
+    return mix, needs
+
+
+def _torchtune_seq(raw: Mapping[str, Any]) -> tuple[int | None, str, str]:
+    """(seq_len, padding, note) or (None, '', why) when the padded lengths are not known."""
+    seq = raw.get("seq_len")
+    dataset = str(raw.get("dataset", ""))
+    if raw.get("packing"):
+        return int(number(seq)), "packed", "packed to seq_len"
+    if "max_seq_len 512" in dataset:
+        return 512, "max_length", "alpaca has samples past 512 tokens: the longest batch is padded to 512"
+    return None, "", "needs the dataset's token-length distribution (alpaca, unpacked; not stated)"
+
+
+def torchtune(raw: Mapping[str, Any], src: Mapping[str, Any]) -> Mapped:
+    measures = tuple(m for m in (_torchtune_throughput(raw), _torchtune_memory(raw)) if m is not None)
+    if raw.get("result", {}).get("micro_batches_per_s") is not None:
+        return listed(raw, src["id"], "torchtune", "GPU not stated (it/s of the QLoRA tutorial)")
+    model, mnote = preset(raw["model"])
+    gpu, gnote = gpu_key(raw["gpu"])
+    if model is None:
+        return listed(raw, src["id"], "torchtune", f"no architecture for {raw['model']} (no preset, none in the source)", *measures)
+    seq, padding, snote = _torchtune_seq(raw)
+    if seq is None:
+        return listed(raw, src["id"], "torchtune", snote, *measures)
+    if not exact_gpu(raw["gpu"]):
+        measures = tuple(m if m.metric.startswith("peak") else Measure(m.metric, m.value, m.note, "GPU size not stated")
+                         for m in measures)
+    mix, needs = _torchtune_mix(raw)
+    n = int(raw.get("n_gpus") or 1)
+    scenario = {"model": model, "hardware": {"gpu": gpu, "gpus_per_node": n}, "mix": mix,
+                "workload": {"micro_batch_size": int(raw["mbs"]), "seq_len": seq, "padding": padding,
+                             "gradient_accumulation": int(raw.get("ga") or 1)}}
+    notes = tuple(x for x in (mnote, gnote, snote, "pure bf16 (torchtune)") if x)
+    return Mapped(raw["id"], src["id"], "torchtune", scenario, measures, tuple(needs), notes=notes)

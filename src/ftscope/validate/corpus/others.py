@@ -1,0 +1,121 @@
+"""Sources with headline settings only: LLaMA-Factory's wiki, the HF 4-bit blog's T4 table, PEFT's docs,
+ms-swift's Megatron table, the HF FSDP 70B blog, single points (GaLore, accelerate)."""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from .common import Mapped, Measure, gpu_key, listed, lora_targets, memory_kind, number, peak
+from .models import preset
+
+
+def _no_model(raw: Mapping[str, Any]) -> str:
+    return f"no architecture for {raw['model']} (no preset, none in the source)"
+
+
+# ---- LLaMA-Factory wiki -----------------------------------------------------------------------------------------
+
+def llamafactory(raw: Mapping[str, Any], src: Mapping[str, Any]) -> Mapped:
+    r = raw["result"]
+    system = str(raw["system"])
+    framework = "unsloth" if "unsloth" in system else "llamafactory"
+    measures = (Measure("tokens_per_s_per_gpu", float(r["tokens_per_s_per_gpu"]), "TGS"),
+                Measure(f"peak_gib:{memory_kind(r.get('mem_kind'))}", float(r["gram_gb"]), "GRAM, GB rounded"))
+    if framework == "unsloth":
+        return listed(raw, src["id"], framework, "needs Unsloth's hand-written Triton kernels", *measures)
+    model, _ = preset(raw["model"])
+    mix = {"method": "qlora" if "qlora" in str(raw["method"]) else "lora", "lora_rank": int(raw["lora"]["r"]),
+           "lora_targets": ["q_proj", "v_proj"], "gradient_checkpointing": True,
+           "attention": "flash" if "fa2" in system else "sdpa", "precision": "bf16-mixed"}
+    scenario = {"model": model, "hardware": {"gpu": "a100-80gb"}, "mix": mix,
+                "workload": {"micro_batch_size": int(raw["mbs"]), "gradient_accumulation": int(raw["ga"]),
+                             "seq_len": 1024, "padding": "dynamic"}}
+    notes = ("A100 size not stated: a100-80gb", "LoRA targets not stated: LLaMA-Factory's default then, q_proj and "
+             "v_proj", "lengths as the cutoff (1024): the dataset is not stated")
+    return Mapped(raw["id"], src["id"], framework, scenario, measures, notes=notes)
+
+
+# ---- HF blog: 4-bit on a T4 -------------------------------------------------------------------------------------
+
+def hf_4bit(raw: Mapping[str, Any], src: Mapping[str, Any]) -> Mapped:
+    oom = Measure("oom", 1.0 if raw["result"]["oom"] else 0.0, "fit / OOM on a 16 GB T4")
+    if raw["method"] == "lora-on-int8":
+        return listed(raw, src["id"], "hf-trainer", "needs 8-bit (LLM.int8) frozen weights", oom)
+    if raw.get("n_gpus", 1) > 1:
+        return listed(raw, src["id"], "hf-trainer", "needs naive model parallelism (device_map over 2 GPUs)", oom)
+    model, mnote = preset(raw["model"])
+    mix = {"method": "qlora", "lora_rank": 8, "lora_targets": ["q_proj", "v_proj"],
+           "gradient_checkpointing": bool(raw["act_ckpt"]), "attention": "eager", "precision": "fp16-mixed",
+           "optimizer": "adamw"}
+    scenario = {"model": model, "hardware": {"gpu": "t4"}, "mix": mix,
+                "workload": {"micro_batch_size": int(raw["mbs"]), "seq_len": int(raw["seq_len"]),
+                             "padding": "max_length", "gradient_accumulation": int(raw["ga"])}}
+    notes = (mnote, "LoRA not stated (a gist): PEFT's Llama default, r8 on q_proj and v_proj",
+             f"compute dtype {raw['compute_dtype']} on a T4 (no bf16 units) holds the same bytes as fp16",
+             "2023-05 transformers: eager attention", "NF4 / FP4 with or without nested quantization as NF4 "
+             "with double quantization (0.5 vs 0.56 bytes per weight)")
+    return Mapped(raw["id"], src["id"], "hf-trainer", scenario, (oom,), notes=notes)
+
+
+# ---- PEFT docs ----------------------------------------------------------------------------------------------------
+
+def _peft_memory(raw: Mapping[str, Any]) -> tuple[Measure, ...]:
+    r = raw["result"]
+    if r.get("oom"):
+        return (Measure("oom", 1.0, "the source reports OOM"),)
+    value = r.get("mem_per_gpu_gb", r.get("gpu_mem_gb"))
+    m = peak(value, memory_kind(r.get("mem_kind")), f"{value} GB as {memory_kind(r.get('mem_kind'))}")
+    return (m,) if m else ()
+
+
+def peft(raw: Mapping[str, Any], src: Mapping[str, Any]) -> Mapped:
+    measures = _peft_memory(raw)
+    model, _ = preset(raw["model"])
+    if model is None:
+        return listed(raw, src["id"], "hf-trainer", _no_model(raw) + "; sequence lengths not stated", *measures)
+    if raw["method"] == "qlora" and raw.get("offload"):
+        return listed(raw, src["id"], "hf-trainer", "needs QLoRA with FSDP CPU parameter offload (ftscope refuses "
+                      "the combination)", *measures)
+    gpu, gnote = gpu_key(raw["gpu"])
+    n = int(raw["n_gpus"])
+    sharding = str(raw["sharding"])
+    mix: dict[str, Any] = {"method": raw["method"], "lora_rank": int(raw["lora"]["r"]),
+                           "lora_targets": lora_targets(raw["lora"]["targets"]), "gradient_checkpointing": True,
+                           "attention": "flash", "precision": "bf16"}
+    if "zero3" in sharding:
+        mix["zero_stage"] = 3
+    else:
+        mix["fsdp"] = "full_shard"
+    scenario = {"model": model, "hardware": {"gpu": gpu, "gpus_per_node": n}, "mix": mix,
+                "workload": {"micro_batch_size": int(raw["mbs"]), "gradient_accumulation": int(raw["ga"]),
+                             "seq_len": int(raw["seq_len"]), "padding": "packed"}}
+    notes = tuple(x for x in (gnote, "frozen base in bf16 (loaded with torch_dtype bfloat16), as ftscope's copy of "
+                              "the bundled cases reads these runs") if x)
+    return Mapped(raw["id"], src["id"], "hf-trainer", scenario, measures, notes=notes)
+
+
+# ---- headline-only sources ----------------------------------------------------------------------------------------
+
+def ms_swift(raw: Mapping[str, Any], src: Mapping[str, Any]) -> Mapped:
+    r = raw["result"]
+    framework = "megatron-swift" if "megatron" in str(raw.get("framework")) else "ms-swift"
+    kept = [Measure("oom", 1.0, "the source reports OOM")] if r.get("oom") else []
+    if r.get("s_per_it"):
+        kept.append(Measure("step_s", float(r["s_per_it"]), "seconds per iteration"))
+    if r.get("mem"):
+        kept.append(Measure("peak_gib:unknown", number(r["mem"]) or 0.0, str(r["mem"])))
+    return listed(raw, src["id"], framework, "batch size, packing, parallel layout and recompute not stated "
+                  "(headline table only)", *kept)
+
+
+def hf_fsdp_70b(raw: Mapping[str, Any], src: Mapping[str, Any]) -> Mapped:
+    return listed(raw, src["id"], "hf-trainer", "one wall time including evaluation every 100 steps and two checkpoint "
+                  "saves (the source's own caveat: a ceiling, not a step time)")
+
+
+def misc(raw: Mapping[str, Any], src: Mapping[str, Any]) -> Mapped:
+    if str(raw["id"]).startswith("galore"):
+        return listed(raw, src["id"], "galore", "needs GaLore's projected 8-bit optimizer with per-layer updates",
+                      Measure("peak_gib:unknown", 22.8, "22.8G"))
+    r = raw["result"]
+    m = Measure("oom", 1.0, "the source reports OOM") if r.get("oom") else Measure("peak_gib:unknown", number(r["mem"]) or 0.0, str(r["mem"]))
+    return listed(raw, src["id"], "accelerate", "batch size and sequence length not stated", m)

@@ -1,0 +1,62 @@
+"""Fine-tuning sources (validate/corpus/finetuning.py): Answer.AI's fsdp_qlora and torchtune."""
+from __future__ import annotations
+
+import pytest
+
+from ftscope import load_scenario
+from ftscope.validate.corpus.finetuning import answerai, torchtune
+
+ANSWERAI = "answerai-fsdp-qlora-benchmarks"
+TORCHTUNE = "torchtune-readme-and-tutorials"
+
+
+def test_answerai_throughput_is_derived_from_the_run_time(point):
+    m = answerai(*point(ANSWERAI, "fsdpqlora-4090-7b-lora-bs6"))
+    tput = next(x for x in m.measures if x.metric == "tokens_per_s_per_gpu")
+    assert tput.value == pytest.approx(1024 * 2048 / 481 / 2)
+    s = load_scenario(m.scenario)
+    assert s.mix.fsdp == "full_shard" and s.mix.lora_rank == 64 and s.mix.precision == "bf16"
+    assert m.framework == "fsdp_qlora"
+
+
+def test_answerai_ddp_and_offload_rows(point):
+    ddp = load_scenario(answerai(*point(ANSWERAI, "fsdpqlora-3090-7b-lora-ddp-bs4")).scenario)
+    assert ddp.mix.fsdp is None and ddp.mix.zero_stage == 0
+    lora_off = answerai(*point(ANSWERAI, "fsdpqlora-4090-7b-lora-offload-bs10"))
+    assert lora_off.scenario["mix"]["offload"] == "optimizer+params" and lora_off.needs == ()
+    qlora_off = answerai(*point(ANSWERAI, "fsdpqlora-4090-70b-qlora-offload-bs2"))
+    assert qlora_off.needs == ("qlora param offload",)
+
+
+def test_answerai_effective_batch_rows_accumulate_to_about_32(point):
+    m = answerai(*point(ANSWERAI, "fsdpqlora-cloud-70b-a100-sxm4-40gb-x2-bs1"))
+    assert m.scenario["workload"]["gradient_accumulation"] == 16
+
+
+def test_torchtune_packed_compiled_row_needs_compile(point):
+    m = torchtune(*point(TORCHTUNE, "torchtune-2409-llama31-8b-lora-rtx4090-24gbx1"))
+    assert m.needs == ("torch.compile",)
+    assert m.scenario["workload"]["padding"] == "packed" and m.scenario["mix"]["loss"] == "chunked"
+
+
+def test_torchtune_multi_gpu_tokens_per_s_scope_is_listed(point):
+    m = torchtune(*point(TORCHTUNE, "torchtune-2405-llama-2-70b-lora-8xa100"))
+    assert m.scenario is None  # alpaca unpacked: lengths unknown
+    m = torchtune(*point(TORCHTUNE, "torchtune-2409-llama31-70b-lora-a100x8"))
+    tput = next(x for x in m.measures if x.metric == "tokens_per_s_per_gpu")
+    assert tput.reason  # per GPU or per job: not stated
+
+
+def test_torchtune_ladder_rows(point):
+    packed = torchtune(*point(TORCHTUNE, "torchtune-ladder-llama32-3b-+packed"))
+    assert packed.why_not() is None
+    assert {x.metric for x in packed.measures} == {"tokens_per_s_per_gpu", "peak_gib:allocated"}
+    offload = torchtune(*point(TORCHTUNE, "torchtune-ladder-llama32-3b-+act-offload"))
+    assert set(offload.needs) == {"torch.compile", "optimizer in backward", "activation offload"}
+    baseline = torchtune(*point(TORCHTUNE, "torchtune-ladder-llama32-3b-baseline"))
+    assert "token-length" in baseline.why_not()
+
+
+def test_torchtune_tutorial_speed_without_a_gpu_is_listed(point):
+    m = torchtune(*point(TORCHTUNE, "torchtune-tut-qlora-llama2-7b-speed-compile"))
+    assert m.reason.startswith("GPU not stated")

@@ -1,0 +1,37 @@
+"""Headline-only sources (validate/corpus/others.py)."""
+from __future__ import annotations
+
+from ftscope import load_scenario
+from ftscope.validate.corpus.others import hf_4bit, hf_fsdp_70b, llamafactory, misc, ms_swift, peft
+
+
+def test_llamafactory_hf_rows_map_and_unsloth_is_listed(point):
+    m = llamafactory(*point("llamafactory-wiki-performance-comparison", "llamafactory-wiki-llama2-7b-hf+fa2-16bit"))
+    assert load_scenario(m.scenario).mix.attention == "flash"
+    m = llamafactory(*point("llamafactory-wiki-performance-comparison", "llamafactory-wiki-llama2-7b-unsloth+fa2-4bit"))
+    assert "Unsloth" in m.reason and m.framework == "unsloth" and len(m.measures) == 2
+
+
+def test_hf_4bit_rows_are_oom_outcomes(point):
+    m = hf_4bit(*point("hf-blog-4bit-bitsandbytes", "hfblog-bnb4-llama-7b-4bit-nf4-gc1-bf16-s1024-g1"))
+    s = load_scenario(m.scenario)
+    assert s.cluster.gpu.key == "t4" and s.mix.method == "qlora" and s.mix.gradient_checkpointing
+    assert [(x.metric, x.value) for x in m.measures] == [("oom", 0.0)]
+    m = hf_4bit(*point("hf-blog-4bit-bitsandbytes", "hfblog-bnb4-llama-7b-8bit-llm.int8-gc1-na-s1024-g1"))
+    assert "8-bit" in m.reason and m.measures[0].value == 1.0
+
+
+def test_peft_rows(point):
+    m = peft(*point("peft-docs-and-readme-memory", "peft-doc-zero3-lora-llama2-70b-8xh100"))
+    assert load_scenario(m.scenario).mix.zero_stage == 3
+    assert m.measures[0].metric == "peak_gib:smi" and m.measures[0].value == 64
+    m = peft(*point("peft-docs-and-readme-memory", "peft-readme-bloomz-7b1-full"))
+    assert "no architecture" in m.reason and m.measures[0].metric == "oom"
+
+
+def test_headline_sources_are_listed_with_their_numbers(point):
+    m = ms_swift(*point("ms-swift-megatron-benchmark", "msswift-qwen3-30b-a3b-deepspeed-zero2"))
+    assert m.reason and m.measures[0].metric == "oom" and m.framework == "ms-swift"
+    assert hf_fsdp_70b(*point("hf-blog-fsdp-llama2-70b", "hfblog-fsdp-llama2-70b-chat-16xa100")).reason
+    m = misc(*point("misc-single-points", "galore-llama-7b-4090-8bit-per-layer"))
+    assert "GaLore" in m.reason and m.framework == "galore"

@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 # torch is pinned to the local 2.13.0 CPU wheel: an unpinned torch pulls a multi-GB CUDA build.
 TORCH := torch==2.13.0
 
-.PHONY: run test install install-test chromium clean
+.PHONY: run test fuzz bad-inputs install install-test chromium clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,18 @@ run: $(VENV)/.core
 
 test: $(VENV)/.test chromium
 	$(BIN)/python -m pytest
+
+# Long randomized property tests (CI runs them derandomized): FUZZ_RUNS rounds of fresh random examples.
+FUZZ_RUNS ?= 10
+PROPERTY_TESTS := tests/spec/test_scenario.py tests/spec/test_workload.py tests/plan/test_solvers.py \
+	tests/estimate/test_memory.py tests/estimate/test_estimate.py tests/measure/test_search.py
+fuzz: $(VENV)/.test
+	for i in $$(seq $(FUZZ_RUNS)); do HYPOTHESIS_PROFILE=fuzz $(BIN)/python -m pytest -q -x -p no:cacheprovider \
+	  -m "not slow" $(PROPERTY_TESTS) || exit 1; done
+
+# Every bad-input case as a real subprocess (a few minutes): the summary line the README quotes.
+bad-inputs: $(VENV)/.core
+	$(BIN)/python benchmarks/bad_inputs.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache

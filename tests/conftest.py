@@ -1,9 +1,20 @@
-"""Shared fixtures: a small valid scenario mapping that tests modify one key at a time."""
+"""Shared fixtures (a small valid scenario mapping that tests modify one key at a time) and the hypothesis profiles.
+
+Property tests cannot flake: the default profile ("ci") is derandomized (examples derived from each test, the
+same on every run) and keeps no example database between runs. `make fuzz` selects the "fuzz" profile instead
+(HYPOTHESIS_PROFILE=fuzz): fresh random examples on every run, run in rounds for a long hunt.
+"""
 from __future__ import annotations
 
 import copy
+import os
 
 import pytest
+from hypothesis import settings
+
+settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
+settings.register_profile("fuzz", derandomize=False, database=None, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 BASE_SCENARIO = {
     "model": "llama-2-7b",

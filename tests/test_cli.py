@@ -19,7 +19,7 @@ FTSCOPE = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "ftscop
 
 
 def ftscope(*args, cwd=REPO):
-    return subprocess.run([*FTSCOPE, *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=120)
+    return subprocess.run([*FTSCOPE, *map(str, args)], capture_output=True, text=True, cwd=cwd)
 
 
 def ok_json(*args):

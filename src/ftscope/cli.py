@@ -5,12 +5,14 @@ Bad input is one line on stderr and exit code 2; `--json` prints exactly one JSO
 from __future__ import annotations
 
 import json
+import sqlite3
 import sys
 from pathlib import Path
 from typing import Any, List, Optional
 
 import typer
 
+from . import options as opt
 from .errors import FtscopeError
 
 app = typer.Typer(
@@ -26,6 +28,14 @@ app.add_typer(study_app, name="study")
 
 JSON_OPT = typer.Option(False, "--json", help="Print one JSON document (the output contract) and nothing else.")
 CAL_OPT = typer.Option(None, "--calibration", help="Efficiency calibration file (default: the bundled fit).")
+
+
+def _overrides_help() -> str:
+    from .spec.mix import mix_help  # the allowed values come from Mix's field types, nowhere else
+    return f"key.path=value overrides, e.g. mix.zero_stage=3. Choices: {mix_help()}."
+
+
+OVERRIDES_ARG = typer.Argument(None, help=_overrides_help())
 
 
 def _print_json(data: Any) -> None:
@@ -63,14 +73,13 @@ def _load(path: Path, overrides: Optional[List[str]], show: bool = False, json_o
     return scn, cfg
 
 
-def _split(value: Optional[str]) -> list[str]:
-    return [v.strip() for v in value.split(",") if v.strip()] if value else []
+_split = opt.split
 
 
 @app.command()
 def estimate(
     scenario: Path = typer.Argument(..., help="Scenario YAML/JSON file."),
-    overrides: Optional[List[str]] = typer.Argument(None, help="key.path=value overrides, e.g. mix.zero_stage=3."),
+    overrides: Optional[List[str]] = OVERRIDES_ARG,
     json_out: bool = JSON_OPT,
     margin: float = typer.Option(0.0, "--margin", help="Fraction of GPU memory to keep free (0.05 = 5 %)."),
     check: bool = typer.Option(False, "--check", help="Exit 1 when the scenario does not fit (a pre-launch guard)."),
@@ -81,6 +90,8 @@ def estimate(
     step time, throughput, hours and dollars. SCENARIO may also be an Axolotl, LLaMA-Factory, torchtune or TRL config."""
     from . import estimate as run_estimate
 
+    opt.number(margin, "--margin", ge=0, lt=1)
+    opt.input_file(calibration, "calibration file")
     scn, _ = _load(scenario, overrides, show_scenario, json_out)
     est = run_estimate(scn, margin=margin, calibration=str(calibration) if calibration else None)
     if json_out:
@@ -97,7 +108,7 @@ def estimate(
 @app.command()
 def plan(
     scenario: Path = typer.Argument(..., help="Scenario YAML/JSON file (its hardware is replaced by each candidate)."),
-    overrides: Optional[List[str]] = typer.Argument(None, help="key.path=value overrides."),
+    overrides: Optional[List[str]] = OVERRIDES_ARG,
     gpus: Optional[str] = typer.Option(None, "--gpus", help="Comma-separated GPU types (default: every GPU with a price)."),
     counts: str = typer.Option("1,2,4,8", "--counts", help="GPUs per node to try."),
     max_gpus: Optional[int] = typer.Option(None, "--max-gpus", help="Skip candidates with more GPUs than this."),
@@ -114,14 +125,14 @@ def plan(
     Pareto frontier marked *."""
     from .plan.search import one_row_per_gpu, plan as run_plan
 
-    try:
-        count_list = [int(c) for c in _split(counts)]
-    except ValueError:
-        raise FtscopeError(f"--counts must be comma-separated integers; got {counts!r}") from None
-    if not count_list or any(c < 1 or c > 64 for c in count_list):
-        raise FtscopeError(f"--counts must be integers from 1 to 64; got {counts!r}")
-    if nodes < 1 or (max_gpus is not None and max_gpus < 1):
-        raise FtscopeError("--nodes and --max-gpus must be at least 1")
+    count_list = opt.ints(counts, "--counts", 1, 64)
+    if not count_list:
+        raise FtscopeError("--counts needs at least one GPU count, e.g. 1,2,4,8")
+    opt.integer(nodes, "--nodes", 1, 4096)
+    opt.integer(max_gpus, "--max-gpus", 1, 262_144)
+    opt.choice(by, "--by", ("cost", "time"))
+    opt.out_file(plot_file, "--plot file", (".png", ".svg"))
+    opt.input_file(calibration, "calibration file")
     scn, _ = _load(scenario, overrides, show_scenario, json_out)
     result = run_plan(scn, gpus=_split(gpus) or None, counts=count_list, max_gpus=max_gpus, nodes=nodes, by=by,
                       solve_batch=not keep_batch, calibration=str(calibration) if calibration else None)
@@ -146,23 +157,32 @@ def plan(
         con.print("[red]no candidate fits[/red]: try more GPUs (--counts), QLoRA, checkpointing or ZeRO-3.")
 
 
-def _parse_shrink(text: Optional[str]) -> Optional[dict]:
-    """'layers=2,hidden=256,experts=4' -> {'layers': 2, 'hidden': 256, 'experts': 4}."""
-    if not text:
-        return None
-    out = {}
-    for part in _split(text):
-        key, _, value = part.partition("=")
-        if key not in ("layers", "hidden", "experts", "vocab", "intermediate", "heads") or not value.isdigit() or int(value) < 1:
-            raise FtscopeError(f"--shrink takes layers=N,hidden=N,experts=N,vocab=N,intermediate=N,heads=N; got {part!r}")
-        out[key] = int(value)
-    return out
+_parse_shrink = opt.shrink
+
+
+def _check_profile_options(device: str, steps: int, warmup: int, memory_cap_gib: Optional[float], nproc: int,
+                           nnodes: int, node_rank: int, timeout_s: int) -> None:
+    opt.device(device)
+    opt.integer(steps, "--steps", 1, 100_000)
+    opt.integer(warmup, "--warmup", 0, 100_000)
+    opt.number(memory_cap_gib, "--memory-cap-gib", gt=0, le=1_000_000)
+    opt.integer(nproc, "--nproc", 1, 1024)
+    opt.integer(nnodes, "--nnodes", 1, 4096)
+    opt.integer(node_rank, "--node-rank", 0, nnodes - 1)
+    opt.integer(timeout_s, "--timeout", 1, 7 * 24 * 3600)
+
+
+def _open_store_for_writing(db: Path) -> None:
+    """Open (or create) the results store now, so a bad --db fails before the model is built."""
+    from .measure.store import Store
+
+    Store(opt.check_path(db, "--db store")).close()
 
 
 @app.command()
 def profile(
     scenario: Path = typer.Argument(..., help="Scenario YAML/JSON file."),
-    overrides: Optional[List[str]] = typer.Argument(None, help="key.path=value overrides."),
+    overrides: Optional[List[str]] = OVERRIDES_ARG,
     device: str = typer.Option("auto", "--device", help="auto | cuda | cpu."),
     steps: int = typer.Option(3, "--steps", help="Timed steps per batch size."),
     warmup: int = typer.Option(1, "--warmup", help="Untimed steps first."),
@@ -193,13 +213,23 @@ def profile(
     optimizer time, time by layer type, expert load, utilization, throughput; stored point by point."""
     from .spec.scenario import load_scenario
 
-    try:
-        sizes = [int(b) for b in _split(batch_sizes)]
-    except ValueError:
-        raise FtscopeError(f"--batch-sizes must be comma-separated integers; got {batch_sizes!r}") from None
+    sizes = opt.ints(batch_sizes, "--batch-sizes", 1, 65_536)
+    if not sizes and not find_max_batch:
+        raise FtscopeError("--batch-sizes needs at least one batch size (or use --find-max-batch)")
+    _check_profile_options(device, steps, warmup, memory_cap_gib, nproc, nnodes, node_rank, timeout_s)
+    shrink_map = _parse_shrink(shrink)
+    opt.model_dir(weights, "--weights folder")
+    opt.input_file(data, "--data file")
+    opt.input_file(tokenizer, "--tokenizer file")
+    if (data is None) != (tokenizer is None):
+        raise FtscopeError("--data and --tokenizer go together (a local JSONL and a local tokenizer.json)")
+    opt.out_dir(emit_dir, "--emit folder")
+    opt.out_file(plot_file, "--plot file", (".png", ".svg"))
     scn = load_scenario(scenario, overrides or [])
-    if nproc < 1 or nnodes < 1 or not 0 <= node_rank < nnodes:
-        raise FtscopeError("--nproc and --nnodes must be >= 1 and --node-rank in [0, nnodes)")
+    if data is not None:
+        from .measure.batches import read_jsonl_lengths
+        read_jsonl_lengths(data, tokenizer)  # a bad data file or tokenizer fails before the model is built
+    _open_store_for_writing(db)
     if nproc > 1 or nnodes > 1:
         from .measure.distributed import profile_distributed
 
@@ -208,7 +238,7 @@ def profile(
                                "loading path (ZeRO-3 / FSDP shard while loading); profile one process, or use random weights")
         dist = profile_distributed(scn, nproc, nnodes=nnodes, node_rank=node_rank, master_addr=master_addr,
                                    device=device, steps=steps, warmup=warmup, batch_sizes=sizes,
-                                   shrink=_parse_shrink(shrink), db=str(db), emit_dir=str(emit_dir) if emit_dir else None,
+                                   shrink=shrink_map, db=str(db), emit_dir=str(emit_dir) if emit_dir else None,
                                    timeout_s=timeout_s)
         if json_out:
             _print_json(dist.to_dict())
@@ -232,12 +262,12 @@ def profile(
                       transient=True) as bar:
             task = bar.add_task("building the model", total=None)
             result = run_profile(scn, device=device, steps=steps, warmup=warmup, batch_sizes=sizes,
-                                 find_max_batch=find_max_batch, shrink=_parse_shrink(shrink), weights=weights, data=data,
+                                 find_max_batch=find_max_batch, shrink=shrink_map, weights=weights, data=data,
                                  tokenizer=tokenizer, db=str(db), resume=resume, memory_cap_gib=memory_cap_gib,
                                  hooks=not no_hooks, progress=lambda m: bar.update(task, description=m))
     else:
         result = run_profile(scn, device=device, steps=steps, warmup=warmup, batch_sizes=sizes,
-                             find_max_batch=find_max_batch, shrink=_parse_shrink(shrink), weights=weights, data=data,
+                             find_max_batch=find_max_batch, shrink=shrink_map, weights=weights, data=data,
                              tokenizer=tokenizer, db=str(db), resume=resume, memory_cap_gib=memory_cap_gib,
                              hooks=not no_hooks)
     if plot_file is not None:
@@ -263,7 +293,7 @@ def profile(
 @app.command()
 def trace(
     scenario: Path = typer.Argument(..., help="Scenario YAML/JSON file."),
-    overrides: Optional[List[str]] = typer.Argument(None, help="key.path=value overrides."),
+    overrides: Optional[List[str]] = OVERRIDES_ARG,
     batch: Optional[int] = typer.Option(None, "--batch", help="Micro-batch to trace (default: the scenario's, 1 for max)."),
     seq: Optional[int] = typer.Option(None, "--seq", help="Sequence length (default: the scenario's longest)."),
     shrink: Optional[str] = typer.Option(None, "--shrink", help="Trace a smaller copy: layers=2,hidden=256,..."),
@@ -274,16 +304,21 @@ def trace(
     from . import estimate as run_estimate
     from .spec.scenario import load_scenario
 
+    from .spec.workload import MAX_SEQ
+
+    opt.integer(batch, "--batch", 1, 65_536)
+    opt.integer(seq, "--seq", 2, MAX_SEQ)
+    shrink_map = _parse_shrink(shrink)
     scn = load_scenario(scenario, overrides or [])
-    if batch is not None and batch < 1 or seq is not None and seq < 1:
-        raise FtscopeError("--batch and --seq must be positive")
     from .measure.trace import trace as run_trace
 
-    result = run_trace(scn, batch=batch, seq=seq, shrink=_parse_shrink(shrink))
+    result = run_trace(scn, batch=batch, seq=seq, shrink=shrink_map)
     data = result.to_dict()
     est = None
     if shrink is None:
-        est = run_estimate(scn.with_(micro_batch_size=result.batch), strict=False).to_dict()
+        # the estimate of the shape traced: --batch x --seq, one fixed-length batch
+        est = run_estimate(scn.with_(micro_batch_size=result.batch, seq_len=result.seq, padding="max_length"),
+                           strict=False).to_dict()
         data["estimate_memory"] = est["memory"]
     if json_out:
         _print_json(data)
@@ -308,7 +343,7 @@ def trace(
 @app.command()
 def recommend(
     scenario: Path = typer.Argument(..., help="Scenario YAML/JSON file: model, data and the mix to start from."),
-    overrides: Optional[List[str]] = typer.Argument(None, help="key.path=value overrides."),
+    overrides: Optional[List[str]] = OVERRIDES_ARG,
     gpus: Optional[str] = typer.Option(None, "--gpus", help="GPU budget(s) NAME:MAX_COUNT, e.g. a100-80gb:8,h100-80gb:4 "
                                                             "(default: the scenario's GPU and count)."),
     any_gpu: bool = typer.Option(False, "--any-gpu", help="Search every GPU type with a price, 1-8 GPUs."),
@@ -334,12 +369,21 @@ def recommend(
 ) -> None:
     """The best optimization mix for your model, data and GPUs: every valid combination of method,
     checkpointing, ZeRO/FSDP, offload, attention, optimizer and GPU count, ranked and explained."""
-    from .plan.recommend import recommend as run_recommend
+    from .plan.recommend import RANK_BY, parse_gpu_budget, recommend as run_recommend
     from .report.progress import SearchProgress
     from .spec.frameworks import FORMATS
 
     if emit_format is not None and emit_format not in FORMATS:
         raise FtscopeError(f"--emit-format must be one of {', '.join(FORMATS)}; got {emit_format!r}")
+    opt.number(budget_usd, "--budget-usd", gt=0)
+    opt.number(deadline_hours, "--deadline-hours", gt=0)
+    opt.choice(by, "--by", RANK_BY)
+    opt.integer(top, "--top", 1, 1_000_000)
+    for g in _split(gpus):
+        parse_gpu_budget(g)
+    opt.out_dir(emit_dir, "--emit folder")
+    opt.out_file(plot_file, "--plot file", (".png", ".svg"))
+    opt.input_file(calibration, "calibration file")
     scn, fw = _load(scenario, overrides, show_scenario, json_out or all_rows)
     stream = _json_lines if all_rows else None
     with SearchProgress() as progress:
@@ -420,13 +464,17 @@ def study_optimizations(
     from .plan.study import DEFAULT_MODELS, conclusions, plot, study
     from .spec.hardware import gpu_from_catalog
 
-    try:
-        lens = [int(x) for x in _split(seq_lens)]
-    except ValueError:
-        raise FtscopeError(f"--seq-lens must be comma-separated integers; got {seq_lens!r}") from None
-    if not 1 <= gpus <= 64:
-        raise FtscopeError(f"--gpus must be from 1 to 64; got {gpus}")
+    from .spec.model import load_model
+    from .spec.workload import MAX_SEQ
+
+    lens = opt.ints(seq_lens, "--seq-lens", 1, MAX_SEQ)
+    if not lens:
+        raise FtscopeError("--seq-lens needs at least one context length, e.g. 512,2048")
+    opt.integer(gpus, "--gpus", 1, 64)
     gpu_from_catalog(gpu)
+    for m in models_ or ():
+        load_model(m)
+    opt.out_file(plot_file, "--plot file", (".png", ".svg"))
     rows = study(models_ or DEFAULT_MODELS, gpu, gpus, lens)
     if plot_file is not None:
         plot(rows, str(plot_file))
@@ -468,11 +516,15 @@ def report(
 ) -> None:
     """One self-contained HTML report (charts embedded): cost vs time with the Pareto frontier, memory and
     time breakdowns, throughput vs batch (measured and model), expert load, utilization, predicted vs measured."""
-    from .report.html import case_sections, db_sections, load_json, plan_sections, render
+    from .report.html import case_sections, db_sections, plan_sections, render
+    from .report.plan_file import load_plan
 
+    opt.out_file(out, "report file")
+    opt.out_dir(png_dir, "--png folder")
+    opt.input_files(cases, "cases file")
     sections = []
     if plan_file is not None:
-        sections += plan_sections(load_json(plan_file))
+        sections += plan_sections(load_plan(plan_file))
     if db is not None:
         sections += db_sections(db)
     if not no_cases:
@@ -493,13 +545,15 @@ def serve(
     change as you type; share the URL, download the scenario, the --json result and launch configs."""
     from .serve import main as run_serve
 
+    opt.integer(port, "--port", 0, 65_535)
+
     run_serve(host, port, db)
 
 
 @study_app.command("moe")
 def study_moe_cmd(
     scenario: Path = typer.Argument(..., help="Scenario of an MoE model (e.g. examples/moe-study-demo.yaml)."),
-    overrides: Optional[List[str]] = typer.Argument(None, help="key.path=value overrides."),
+    overrides: Optional[List[str]] = OVERRIDES_ARG,
     data: Path = typer.Option(..., "--data", help="Training JSONL ({prompt, answer} or {prompt, choices, answer})."),
     eval_data: Path = typer.Option(..., "--eval", help="Evaluation JSONL, same format."),
     tokenizer: Path = typer.Option(..., "--tokenizer", help="Local tokenizer.json."),
@@ -520,14 +574,21 @@ def study_moe_cmd(
     compare loss, accuracy, throughput, max batch and the expert load before and after fine-tuning."""
     from .spec.scenario import load_scenario
 
-    try:
-        ks = [int(k) for k in _split(top_k)] or None
-    except ValueError:
-        raise FtscopeError(f"--top-k must be comma-separated integers; got {top_k!r}") from None
+    ks = opt.ints(top_k, "--top-k", 1, 65_536) or None
+    opt.integer(epochs, "--epochs", 1, 10_000)
+    opt.integer(batch_size, "--batch-size", 1, 65_536)
+    opt.number(lr, "--lr", gt=0, le=10)
+    opt.number(memory_cap_gib, "--memory-cap-gib", gt=0, le=1_000_000)
+    opt.integer(seed, "--seed", 0, 2**32 - 1)
+    opt.device(device)
+    for path, what in ((data, "--data file"), (eval_data, "--eval file"), (tokenizer, "--tokenizer file")):
+        opt.input_file(path, what)
+    opt.model_dir(weights, "--weights folder")
+    opt.out_dir(out, "--out folder")
     scn = load_scenario(scenario, overrides or [])
-    if not scn.model.is_moe:
-        raise FtscopeError(f"study moe needs an MoE model; {scn.model.name} is dense")
-    from .measure.moe_study import study_moe
+    from .measure.moe_study import read_inputs, study_moe
+
+    read_inputs(scn, data, eval_data, tokenizer, ks)  # every input checked before torch is imported
     from .report.moe_study import write_outputs
 
     con = _console() if not json_out else None
@@ -606,6 +667,7 @@ def show(
     """One model: architecture, parameters per component, active parameters, LoRA parameter counts."""
     from .spec.model import load_model
 
+    opt.integer(lora_rank, "--lora-rank", 1, 4096)
     m = load_model(model)
     a = m.arch
     data = {
@@ -647,6 +709,8 @@ def validate(
     from .validate.compare import run_validation, skipped_measurements, summary
     from .validate.cases import load_cases
 
+    opt.input_files(cases, "cases file")
+    opt.input_file(calibration, "calibration file")
     loaded = load_cases([str(c) for c in cases] if cases else None)
     extra: list[Any] = []
     skipped = [s for case in loaded for s in skipped_measurements(case)]
@@ -709,8 +773,12 @@ def calibrate(
     from .validate.cases import load_cases
     from .validate.compare import all_checks
 
-    if cv is not None and cv not in CV_KINDS:
-        raise FtscopeError(f"--cv must be one of {', '.join(CV_KINDS)}; got {cv!r}")
+    if baseline is not None:
+        opt.choice(baseline, "--baseline", ("iiswc",))
+    if cv is not None:
+        opt.choice(cv, "--cv", CV_KINDS)
+    opt.input_files(cases, "cases file")
+    opt.out_file(out, "--out calibration file")
     paths = [str(c) for c in cases] if cases else None
     checks = all_checks(load_cases(paths))
     sources = list(paths or ["bundled dev-cases.yaml"])
@@ -729,15 +797,14 @@ def calibrate(
     if cv:
         data["cross_validation"] = cross_validations(time_points(checks), cv)
     if baseline is not None:
-        if baseline != "iiswc":
-            raise FtscopeError(f"unknown baseline '{baseline}' (known: iiswc)")
         from dataclasses import asdict
         from .validate.iiswc import max_batch_fit, throughput_fit
         data["baseline_iiswc"] = [asdict(r) for r in (throughput_fit(checks), max_batch_fit(checks)) if r]
         data["baseline_iiswc_held_out_gpu"] = "not defined: Eq. 2 has no GPU term and is refitted per GPU"
     text = json.dumps(data, indent=2) + "\n"
     if out is not None:
-        out.write_text(json.dumps(cal.to_dict(), indent=2) + "\n")
+        from .files import write_text
+        write_text(out, json.dumps(cal.to_dict(), indent=2) + "\n", "--out calibration file")
     if json_out or out is None:
         sys.stdout.write(text)
         return
@@ -771,15 +838,36 @@ def _notes_to_stderr() -> None:
         log.propagate = False
 
 
+def _fail(message: str) -> None:
+    sys.stderr.write(f"ftscope: error: {' '.join(message.split())}\n")
+    sys.exit(2)
+
+
 def main() -> None:
+    """Run the CLI: bad input of any kind is one line on stderr and exit code 2, never a traceback."""
     _notes_to_stderr()
     try:
-        app()
+        code = app(standalone_mode=False)
     except FtscopeError as exc:
-        sys.stderr.write(f"ftscope: error: {exc}\n")
-        sys.exit(2)
+        _fail(str(exc))
+    except typer.TyperException as exc:  # usage: unknown option, a value of the wrong type, a missing argument
+        if type(exc).__name__ == "NoArgsIsHelpError":  # `ftscope` alone, or a group without its command
+            exc.show()
+            sys.exit(exc.exit_code)
+        ctx = getattr(exc, "ctx", None)
+        where = f" (see: {ctx.command_path} --help)" if ctx is not None else ""
+        _fail(exc.format_message() + where)
+    except (typer.Abort, KeyboardInterrupt):
+        _fail("interrupted")
     except BrokenPipeError:
         sys.exit(0)
+    except OSError as exc:  # a path the checks above did not reach: still one line naming it
+        from .files import os_error
+        _fail(str(os_error(exc, "file", exc.filename or "", "use")) if exc.filename else
+              f"{exc.strerror or type(exc).__name__} (an input or output path)")
+    except sqlite3.Error as exc:
+        _fail(f"results store: {exc} (is --db an ftscope results store?)")
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

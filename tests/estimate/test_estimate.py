@@ -159,6 +159,29 @@ def test_warnings():
     q3 = ftscope.estimate(scn("llama-2-7b", mix={"method": "qlora", "zero_stage": 3}, hw={"gpus_per_node": 2}))
     assert any("QLoRA" in w for w in q3.to_dict()["warnings"])
     assert ftscope.estimate(scn()).warnings == ()
+    # Llama 3.x configs carry rope_scaling: a context past max_position_embeddings is their documented use
+    scaled = scn("llama-3.1-8b", mix={"method": "lora"}, wl={"micro_batch_size": 1, "seq_len": 200_000})
+    assert scaled.model.arch.fact("rope_scaling") and ftscope.estimate(scaled, strict=False).warnings == ()
+
+
+def _with_gpu(s, **changes):
+    from dataclasses import replace
+    return replace(s, cluster=replace(s.cluster, gpu=replace(s.cluster.gpu, **changes)))
+
+
+def test_no_nan_inf_or_negative_figure_leaves_the_estimator():
+    # values the scenario checks refuse, built around them on purpose: the result boundary is the last guard
+    with pytest.raises(FtscopeError, match="nothing is left after the CUDA context"):
+        ftscope.estimate(_with_gpu(scn(), memory_bytes=2**20))
+    with pytest.raises(FtscopeError, match=r"came out time\.\w+ = (inf|nan)"):
+        ftscope.estimate(_with_gpu(scn(), bf16_tflops=5e-324, fp16_tflops=5e-324, memory_bandwidth_gbs=5e-324))
+
+
+def test_a_step_longer_than_a_day_is_a_stated_warning():
+    assert not any("over a day" in w for w in ftscope.estimate(scn()).warnings)
+    long = ftscope.estimate(_with_gpu(scn(wl={"seq_len": 65536, "micro_batch_size": 8}), bf16_tflops=0.1,
+                                      fp16_tflops=0.1, memory_bandwidth_gbs=10), strict=False)
+    assert long.time.step_s > 86_400 and any("over a day" in w for w in long.warnings)
 
 
 def test_model_fields():

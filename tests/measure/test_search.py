@@ -104,3 +104,29 @@ def test_cpu_memory_cap_matches_brute_force_scan() -> None:
     assert 1 < res.max_batch < 64
     assert res.max_batch == scan
     assert res.ooms and all(t.batch > scan for t in res.ooms)
+
+
+@pytest.mark.parametrize("limit", [0, 1, 37, 256])
+def test_a_resumed_search_replays_its_recorded_tries_and_ends_where_the_whole_one_does(limit):
+    calls: list[int] = []
+    whole = find_max_batch(oom_above(limit, calls), cap=256, release=None)
+    for killed_after in range(len(whole.tries) + 1):
+        calls.clear()
+        resumed = find_max_batch(oom_above(limit, calls), cap=256, release=None, recorded=whole.tries[:killed_after])
+        assert resumed.max_batch == whole.max_batch
+        assert calls == [t.batch for t in whole.tries[killed_after:]]  # only the tries it had not made yet
+        assert [t.batch for t in resumed.tries] == [t.batch for t in whole.tries]
+
+
+def test_recorded_tries_are_read_back_from_the_store(tmp_path):
+    from ftscope.measure.profile import recorded_tries
+    from ftscope.measure.store import Store
+
+    with Store(tmp_path / "r.sqlite") as st:
+        run = st.start_run({"model": "tiny"}, {"device": "cpu"})
+        st.record_point(run, "maxbatch:try=1", "ok", {"batch": 1, "status": "ok", "seconds": 0.5, "error": None})
+        st.record_point(run, "maxbatch:try=2", "oom", {"batch": 2, "status": "oom", "seconds": 0.7, "error": "OOM"})
+        st.record_point(run, "maxbatch:try=3", "ok", {"batch": "three"})  # edited by hand: not a try
+        st.record_point(run, "batch=4", "ok", {"batch": 4})
+        tries = recorded_tries(st, run)
+    assert [(t.batch, t.status, t.error) for t in tries] == [(1, "ok", None), (2, "oom", "OOM")]

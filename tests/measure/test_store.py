@@ -8,7 +8,6 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -109,14 +108,13 @@ def test_sigkill_midway_then_resume_completes_every_point_once(tmp_path: Path) -
                             text=True, env=env)
     assert proc.stdout is not None
     first = []
-    deadline = time.monotonic() + 30
-    while len(first) < 8 and time.monotonic() < deadline:
+    while len(first) < 8:  # readline blocks until the writer prints; it ends (returns '') if the writer exits
         line = proc.stdout.readline()
         if not line:
             break
         first.append(line.split()[0])
     proc.send_signal(signal.SIGKILL)
-    proc.wait(timeout=10)
+    proc.wait()
     assert proc.returncode == -signal.SIGKILL
     assert len(first) == 8
 
@@ -129,7 +127,7 @@ def test_sigkill_midway_then_resume_completes_every_point_once(tmp_path: Path) -
     assert sqlite3.connect(db).execute("PRAGMA integrity_check").fetchone()[0] == "ok"
 
     second = subprocess.run([sys.executable, "-c", SWEEP, str(db), str(n), "0"], capture_output=True, text=True,
-                            env=env, check=True, timeout=60)
+                            env=env, check=True)
     redone = [ln.split()[0] for ln in second.stdout.splitlines() if ln.startswith("batch=")]
     assert not set(redone) & set(keys)  # finished points were not repeated
     with Store(db) as st:

@@ -34,5 +34,5 @@ def test_simpler_mixes_have_lower_complexity():
 def test_refusal_reads_only_the_model_and_the_mix():
     moe = load_model("mixtral-8x7b")
     assert refusal(moe, Mix(offload="optimizer")).startswith("unsupported: offload: optimizer needs")
-    assert refusal(moe, Mix(experts_backend="grouped_mm", precision="fp16-mixed")) == "unsupported: grouped_mm needs bf16"
+    assert refusal(moe, Mix(experts_backend="grouped_mm", precision="fp16-mixed")) == "unsupported: experts_backend grouped_mm runs in bf16 only; use batched_mm or eager with fp16/fp32"
     assert refusal(load_model("llama-2-7b"), Mix(experts_backend="grouped_mm", precision="fp16-mixed")) is None

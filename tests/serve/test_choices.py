@@ -7,7 +7,8 @@ import pytest
 
 from ftscope import catalog
 from ftscope.errors import FtscopeError
-from ftscope.spec import mix as mix_spec
+from ftscope.spec.mix import Mix
+from ftscope.spec.schema import choices
 from ftscope.spec.scenario import load_scenario
 from ftscope.serve.choices import allowed, cached_models, mix_choices, page_choices
 
@@ -22,10 +23,12 @@ def test_allowed_reads_tuples_and_literals():
         allowed(42)
 
 
-def test_mix_choices_are_the_spec_tuples():
+def test_mix_choices_are_the_mix_field_types():
     c = mix_choices()
-    assert c["method"] == list(mix_spec.METHODS) and c["optimizer"] == list(mix_spec.OPTIMIZERS)
-    assert c["fsdp"] == list(mix_spec.FSDP) and c["experts_backend"] == list(mix_spec.EXPERT_BACKENDS)
+    assert c["method"] == list(choices(Mix, "method")) == ["full", "lora", "qlora"]
+    assert c["optimizer"] == list(choices(Mix, "optimizer")) and c["zero_stage"] == [0, 1, 2, 3]
+    assert c["fsdp"] == [None, "full_shard", "shard_grad_op"]
+    assert c["experts_backend"] == list(choices(Mix, "experts_backend"))
 
 
 @pytest.mark.parametrize("key", sorted(mix_choices()))

@@ -54,7 +54,7 @@ def test_dataset_stats_say_which_file_is_wrong(tmp_path):
     assert stats["num_samples"] == 2 and stats["max_tokens"] >= stats["mean_tokens"] > 0
     not_a_tokenizer = tmp_path / "t.json"
     not_a_tokenizer.write_text("{}")
-    with pytest.raises(FtscopeError, match="tokenizer could not be read"):
+    with pytest.raises(FtscopeError, match="the tokenizer is not a tokenizers JSON file"):
         dataset_stats(sample, not_a_tokenizer)
     sample.write_text("{oops\n")
     with pytest.raises(FtscopeError, match=r"^the JSONL sample:1: not JSON"):

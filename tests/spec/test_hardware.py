@@ -37,7 +37,7 @@ def test_inline_gpu_with_base_overrides_only_what_it_names():
 
 
 def test_inline_gpu_memory_mib_is_read_in_mib():
-    assert gpu_from_inline({"base": "l4", "memory_mib": 1000}).memory_bytes == 1000 * MIB
+    assert gpu_from_inline({"base": "l4", "memory_mib": 2000}).memory_bytes == 2000 * MIB
 
 
 def test_inline_gpu_without_base_needs_the_rates():
@@ -58,7 +58,7 @@ def test_inline_gpu_unknown_key_suggests_the_nearest():
                                         ("memory_bandwidth_gbs", -1), ("fp16_tflops", True),
                                         ("intra_node_gbs", "fast")])
 def test_inline_gpu_rejects_non_positive_or_non_numeric_values(key, value):
-    with pytest.raises(FtscopeError, match="must be a positive number"):
+    with pytest.raises(FtscopeError, match=rf"hardware.gpu.{key} must be a finite number from"):
         gpu_from_inline({"base": "a100-80gb", key: value})
 
 

@@ -407,7 +407,7 @@ def test_hf_id_found_in_the_local_hf_cache(tmp_path, monkeypatch):
 def test_malformed_config_json_is_a_one_line_error(tmp_path):
     path = tmp_path / "config.json"
     path.write_text('{"model_type": "llama", "hidden_size": ')
-    with pytest.raises(FtscopeError, match="malformed config.json") as info:
+    with pytest.raises(FtscopeError, match="malformed JSON in config.json at") as info:
         load_model(str(path))
     assert "\n" not in str(info.value)
 

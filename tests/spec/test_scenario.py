@@ -95,7 +95,7 @@ def test_unknown_model_and_gpu_suggest_names(scenario_dict):
 
 @pytest.mark.parametrize("raw, match", [
     ({}, "no 'model'"), ({"model": ""}, "no 'model'"), ([1], "must be a mapping"),
-    ({"model": "llama-2-7b", "mix": [1, 2]}, "'mix' must be a mapping"),
+    ({"model": "llama-2-7b", "mix": [1, 2]}, "mix must be a mapping"),
     ({"model": "llama-2-7b", "workload": {"seq_len": 64, "dataset": [1]}}, "dataset must be a mapping"),
     ({"model": "llama-2-7b", "workload": {"dataset": {"num_samples": 3}}}, "dataset needs mean_tokens"),
     ({"model": "llama-2-7b", "workload": {"dataset": {"path": "d.jsonl"}}}, "read by `ftscope profile`"),
@@ -225,8 +225,8 @@ def test_json_scenario_file_loads(tmp_path, scenario_dict):
 
 
 @pytest.mark.parametrize("name, text, match", [
-    ("bad.yaml", "model: [unclosed\n", "malformed scenario"),
-    ("bad.json", '{"model": ', "malformed scenario"),
+    ("bad.yaml", "model: [unclosed\n", "malformed YAML in scenario file"),
+    ("bad.json", '{"model": ', "malformed JSON in scenario file"),
     ("list.yaml", "- 1\n- 2\n", "must be a mapping"),
     ("empty.yaml", "", "must be a mapping"),
 ])

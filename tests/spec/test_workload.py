@@ -133,10 +133,10 @@ def test_needs_seq_len_or_a_dataset():
     ({"seq_len": 10**9}, "seq_len must be"),
     ({"padding": "left"}, "padding must be one of"),
     ({"gradient_accumulation": 0}, "gradient_accumulation must be"),
-    ({"epochs": -1}, "epochs must be a number above 0"),
-    ({"epochs": 0}, "epochs must be a number above 0"),
-    ({"epochs": float("nan")}, "epochs must be a number above 0"),
-    ({"num_samples": 0}, "num_samples must be a positive integer"),
+    ({"epochs": -1}, "epochs must be a finite number above 0"),
+    ({"epochs": 0}, "epochs must be a finite number above 0"),
+    ({"epochs": float("nan")}, "epochs must be a finite number above 0"),
+    ({"num_samples": 0}, "num_samples must be an integer from 1"),
 ])
 def test_out_of_range_values_are_rejected(changes, message):
     base = {"micro_batch_size": 1, "seq_len": 512}
@@ -147,9 +147,9 @@ def test_out_of_range_values_are_rejected(changes, message):
 @pytest.mark.parametrize("stats, message", [
     (dict(num_samples=10, mean_tokens=600, max_tokens=500), "mean_tokens .* exceeds max_tokens"),
     (dict(num_samples=10, mean_tokens=100, median_tokens=600, max_tokens=500), "median_tokens .* exceeds"),
-    (dict(num_samples=0, mean_tokens=100, max_tokens=500), "num_samples must be a positive number"),
-    (dict(num_samples=10, mean_tokens=float("nan"), max_tokens=500), "mean_tokens must be a positive number"),
-    (dict(num_samples=10, mean_tokens=100, max_tokens=500, p99_tokens=-1), "p99_tokens must be a positive"),
+    (dict(num_samples=0, mean_tokens=100, max_tokens=500), "num_samples must be an integer from 1"),
+    (dict(num_samples=10, mean_tokens=float("nan"), max_tokens=500), "mean_tokens must be a finite number above 0"),
+    (dict(num_samples=10, mean_tokens=100, max_tokens=500, p99_tokens=-1), "p99_tokens must be a finite number above 0"),
 ])
 def test_inconsistent_dataset_statistics_are_rejected(stats, message):
     with pytest.raises(FtscopeError, match=message):

@@ -100,3 +100,32 @@ def test_iiswc_a40_max_batch_rows_within_25pct_with_the_studys_stack(bundled):
         if chk.scenario.model.name == "mixtral-8x7b":
             assert chk.scenario.recipe.name == "llama-factory-2024", chk.case_id
         assert abs(chk.predict() - chk.measured) <= 0.25 * chk.measured, (chk.case_id, chk.note)
+
+
+@pytest.mark.parametrize("measured, match", [
+    ({"peak_gib": 0}, r"measured.peak_gib must be a finite number above 0"),
+    ({"peak_gib": float("nan")}, r"measured.peak_gib must be a finite number above 0"),
+    ({"tokens_per_s": -3}, r"measured.tokens_per_s must be"),
+    ({"step_s": "fast"}, r"measured.step_s must be"),
+    ({"peak_gb": 3}, r"unknown key 'cases\[0\].measured.peak_gb' \(did you mean: peak_gib"),
+    ({"memory_metric": "gb", "peak_gib": 3}, r"memory_metric must be one of allocated, reserved, smi, unknown"),
+    ({"samples_per_s_by_batch": {"one": 1.0}}, r"samples_per_s_by_batch"),
+    ({"step_s_by_top_k_and_batch": {"top2": {1: {"forward": -1}}}}, r"forward must be a finite number above 0"),
+    ({"max_micro_batch_size_by_top_k": {"two": 3}}, r"max_micro_batch_size_by_top_k"),
+])
+def test_every_measured_figure_is_typed_when_the_file_is_read(tmp_path, measured, match):
+    with pytest.raises(FtscopeError, match=match) as info:
+        load_case_file(write(tmp_path, {"cases": [{**CASE, "measured": measured}]}))
+    assert str(info.value).startswith("cases file ") and "\n" not in str(info.value)
+
+
+def test_duplicate_case_ids_are_an_error(tmp_path):
+    with pytest.raises(FtscopeError, match="case id 'mine-1' appears twice"):
+        load_case_file(write(tmp_path, {"cases": [CASE, CASE]}))
+
+
+def test_a_bad_scenario_names_its_case(tmp_path):
+    bad = {**CASE, "scenario": {**CASE["scenario"], "mix": {"method": 7}}}
+    (case,) = load_case_file(write(tmp_path, {"cases": [bad]}))
+    with pytest.raises(FtscopeError, match=r"case 'mine-1': mix.method must be one of full, lora, qlora"):
+        case_checks(case)

@@ -43,3 +43,32 @@ def test_estimated_tensor_memory_tracks_the_h200_allocator():
 def test_a_missing_store_is_a_user_error(tmp_path):
     with pytest.raises(FtscopeError, match="not found"):
         store_checks(tmp_path / "nope.sqlite")
+
+
+def _store_with(tmp_path, runs):
+    import json
+
+    from ftscope.measure.store import Store
+
+    tiny = json.loads((DATA.parents[1] / "examples" / "tiny-mixtral" / "config.json").read_text())
+    with Store(tmp_path / "runs.sqlite") as st:
+        for scenario, build in runs:
+            run = st.start_run({"scenario": scenario, "options": {"device": "cpu"},
+                                "build": {"config": tiny} if build else {}}, {"device": "cpu"})
+            st.record_point(run, "batch=1", "ok", {"batch": 1, "memory": {"peak_allocated_bytes": 2**24}})
+    return tmp_path / "runs.sqlite"
+
+
+def test_runs_are_re_estimated_from_their_config_or_listed_never_dropped(tmp_path):
+    base = {"mix": {"method": "full", "precision": "fp32", "attention": "sdpa", "experts_backend": "eager"},
+            "workload": {"micro_batch_size": 1, "seq_len": 32}}
+    db = _store_with(tmp_path, [
+        ({**base, "model": "relative/path/that/moved/config.json"}, True),  # re-estimated from the config as built
+        ({**base, "model": "tiny"}, False),  # no config as built
+        ({**base, "model": "tiny", "mix": {"method": "prefix"}}, True),  # refused by today's checks
+    ])
+    checks, skipped = store_checks(db)
+    assert [c.case_id for c in checks] == ["db:runs.sqlite:run1"]
+    assert skipped == [("db:runs.sqlite:run2 (every point)", "cannot re-estimate: no config as built in the store"),
+                       ("db:runs.sqlite:run3 (every point)",
+                        "cannot re-estimate: mix.method must be one of full, lora, qlora; got 'prefix'")]

@@ -1,7 +1,11 @@
 """estimate(scenario): memory breakdown, fits?, limits, step time, throughput, hours and dollars."""
 from __future__ import annotations
 
+import math
+from dataclasses import replace
+
 from ..errors import FtscopeError
+from ..spec.rules import problem
 from ..spec.scenario import Scenario
 from .memory import memory_model
 from .result import Estimate
@@ -11,31 +15,48 @@ DEFAULT_MARGIN = 0.0
 
 
 def unsupported_reason(scn: Scenario) -> str | None:
-    """Why this mix cannot run on this hardware at all, or None."""
-    gpu, mix = scn.cluster.gpu, scn.mix
-    if mix.attention == "flash" and not gpu.flash_attention:
-        return f"FlashAttention-2 needs an Ampere-or-newer GPU; {gpu.key} has none (use attention: sdpa)"
-    if mix.precision.startswith("bf16") and not gpu.bf16:
-        return f"{gpu.key} has no bf16 support (use precision: fp16-mixed)"
-    if mix.experts_backend == "grouped_mm" and scn.model.is_moe and not gpu.bf16:
-        return f"experts_backend grouped_mm needs bf16, which {gpu.key} lacks (use batched_mm)"
-    if mix.fp8 and not gpu.fp8_tflops:
-        return f"mix.fp8 needs FP8 tensor cores (Ada, Hopper, Blackwell, CDNA3); {gpu.key} has none"
-    if mix.attention == "flash3" and gpu.architecture != "hopper":
-        return f"FlashAttention-3 runs on Hopper only; {gpu.key} is {gpu.architecture or 'not Hopper'} (use flash)"
-    if scn.model.is_moe and mix.experts_top_k and mix.experts_top_k > scn.model.arch.num_experts:
-        return f"experts_top_k {mix.experts_top_k} exceeds the model's {scn.model.arch.num_experts} experts"
-    return None
+    """Why this mix cannot run on this model and hardware at all (the first rule in spec/rules.py it breaks), or None."""
+    return problem(scn.mix, scn.model, scn.cluster.gpu)
 
 
 def _warnings(scn: Scenario, seq: int) -> tuple[str, ...]:
     out = []
-    max_pos = scn.model.arch.max_position_embeddings
-    if seq > max_pos:
-        out.append(f"sequence length {seq} exceeds the model's max_position_embeddings {max_pos} (needs RoPE scaling)")
+    arch = scn.model.arch
+    if seq > arch.max_position_embeddings and not arch.fact("rope_scaling"):
+        out.append(f"sequence length {seq:,} exceeds the model's max_position_embeddings {arch.max_position_embeddings:,} "
+                   "and its config.json has no rope_scaling: the model was not trained for it (add rope_scaling to "
+                   "the config or shorten workload.seq_len)")
     if scn.mix.method == "qlora" and scn.mix.shard_stage == 3:
         out.append("QLoRA with ZeRO-3/FSDP needs bnb_4bit_quant_storage=bfloat16 so the 4-bit weights can be sharded")
     return tuple(out)
+
+
+SLOW_STEP_S = 86_400.0
+"""A step longer than a day is almost always a typo in the GPU's rates or the workload: said as a warning."""
+
+
+def _sane(result: Estimate) -> Estimate:
+    """The result boundary: no NaN, inf or negative figure leaves the estimator (an error naming it instead)."""
+    mem, t, run = result.memory, result.time, result.run
+    figures = {"memory.peak": mem.peak_bytes, "memory.allocated": mem.allocated_bytes,
+               **{f"memory.{k}": v for k, v in mem.categories.items()}}
+    if t is not None:
+        figures |= {"time.step_s": t.step_s, "time.tokens_per_s": t.tokens_per_s, "time.samples_per_s": t.samples_per_s,
+                    "time.mfu": t.mfu, **{f"time.{k}": v for k, v in t.breakdown_s.items()}}
+    if run is not None:
+        figures |= {"run.hours": run.hours, "run.usd": run.usd if run.usd is not None else 0.0}
+    bad = next(((k, v) for k, v in figures.items() if not (math.isfinite(v) and v >= 0)), None)
+    if bad is not None:
+        raise FtscopeError(f"the estimate of {scn_name(result.scenario)} came out {bad[0]} = {bad[1]}: check the GPU's "
+                           "rates and memory (hardware.gpu) and the workload sizes")
+    if t is not None and t.step_s > SLOW_STEP_S:
+        result = replace(result, warnings=(*result.warnings, f"one step takes {t.step_s:,.0f} s (over a day): check the "
+                                                             "GPU's rates (hardware.gpu) and the workload sizes"))
+    return result
+
+
+def scn_name(scn: Scenario) -> str:
+    return f"{scn.model.name} on {scn.cluster.world_size}x {scn.cluster.gpu.key} ({scn.mix.label()})"
 
 
 def estimate(scn: Scenario, margin: float = DEFAULT_MARGIN, strict: bool = True, with_time: bool = True,
@@ -50,6 +71,9 @@ def estimate(scn: Scenario, margin: float = DEFAULT_MARGIN, strict: bool = True,
     from ..plan.solvers import max_micro_batch  # the plan layer's solvers read only MemoryModel
 
     mem = memory_model(scn)
+    if not mem.capacity_bytes > 0:
+        raise FtscopeError(f"{scn.cluster.gpu.key} has {scn.cluster.gpu.memory_gib:.2f} GiB: nothing is left after the "
+                           f"CUDA context ({mem.allocator.cuda_context_gib} GiB); give hardware.gpu more memory")
     wl = scn.workload
     seq = wl.peak_seq_len()
     max_b = max_micro_batch(mem, seq, margin)
@@ -64,4 +88,4 @@ def estimate(scn: Scenario, margin: float = DEFAULT_MARGIN, strict: bool = True,
     if with_time:
         from .time import attach_time
         result = attach_time(result, calibration)
-    return result
+    return _sane(result)

@@ -7,16 +7,22 @@ cost, collective bandwidth and overlap. A GPU with no measurements uses the shar
 """
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, fields, replace
 from functools import lru_cache
 from importlib import resources
-from pathlib import Path
 from typing import Any
 
 from ..errors import FtscopeError
+from ..files import parse_json, read_text, show
+from ..spec.schema import Number, Text, forbid_extra, validate
+
+Fraction = Number(gt=0, le=1)
+"""Achieved share of a hardware peak."""
+Micros = Number(ge=0, le=1e6)
+Seconds = Number(ge=0, le=3600)
 
 
+@forbid_extra
 @dataclass(frozen=True)
 class Efficiency:
     """Achieved fractions of hardware peaks and fixed costs: the only tunable numbers of the time model.
@@ -26,69 +32,69 @@ class Efficiency:
     data/calibration.json); "prior" ones are physical estimates no measured point constrains, with the reason.
     Defaults are starting points for the fit."""
 
-    gemm_ampere: float = 0.80
+    gemm_ampere: Fraction = 0.80
     """Fitted. Fraction of the dense bf16/fp16 tensor peak large GEMMs reach on Ampere (A100, A40, RTX 30)."""
-    gemm_ada: float = 0.80
+    gemm_ada: Fraction = 0.80
     """Fitted. The same on Ada (RTX 40, L40S, RTX 6000 Ada)."""
-    gemm_hopper: float = 0.70
+    gemm_hopper: Fraction = 0.70
     """Fitted. The same on Hopper (H100, H200, H800): power and clock limits keep cuBLAS further from peak."""
-    gemm_other: float = 0.70
+    gemm_other: Fraction = 0.70
     """Prior, not fitted: Volta, Turing, Blackwell, CDNA have no measured point; the Hopper-like value."""
-    gemm_k_half: float = 64.0
+    gemm_k_half: Number(ge=0, le=1e6) = 64.0
     """Prior: GEMM depth K (elements) at which the tensor-core pipeline runs half full (LoRA's rank-r GEMMs): a
     128 x 128 tile's main loop advances 64 deep per stage, so a GEMM a few stages deep spends about as long
     filling and draining the pipeline as computing. Not fitted: only LoRA's short GEMMs see it, and their
     bytes mostly bound them."""
-    grouped_matmul: float = 0.85
+    grouped_matmul: Number(gt=0, le=4) = 0.85
     """Fitted. Grouped expert GEMMs (grouped_mm, batched_mm: one launch for all experts) relative to dense ones."""
-    fp8_gemm: float = 0.70
+    fp8_gemm: Number(gt=0, le=2) = 0.70
     """Fitted. FP8 GEMMs' fraction of the FP8 peak relative to bf16 GEMMs' fraction of the bf16 peak (scaling,
     amax bookkeeping and smaller tiles keep FP8 further from its doubled peak)."""
-    attention: float = 0.55
+    attention: Fraction = 0.55
     """Fitted. Fraction of the dense peak FlashAttention-2 / sdpa reach at long sequences on Ampere and Ada."""
-    attention_hopper: float = 0.35
+    attention_hopper: Fraction = 0.35
     """Fitted. The same kernels on Hopper, which they run without its wgmma units."""
-    attention_flash3: float = 0.60
+    attention_flash3: Fraction = 0.60
     """Prior, not fitted (no run in the data uses it): FlashAttention-3 on H100, 1.5-2x FlashAttention-2
     (Shah et al. 2024, FlashAttention-3: up to 740 TFLOP/s forward, backward slower)."""
-    attention_flash1: float = 0.5
+    attention_flash1: Number(gt=0, le=4) = 0.5
     """Prior: the 2022 kernels (FlashAttention v1, its Triton port) relative to FlashAttention-2 on the same GPU
     (Dao 2023, FlashAttention-2: 1.7-3.0x faster than v1, 1.3-2.5x faster than the Triton port)."""
-    attention_seq_half: float = 300.0
+    attention_seq_half: Number(ge=0, le=1e6) = 300.0
     """Prior: sequence length (tokens) at which fused attention runs at half its long-sequence rate, read off
     Dao 2023's A100 forward + backward curves (about 60 % of the 16k rate at 512 tokens, 75 % at 1k, 85 % at 2k).
     Not fitted: with one source of very long runs held out, a fit swings it from 50 to 3,000."""
-    bandwidth: float = 0.80
+    bandwidth: Fraction = 0.80
     """Fitted. Fraction of memory bandwidth streaming kernels reach (elementwise, optimizer, weight reads)."""
-    dequant_bandwidth: float = 0.65
+    dequant_bandwidth: Fraction = 0.65
     """Fitted. Fraction of memory bandwidth the 4-bit dequantization kernels reach."""
-    kernel_floor_us: float = 4.0
+    kernel_floor_us: Micros = 4.0
     """Fitted. GPU time of the shortest kernel (launch latency, fill and drain), microseconds."""
-    host_us_per_kernel: float = 20.0
+    host_us_per_kernel: Micros = 20.0
     """Fitted. Host (Python + PyTorch dispatch) time per launched kernel in eager mode, microseconds: a step
     whose kernels are shorter than this is host-bound."""
-    sync_us: float = 50.0
+    sync_us: Micros = 50.0
     """Fitted. One host-device synchronization (the eager expert loop's nonzero per expert), microseconds."""
-    step_overhead_s: float = 0.03
+    step_overhead_s: Seconds = 0.03
     """Fitted. Host time per optimizer step outside the GPU kernels (data loading, logging, zero_grad), seconds."""
-    microbatch_overhead_s: float = 0.005
+    microbatch_overhead_s: Seconds = 0.005
     """Prior: host time per micro-batch (collation, host-to-device copy), seconds."""
-    communication: float = 0.70
+    communication: Fraction = 0.70
     """Fitted. Fraction of the link bandwidth collectives reach (NCCL bus bandwidth over the datasheet rate)."""
-    comm_overlap: float = 0.80
+    comm_overlap: Number(ge=0, le=1) = 0.80
     """Fitted. Fraction of the concurrent compute behind which prefetched or bucketed collectives hide (FSDP
     prefetch, ZeRO overlap_comm, DDP buckets); the rest of the collective time is exposed."""
-    compile_stream_bytes: float = 0.5
+    compile_stream_bytes: Fraction = 0.5
     """Prior: torch.compile's share of eager elementwise memory traffic (Inductor fuses a block's norm, residual,
     activation chains: RMSNorm's five passes become two, SiLU x up's five become three). Only torchtune's rows
     compile, so no held-out source could check a fit."""
-    compile_kernels: float = 0.3
+    compile_kernels: Fraction = 0.3
     """Prior: torch.compile's share of eager elementwise kernel launches (about 18 per block fuse into ~5)."""
-    cpu_adam_params_per_s: float = 1.0e9
+    cpu_adam_params_per_s: Number(ge=1e3, le=1e13) = 1.0e9
     """Prior: parameters per second DeepSpeed's CPU Adam updates (offloaded optimizer)."""
-    collective_latency_us: float = 50.0
+    collective_latency_us: Micros = 50.0
     """Prior: fixed cost of one collective (launch + ring latency), microseconds."""
-    zero3_hook_us: float = 150.0
+    zero3_hook_us: Micros = 150.0
     """Prior: DeepSpeed ZeRO-3's Python fetch/release hooks per parameterised module per pass, microseconds."""
 
 
@@ -120,13 +126,23 @@ def _diff(eff: Efficiency, base: Efficiency) -> dict[str, float]:
     return {k: v for k, v in asdict(eff).items() if v != getattr(base, k)}
 
 
-def calibration_from_dict(data: dict[str, Any]) -> Calibration:
-    try:
-        shared = replace(Efficiency(), **data.get("shared", {}))
-        per_gpu = {k: replace(shared, **v) for k, v in (data.get("per_gpu") or {}).items()}
-    except TypeError as exc:
-        raise FtscopeError(f"calibration file has an unknown parameter: {exc}") from None
-    return Calibration(shared=shared, per_gpu=per_gpu, provenance=data.get("provenance", {}))
+@forbid_extra
+@dataclass(frozen=True)
+class CalibrationFile:
+    """A calibration JSON as written by `ftscope calibrate --out`: shared values, per-GPU overrides, provenance."""
+
+    shared: dict[Text(), Any] | None = None
+    per_gpu: dict[Text(), dict[Text(), Any]] | None = None
+    provenance: dict[Text(), Any] | None = None
+
+
+def calibration_from_dict(data: Any, where: str = "calibration") -> Calibration:
+    """Check a calibration mapping (every value a finite number in its physical range) and build it."""
+    given = validate(CalibrationFile, data, source=where)
+    shared = validate(Efficiency, given.shared or {}, "shared", source=where)
+    per_gpu = {gpu: validate(Efficiency, {**asdict(shared), **values}, f"per_gpu.{gpu}", source=where)
+               for gpu, values in (given.per_gpu or {}).items()}
+    return Calibration(shared=shared, per_gpu=per_gpu, provenance=given.provenance or {})
 
 
 @lru_cache(maxsize=8)
@@ -136,13 +152,6 @@ def load_calibration(path: str | None = None) -> Calibration:
         res = resources.files("ftscope").joinpath("data", "calibration.json")
         if not res.is_file():
             return Calibration(Efficiency(), {}, {"source": "built-in defaults (no calibration file)"})
-        text = res.read_text()
-    else:
-        p = Path(path)
-        if not p.is_file():
-            raise FtscopeError(f"calibration file not found: {p}")
-        text = p.read_text()
-    try:
-        return calibration_from_dict(json.loads(text))
-    except json.JSONDecodeError as exc:
-        raise FtscopeError(f"malformed calibration file {path}: {exc}") from None
+        return calibration_from_dict(parse_json(res.read_text(), "bundled calibration.json"), "bundled calibration.json")
+    where = f"calibration file {show(path)}"
+    return calibration_from_dict(parse_json(read_text(path, "calibration file"), where), where)

@@ -17,7 +17,13 @@ _NEEDED = ("torch", "transformers", "peft")
 
 
 def require_torch(extra: tuple[str, ...] = ()) -> None:
-    """Raise FtscopeError naming the missing packages when the `measure` extra is not installed."""
+    """Raise FtscopeError naming the missing packages when the `measure` extra is not installed.
+
+    Also puts the Hugging Face libraries in offline mode before any of them is imported: ftscope reads local
+    files only, and bitsandbytes' CPU backend otherwise tries to fetch a kernel from the Hub at import."""
+    import os
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     missing = [name for name in (*_NEEDED, *extra) if importlib.util.find_spec(name) is None]
     if missing:
         raise FtscopeError(

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from ..errors import FtscopeError
+from ..files import os_error, read_text
 from ..spec.scenario import Scenario
 
 
@@ -78,23 +79,27 @@ def iter_jsonl(path: str | Path) -> Iterator[tuple[int, Any]]:
     p = Path(path)
     if not p.is_file():
         raise FtscopeError(f"data file not found: {p}")
-    with p.open() as fh:
-        for n, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                yield n, json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise FtscopeError(f"{p}:{n}: not JSON ({exc.msg})") from None
+    n = 0
+    try:
+        with p.open(encoding="utf-8") as fh:
+            for n, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    yield n, json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise FtscopeError(f"{p}:{n}: not JSON ({exc.msg})") from None
+                except RecursionError:
+                    raise FtscopeError(f"{p}:{n}: nested too deeply") from None
+    except UnicodeDecodeError:
+        raise FtscopeError(f"{p}:{n + 1}: not UTF-8 text; save the file as UTF-8") from None
+    except OSError as exc:
+        raise os_error(exc, "data file", p) from None
 
 
-def read_jsonl_lengths(path: str | Path, tokenizer: str | Path, field: str = "text", limit: int = 5000) -> list[int]:
-    """Token lengths of a local JSONL (one object per line, text in `field`, or prompt + response) with a local
-    tokenizer (a tokenizer.json file or a folder holding one). No network."""
-    p = Path(path)
-    if not p.is_file():
-        raise FtscopeError(f"data file not found: {p}")
-    tpath = Path(tokenizer)
+def load_tokenizer(path: str | Path) -> Any:
+    """A local tokenizers.Tokenizer from a tokenizer.json (or a folder holding one). No network."""
+    tpath = Path(path)
     if tpath.is_dir():
         tpath = tpath / "tokenizer.json"
     if not tpath.is_file():
@@ -103,7 +108,20 @@ def read_jsonl_lengths(path: str | Path, tokenizer: str | Path, field: str = "te
         from tokenizers import Tokenizer
     except ImportError:
         raise FtscopeError("reading --data needs the tokenizers package: pip install 'ftscope[measure]'") from None
-    tok = Tokenizer.from_file(str(tpath))
+    text = read_text(tpath, "tokenizer file", 512 * 2**20)
+    try:
+        return Tokenizer.from_str(text)
+    except Exception as exc:  # noqa: BLE001 - the Rust tokenizers library raises plain Exception for a bad file
+        raise FtscopeError(f"tokenizer file {tpath} is not a tokenizers JSON file: {str(exc).splitlines()[0][:120]}") from None
+
+
+def read_jsonl_lengths(path: str | Path, tokenizer: str | Path, field: str = "text", limit: int = 5000) -> list[int]:
+    """Token lengths of a local JSONL (one object per line, text in `field`, or prompt + response) with a local
+    tokenizer (a tokenizer.json file or a folder holding one). No network."""
+    p = Path(path)
+    if not p.is_file():
+        raise FtscopeError(f"data file not found: {p}")
+    tok = load_tokenizer(tokenizer)
     out = []
     for n, obj in iter_jsonl(p):
         text = obj.get(field) if isinstance(obj, dict) else None

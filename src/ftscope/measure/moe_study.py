@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import inspect
-import json
 import math
 import random
 from collections import Counter
@@ -39,7 +38,8 @@ from typing import Any, Callable, Sequence
 from ..errors import FtscopeError
 from ..spec.scenario import Scenario
 from . import require_torch
-from .batches import iter_jsonl
+from ..files import parse_json, read_text
+from .batches import iter_jsonl, load_tokenizer
 
 EOS_NAMES = ("</s>", "<|end_of_text|>", "<|endoftext|>", "<|im_end|>", "<eos>", "[EOS]", "<|eot_id|>")
 DEFAULT_CPU_CAP_GIB = 0.0625
@@ -65,20 +65,14 @@ class Sample:
 
 def _load_tokenizer(path: str | Path) -> tuple[Any, int | None]:
     """(tokenizers.Tokenizer, eos id) of a tokenizer.json or a folder holding one (no network)."""
-    try:
-        from tokenizers import Tokenizer
-    except ImportError:
-        raise FtscopeError("study moe needs the tokenizers package: pip install 'ftscope[measure]'") from None
     p = Path(path)
     folder = p if p.is_dir() else p.parent
-    p = p / "tokenizer.json" if p.is_dir() else p
-    if not p.is_file():
-        raise FtscopeError(f"tokenizer not found: {p} (give a tokenizer.json or a folder with one)")
-    tok = Tokenizer.from_file(str(p))
+    tok = load_tokenizer(p)
     names = list(EOS_NAMES)
     cfg = folder / "tokenizer_config.json"
     if cfg.is_file():  # HF model folders name their EOS here
-        eos = json.loads(cfg.read_text()).get("eos_token")
+        settings = parse_json(read_text(cfg, "tokenizer_config.json"), f"tokenizer_config.json at {cfg}")
+        eos = settings.get("eos_token") if isinstance(settings, dict) else None
         eos = eos.get("content") if isinstance(eos, dict) else eos
         if isinstance(eos, str):
             names.insert(0, eos)
@@ -488,6 +482,21 @@ def _batches(items: list[tuple[list[int], list[int]]], size: int, rng: random.Ra
 
 # ---- the study ---------------------------------------------------------------------------------------------
 
+def read_inputs(scn: Scenario, data: str | Path, eval_data: str | Path, tokenizer: str | Path,
+                top_ks: Sequence[int] | None = None) -> tuple[Any, int | None, tuple[list[Sample], int], tuple[list[Sample], int]]:
+    """Everything `study_moe` reads before it builds a model, checked (no torch needed): an MoE model, top-k values
+    within its experts, the tokenizer and both data files. (tokenizer, eos id, (train, cut), (eval, cut))."""
+    spec = scn.model
+    if not spec.is_moe:
+        raise FtscopeError(f"study moe needs a MoE model; {spec.name} is dense")
+    bad = [k for k in top_ks or () if not 1 <= int(k) <= spec.arch.num_experts]
+    if bad:
+        raise FtscopeError(f"top-k {bad} out of range: {spec.name} has {spec.arch.num_experts} experts")
+    tok, eos = _load_tokenizer(tokenizer)
+    cutoff = scn.workload.seq_len or scn.workload.peak_seq_len()  # truncation cutoff (IISWC: cutoff_len 1024)
+    return tok, eos, load_samples(data, tok, cutoff), load_samples(eval_data, tok, cutoff)
+
+
 def study_moe(scn: Scenario, data: str | Path, eval_data: str | Path, tokenizer: str | Path,
               epochs: int | None = None, top_ks: Sequence[int] | None = None, device: str = "auto",
               shrink: dict[str, Any] | None = None, seed: int = 0, batch_size: int | None = None,
@@ -505,6 +514,7 @@ def study_moe(scn: Scenario, data: str | Path, eval_data: str | Path, tokenizer:
     none: the whole GPU; CPU: the tensor tracker's simulated cap, default DEFAULT_CPU_CAP_GIB); max_batch=False
     skips the search. shrink: build a smaller copy of the scenario's model (see build.apply_shrink).
     """
+    tok, eos, (train, cut_train), (evals, cut_eval) = read_inputs(scn, data, eval_data, tokenizer, top_ks)
     require_torch()
     import torch
 
@@ -513,8 +523,6 @@ def study_moe(scn: Scenario, data: str | Path, eval_data: str | Path, tokenizer:
     from .profile import Stepper, make_optimizer, resolve_device
 
     spec = scn.model
-    if not spec.is_moe:
-        raise FtscopeError(f"study moe needs a MoE model; {spec.name} is dense")
     if epochs is None:
         epochs = max(1, math.ceil(scn.workload.epochs))
     if batch_size is None:
@@ -524,14 +532,8 @@ def study_moe(scn: Scenario, data: str | Path, eval_data: str | Path, tokenizer:
         raise FtscopeError("--epochs and the batch size must be >= 1 and the learning rate above 0")
     experts = spec.arch.num_experts
     top_ks = tuple(top_ks) if top_ks else tuple(dict.fromkeys((spec.arch.top_k, experts)))
-    bad = [k for k in top_ks if not 1 <= int(k) <= experts]
-    if bad:
-        raise FtscopeError(f"top-k {bad} out of range: {spec.name} has {experts} experts")
     dev = resolve_device(device)
     say = progress or (lambda _msg: None)
-    tok, eos = _load_tokenizer(tokenizer)
-    cutoff = scn.workload.seq_len or scn.workload.peak_seq_len()  # truncation cutoff (IISWC: cutoff_len 1024)
-    (train, cut_train), (evals, cut_eval) = load_samples(data, tok, cutoff), load_samples(eval_data, tok, cutoff)
     tasks = baselines(train, evals)
     items = [_train_item(s, eos) for s in train]
     cap_gib = memory_cap_gib if memory_cap_gib is not None else (DEFAULT_CPU_CAP_GIB if dev == "cpu" else None)

@@ -152,6 +152,19 @@ def built_scenario(scn: Scenario, config: dict[str, Any], batch: int) -> Scenari
     return replace(scn, model=model, mix=mix).with_(micro_batch_size=batch)
 
 
+def recorded_tries(store: Any, run_id: int) -> list[Any]:
+    """The max-batch tries a killed run already recorded, so a resumed search does not repeat them."""
+    from .search import Try
+
+    out = []
+    for p in store.points(run_id):
+        m = p.measurement
+        if p.key.startswith("maxbatch:try=") and isinstance(m.get("batch"), int) and m.get("status") in ("ok", "oom"):
+            out.append(Try(batch=m["batch"], status=m["status"], seconds=float(m.get("seconds") or 0.0),
+                           error=m.get("error")))
+    return out
+
+
 def sweep_id(scn: Scenario, options: dict[str, Any]) -> str:
     text = json.dumps({"scenario": scn.to_dict(), "options": options}, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
@@ -317,12 +330,13 @@ def profile(scn: Scenario, device: str = "auto", steps: int = 3, warmup: int = 1
             if store is not None:
                 store.record_point(run_id, f"maxbatch:try={t.batch}", t.status, asdict(t), None)
 
-        found = search_max(try_batch, start=1, cap=max_batch_cap, on_try=on_try)
+        recorded = recorded_tries(store, run_id) if store is not None and resume else []
+        found = search_max(try_batch, start=1, cap=max_batch_cap, on_try=on_try, recorded=recorded)
         est = estimate_for(1)
         result.max_batch = {**found.to_dict(), "estimate_max_micro_batch_size":
                             (est or {}).get("limits", {}).get("max_micro_batch_size") if cap is None else None}
-        if store is not None:
-            store.record_point(run_id, "maxbatch", "ok", result.max_batch, est)
+        if store is not None:  # when not even batch 1 fits, the sweep's answer is an OOM, not a result
+            store.record_point(run_id, "maxbatch", "ok" if found.max_batch else "oom", result.max_batch, est)
     if store is not None:
         store.finish_run(run_id, "done")
     return result

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import time
-from typing import Callable
+from typing import Callable, Sequence
 
 from .memory import cuda_empty_cache, is_oom
 
@@ -66,6 +66,7 @@ def find_max_batch(
     cap: int = 4096,
     on_try: Callable[[Try], None] | None = None,
     release: Callable[[bool], None] | None = release_memory,
+    recorded: Sequence[Try] = (),
 ) -> MaxBatch:
     """Largest batch size b in [1, cap] for which `try_batch(b)` succeeds.
 
@@ -75,13 +76,14 @@ def find_max_batch(
     `cap` is reached, then the gap is bisected; a failing `start` bisects down towards 1. `on_try` is called
     after each try (progress bars, writing the try to the store). `release(after_oom)` runs between tries (default
     `release_memory`: gc after an OOM, torch.cuda.empty_cache always), so one try's debris and cached blocks do
-    not count against the next.
+    not count against the next. `recorded`: tries an interrupted search already made (read back from the store
+    on --resume); the search replays them without running them again and carries on from there.
     """
     if cap < 1:
         raise ValueError(f"cap must be >= 1, got {cap}")
     start = max(1, min(start, cap))
-    tries: list[Try] = []
-    known: dict[int, bool] = {}
+    tries: list[Try] = list(recorded)
+    known: dict[int, bool] = {t.batch: t.status == "ok" for t in recorded}
 
     def fits(b: int) -> bool:
         if b in known:

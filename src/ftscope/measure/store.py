@@ -8,7 +8,7 @@ the process down, a pre-empted cloud VM) and `--resume` must carry on without re
 Each point is one transaction in WAL mode with `synchronous=FULL`, so a kill loses at most the point in
 flight and never leaves a half-written row or a corrupt file; the next open replays or discards the WAL.
 
-Only the standard library is used: importing this module must not import torch.
+Only the standard library (and ftscope's own error and file helpers): importing this module must not import torch.
 """
 from __future__ import annotations
 
@@ -22,6 +22,10 @@ import os
 import sqlite3
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
+
+from ..errors import FtscopeError
+from ..files import show
+from .store_file import RunClaim, check_writable, open_readonly
 
 SCHEMA_VERSION = 1
 
@@ -142,6 +146,17 @@ def dumps(obj: Any) -> str:
     return json.dumps(_clean(plain), sort_keys=True, separators=(",", ":"), allow_nan=False)
 
 
+def _object(text: Any) -> dict[str, Any]:
+    """A stored JSON object; ValueError (why) for text that is not one."""
+    try:
+        value = json.loads(text)
+    except (TypeError, ValueError, RecursionError):
+        raise ValueError("its JSON is damaged") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"holds a JSON {type(value).__name__}, not an object")
+    return value
+
+
 def scenario_hash(scenario: Mapping[str, Any]) -> str:
     """Stable identity of a scenario: sha256 of its canonical JSON (key order does not matter)."""
     return hashlib.sha256(dumps(scenario).encode()).hexdigest()
@@ -150,24 +165,38 @@ def scenario_hash(scenario: Mapping[str, Any]) -> str:
 class Store:
     """A SQLite file of runs and points. Safe to open while another process writes it (WAL readers)."""
 
-    def __init__(self, path: str | os.PathLike[str], timeout_s: float = 30.0) -> None:
-        self.path = Path(path)
-        if self.path.parent and not self.path.parent.exists():
+    def __init__(self, path: str | os.PathLike[str], timeout_s: float = 30.0, readonly: bool = False) -> None:
+        """Open (writers: create) the store at `path`. readonly=True opens an existing store through a read-only
+        URI and changes nothing on disk; either way a file that is not an ftscope store is refused, naming what
+        it is (see store_file.py)."""
+        self.readonly = readonly
+        self.unreadable: list[tuple[str, str]] = []
+        """(row, why) for rows whose JSON could not be read (edited by hand, truncated): left out of runs()/points()."""
+        self._claims: dict[int, RunClaim] = {}
+        if readonly:
+            self.path = Path(path)
+            self._db = open_readonly(path, SCHEMA_VERSION, timeout_s)
+            self._db.row_factory = sqlite3.Row
+            return
+        self.path = check_writable(path, SCHEMA_VERSION, timeout_s)
+        try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-        # isolation_level=None: no implicit transactions; every write below opens its own explicit one.
-        self._db = sqlite3.connect(os.fspath(self.path), timeout=timeout_s, isolation_level=None)
-        self._db.row_factory = sqlite3.Row
-        self._db.execute("PRAGMA journal_mode=WAL")
-        # FULL fsyncs the WAL at every commit: a committed point survives a power cut, not just a kill.
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.execute("PRAGMA foreign_keys=ON")
-        with self._tx():
-            for stmt in _SCHEMA.split(";"):
-                if stmt.strip():
-                    self._db.execute(stmt)
-            self._db.execute(
-                "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
-            )
+            # isolation_level=None: no implicit transactions; every write below opens its own explicit one.
+            self._db = sqlite3.connect(os.fspath(self.path), timeout=timeout_s, isolation_level=None)
+            self._db.row_factory = sqlite3.Row
+            self._db.execute("PRAGMA journal_mode=WAL")
+            # FULL fsyncs the WAL at every commit: a committed point survives a power cut, not just a kill.
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.execute("PRAGMA foreign_keys=ON")
+            with self._tx():
+                for stmt in _SCHEMA.split(";"):
+                    if stmt.strip():
+                        self._db.execute(stmt)
+                self._db.execute(
+                    "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
+                )
+        except (sqlite3.Error, OSError) as exc:
+            raise FtscopeError(f"cannot write results store {show(self.path)}: {exc}") from None
 
     # -- plumbing -----------------------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -182,6 +211,9 @@ class Store:
         self._db.execute("COMMIT")
 
     def close(self) -> None:
+        for claim in self._claims.values():
+            claim.release()
+        self._claims.clear()
         self._db.close()
 
     def __enter__(self) -> "Store":
@@ -208,6 +240,7 @@ class Store:
         digest = scenario_hash(scenario)
         now = _now()
         with self._tx() as db:
+            # the claim is taken inside the write transaction: no other process can pick the run in between
             if resume:
                 if sweep_id is not None:
                     row = db.execute(
@@ -221,6 +254,8 @@ class Store:
                         (digest,),
                     ).fetchone()
                 if row is not None:
+                    if int(row["id"]) not in self._claims:  # this Store may hold it already
+                        self._claims[int(row["id"])] = RunClaim(self.path, int(row["id"]))
                     db.execute(
                         "UPDATE runs SET status = 'running', error = NULL, updated = ?, resumes = resumes + 1"
                         " WHERE id = ?",
@@ -232,7 +267,9 @@ class Store:
                 " VALUES (?, ?, ?, ?, ?, ?, 'running')",
                 (now, now, sweep_id, digest, dumps(scenario), dumps(environment)),
             )
-            return int(cur.lastrowid)  # type: ignore[arg-type]
+            run_id = int(cur.lastrowid)  # type: ignore[arg-type]
+            self._claims[run_id] = RunClaim(self.path, run_id)
+            return run_id
 
     def finish_run(self, run_id: int, status: str = "done", error: str | None = None) -> None:
         """Close a run as done or failed (with the error text)."""
@@ -244,18 +281,21 @@ class Store:
             )
             if cur.rowcount != 1:
                 raise KeyError(f"no run {run_id} in {self.path}")
+        claim = self._claims.pop(run_id, None)
+        if claim is not None:
+            claim.release(remove=status == "done")  # a done run is never resumed: its lock file can go
 
     def runs(self) -> list[Run]:
-        """Every run, oldest first."""
-        rows = self._db.execute("SELECT * FROM runs ORDER BY id").fetchall()
-        return [
-            Run(
-                id=r["id"], created=r["created"], updated=r["updated"], sweep_id=r["sweep_id"],
-                scenario=json.loads(r["scenario"]), environment=json.loads(r["environment"]),
-                status=r["status"], error=r["error"], resumes=r["resumes"],
-            )
-            for r in rows
-        ]
+        """Every run whose row can be read, oldest first (the others are listed in `unreadable`)."""
+        out = []
+        for r in self._db.execute("SELECT * FROM runs ORDER BY id").fetchall():
+            try:
+                out.append(Run(id=r["id"], created=r["created"], updated=r["updated"], sweep_id=r["sweep_id"],
+                               scenario=_object(r["scenario"]), environment=_object(r["environment"]),
+                               status=r["status"], error=r["error"], resumes=r["resumes"]))
+            except ValueError as exc:
+                self.unreadable.append((f"run {r['id']}", str(exc)))
+        return out
 
     # -- points -------------------------------------------------------------------------------------------
     def done_keys(self, run_id: int, statuses: Iterable[str] = ("ok", "oom")) -> set[str]:
@@ -304,13 +344,15 @@ class Store:
             rows = self._db.execute("SELECT * FROM points ORDER BY run_id, id").fetchall()
         else:
             rows = self._db.execute("SELECT * FROM points WHERE run_id = ? ORDER BY id", (run_id,)).fetchall()
-        return [
-            Point(
-                run_id=r["run_id"], key=r["key"], status=r["status"], measurement=json.loads(r["measurement"]),
-                estimate=None if r["estimate"] is None else json.loads(r["estimate"]), created=r["created"],
-            )
-            for r in rows
-        ]
+        out = []
+        for r in rows:
+            try:
+                out.append(Point(run_id=r["run_id"], key=r["key"], status=r["status"],
+                                 measurement=_object(r["measurement"]),
+                                 estimate=None if r["estimate"] is None else _object(r["estimate"]), created=r["created"]))
+            except ValueError as exc:
+                self.unreadable.append((f"run {r['run_id']} point {r['key']}", str(exc)))
+        return out
 
     def iter_export(self) -> Iterator[dict[str, Any]]:
         """Each run as a plain dict with its points under 'points' (what `export_json` writes)."""

@@ -6,7 +6,8 @@ import math
 from typing import Any
 
 from ..errors import FtscopeError
-from ..spec.mix import Mix, check_mix
+from ..spec.mix import Mix
+from ..spec.rules import mix_problem, model_problem
 from ..spec.model import ModelSpec
 from ..spec.scenario import Scenario
 
@@ -46,10 +47,5 @@ def rank_key(candidate: Any, by: str) -> tuple:
 def refusal(model: ModelSpec, mix: Mix) -> str | None:
     """Why no GPU can run this mix on this model (a combination frameworks refuse), or None. Reads only the
     model and the mix, so the search decides it once per mix."""
-    try:
-        check_mix(mix)
-    except FtscopeError as exc:
-        return f"unsupported: {exc}"
-    if model.is_moe and mix.experts_backend == "grouped_mm" and mix.precision in ("fp32", "fp16-mixed"):
-        return "unsupported: grouped_mm needs bf16"
-    return None
+    reason = mix_problem(mix) or model_problem(mix, model)
+    return f"unsupported: {reason}" if reason else None

@@ -29,12 +29,18 @@ def _plt():
 
 def save(fig: Any, path: str | Path) -> Path:
     """Write a figure as PNG or SVG (by extension) and close it."""
+    from ..files import os_error, output_file
+
     p = Path(path)
     if p.suffix.lower() not in (".png", ".svg"):
         raise FtscopeError(f"plot file must end in .png or .svg; got {p.name}")
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(p, dpi=110, bbox_inches="tight")
-    _plt().close(fig)
+    p = output_file(p, "plot file")
+    try:
+        fig.savefig(p, dpi=110, bbox_inches="tight")
+    except OSError as exc:
+        raise os_error(exc, "plot file", p, "write") from None
+    finally:
+        _plt().close(fig)
     return p
 
 
@@ -85,7 +91,8 @@ def throughput_vs_batch(series: Sequence[Mapping[str, Any]], title: str = "throu
         ax.set_ylabel(mine[0].get("unit", "samples/s") if mine else "samples/s")
         ax.set_title(f"{title}: {group}" if group else title, fontsize=10)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:  # a run with no throughput figure has nothing to label
+            ax.legend(fontsize=7)
     return fig
 
 

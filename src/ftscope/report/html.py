@@ -4,7 +4,6 @@ from __future__ import annotations
 import base64
 import html
 import io
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -96,11 +95,8 @@ def case_sections(case_paths: Sequence[str] | None) -> list[Section]:
 
 def db_sections(db: str | Path) -> list[Section]:
     """Charts from a profile store: filled in by the profile verb's measurements (see measure/store.py)."""
-    p = Path(db)
-    if not p.is_file():
-        raise FtscopeError(f"results store not found: {p}")
     from .profile_charts import sections_from_store
-    return sections_from_store(p)
+    return sections_from_store(Path(db))
 
 
 def render(sections: Sequence[Section], title: str, out: str | Path, png_dir: str | Path | None = None) -> Path:
@@ -129,12 +125,3 @@ def render(sections: Sequence[Section], title: str, out: str | Path, png_dir: st
     p.write_text("\n".join(parts))
     return p
 
-
-def load_json(path: str | Path) -> dict[str, Any]:
-    p = Path(path)
-    if not p.is_file():
-        raise FtscopeError(f"file not found: {p}")
-    try:
-        return json.loads(p.read_text())
-    except json.JSONDecodeError as exc:
-        raise FtscopeError(f"malformed JSON in {p}: {exc}") from None

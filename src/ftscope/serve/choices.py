@@ -1,7 +1,8 @@
 """The values each control of the page may take, read from the sources the CLI validates against.
 
 Everything the page offers comes from here, so a value the page shows is a value `load_scenario` accepts.
-`allowed()` reads a tuple of values or a `typing.Literal` (spec/ may switch from one to the other).
+The mix keys' values are read from Mix's `Literal` field types (`spec.schema.choices`); `allowed()` reads a tuple
+of values or a `typing.Literal`.
 """
 from __future__ import annotations
 
@@ -9,12 +10,12 @@ import typing
 from typing import Any
 
 from .. import catalog
-from ..spec import mix as mix_spec
-from ..spec import workload as workload_spec
+from ..spec.mix import Mix
 from ..spec.model import hf_hub_cache, load_model
+from ..spec.schema import choices
+from ..spec.workload import Workload
 
-ZERO_STAGES = (0, 1, 2, 3)
-"""DeepSpeed stages: check_mix tests membership in this range inline."""
+MIX_CHOICE_KEYS = ("method", "attention", "offload", "precision", "optimizer", "experts_backend", "loss", "zero_stage")
 LORA_TARGET_GROUPS = ("all-linear", "attention", "mlp")
 """The named target groups ModelSpec.lora_targets knows (module names may be typed instead)."""
 
@@ -30,19 +31,12 @@ def allowed(source: Any) -> list[Any]:
 
 
 def mix_choices() -> dict[str, list[Any]]:
-    """`mix.<key>` -> the values its select offers (None = not set, e.g. no FSDP)."""
-    return {
-        "method": allowed(mix_spec.METHODS),
-        "attention": allowed(mix_spec.ATTENTION),
-        "offload": allowed(mix_spec.OFFLOAD),
-        "precision": allowed(mix_spec.PRECISION),
-        "optimizer": allowed(mix_spec.OPTIMIZERS),
-        "fsdp": allowed(mix_spec.FSDP),
-        "experts_backend": allowed(mix_spec.EXPERT_BACKENDS),
-        "loss": allowed(mix_spec.LOSSES),
-        "zero_stage": list(ZERO_STAGES),
-        "lora_targets": list(LORA_TARGET_GROUPS),
-    }
+    """`mix.<key>` -> the values its select offers (None = not set, e.g. no FSDP): the Literal field types of Mix,
+    the one source the CLI's checks read too."""
+    out: dict[str, list[Any]] = {key: list(choices(Mix, key)) for key in MIX_CHOICE_KEYS}
+    out["fsdp"] = [None, *choices(Mix, "fsdp")]
+    out["lora_targets"] = list(LORA_TARGET_GROUPS)
+    return out
 
 
 def gpu_choices() -> list[dict[str, Any]]:
@@ -69,5 +63,5 @@ def cached_models() -> list[str]:
 
 def page_choices() -> dict[str, Any]:
     """Everything the page's controls need, in one JSON object (GET /api/choices)."""
-    return {"mix": mix_choices(), "workload": {"padding": allowed(workload_spec.PADDING)},
+    return {"mix": mix_choices(), "workload": {"padding": list(choices(Workload, "padding"))},
             "gpus": gpu_choices(), "models": model_choices(), "cached": cached_models()}

@@ -24,8 +24,8 @@ class StoreCharts:
         """Fail at start-up, not on the first page view, when the store or matplotlib is missing."""
         if self.db is None:
             return
-        if not self.db.is_file():
-            raise FtscopeError(f"results store not found: {self.db}")
+        from ..measure.store import Store
+        Store(self.db, readonly=True).close()  # not found, not a store, a newer schema: one line now
         from ..report.charts import _plt
         _plt()  # raises "charts need matplotlib: pip install 'ftscope[report]'"
 

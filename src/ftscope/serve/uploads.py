@@ -102,7 +102,6 @@ def dataset_stats(sample: Path, tokenizer: Path, text_field: str = "text") -> di
     try:
         lengths = read_jsonl_lengths(sample, tokenizer, field=text_field, limit=SAMPLE_LINES)
     except FtscopeError as exc:  # the paths in the message are this server's temp dir: say which file instead
-        raise FtscopeError(str(exc).replace(str(sample), "the JSONL sample")) from None
-    except Exception as exc:  # the tokenizers library rejects a file that is not a tokenizer.json
-        raise FtscopeError(f"the tokenizer could not be read ({type(exc).__name__}): give a tokenizer.json") from None
+        text = str(exc).replace(str(sample), "the JSONL sample").replace(f"tokenizer file {tokenizer}", "the tokenizer")
+        raise FtscopeError(text) from None
     return length_stats(lengths)

@@ -1,12 +1,14 @@
 """GPUs (datasheet numbers from the catalog, or inline) and the cluster a run uses."""
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import Field
 
 from .. import catalog
-from ..errors import FtscopeError, did_you_mean
+from ..errors import FtscopeError
+from .schema import Flag, Int, Number, Text, forbid_extra, validate
 
 MIB = 2**20
 GIB = 2**30
@@ -60,9 +62,9 @@ class GpuSpec:
         return float(self.tf32_tflops or self.fp32_tflops)
 
 
-_INLINE_KEYS = {"name", "memory_gib", "memory_mib", "bf16_tflops", "fp16_tflops", "fp32_tflops", "tf32_tflops",
-                "memory_bandwidth_gbs", "intra_node_gbs", "host_link_gbs", "bf16", "flash_attention", "base",
-                "sm_count", "fp8_tflops", "peer_to_peer"}
+_GPU_FIELDS = {"name", "bf16_tflops", "fp16_tflops", "fp32_tflops", "tf32_tflops", "memory_bandwidth_gbs",
+               "intra_node_gbs", "host_link_gbs", "bf16", "flash_attention", "sm_count", "fp8_tflops",
+               "peer_to_peer"}
 
 
 def gpu_from_catalog(name: str) -> GpuSpec:
@@ -80,55 +82,53 @@ def gpu_from_catalog(name: str) -> GpuSpec:
     )
 
 
-def _show(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
+Rate = Number(ge=0.1, le=100_000)
+"""TFLOP/s or GB/s of a link: 0.1 to 100,000 (a tenth of a phone's GPU to 100x an H200); outside is a typo."""
 
 
-def _check_positive(key: str, value: Any, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
-    if not ok:
-        raise FtscopeError(f"{key} must be a positive number; got {_show(value)}")
+@forbid_extra
+@dataclass(frozen=True)
+class InlineGpu:
+    """`hardware.gpu` given as a mapping: a catalog `base` with some values replaced, or every rate."""
+
+    base: Text() | None = None
+    name: Text() | None = None
+    memory_gib: Number(ge=1, le=1_000_000) | None = None
+    memory_mib: Number(ge=1024, le=10**9) | None = None
+    bf16_tflops: Rate | None = None
+    fp16_tflops: Rate | None = None
+    fp32_tflops: Rate | None = None
+    tf32_tflops: Rate | None = None
+    memory_bandwidth_gbs: Number(ge=10, le=1_000_000) | None = None
+    intra_node_gbs: Rate | None = None
+    host_link_gbs: Rate | None = None
+    bf16: Flag() | None = None
+    flash_attention: Flag() | None = None
+    sm_count: Int(1, 100_000) | None = None
+    fp8_tflops: Rate | None = None
+    peer_to_peer: Flag() | None = None
 
 
-def gpu_from_inline(spec: dict[str, Any]) -> GpuSpec:
+GpuRef = Annotated[Text() | InlineGpu, Field(description="a catalog name (ftscope gpus) or an inline mapping")]
+
+
+def gpu_from_inline(spec: InlineGpu | dict[str, Any]) -> GpuSpec:
     """An inline GPU: `{base: a100-80gb, memory_gib: 96}` overrides a catalog entry; without base, all rates are needed."""
-    unknown = set(spec) - _INLINE_KEYS
-    if unknown:
-        k = sorted(unknown)[0]
-        raise FtscopeError(f"unknown key hardware.gpu.{k}{did_you_mean(k, _INLINE_KEYS)}")
-    base = gpu_from_catalog(spec["base"]) if "base" in spec else None
+    if not isinstance(spec, InlineGpu):
+        spec = validate(InlineGpu, spec, "hardware.gpu")
+    given = {f.name: getattr(spec, f.name) for f in fields(InlineGpu) if getattr(spec, f.name) is not None}
+    base = gpu_from_catalog(spec.base) if spec.base is not None else None
     values: dict[str, Any] = {f.name: getattr(base, f.name) for f in fields(GpuSpec)} if base else {
-        "key": "custom", "name": spec.get("name", "custom GPU"), "intra_node_gbs": 32.0}
-    for k in ("memory_gib", "memory_mib", "bf16_tflops", "fp16_tflops", "fp32_tflops", "tf32_tflops",
-              "memory_bandwidth_gbs", "intra_node_gbs", "host_link_gbs", "sm_count", "fp8_tflops"):
-        if k in spec:
-            _check_positive(f"hardware.gpu.{k}", spec[k], allow_none=k in ("bf16_tflops", "tf32_tflops", "fp8_tflops"))
-    for k in ("bf16", "flash_attention", "peer_to_peer"):
-        if k in spec and not isinstance(spec[k], bool):
-            raise FtscopeError(f"hardware.gpu.{k} must be true or false; got {_show(spec[k])}")
-    if "memory_gib" in spec:
-        values["memory_bytes"] = int(float(spec["memory_gib"]) * GIB)
-    if "memory_mib" in spec:
-        values["memory_bytes"] = int(float(spec["memory_mib"]) * MIB)
-    for k in ("name", "bf16_tflops", "fp16_tflops", "fp32_tflops", "tf32_tflops", "memory_bandwidth_gbs",
-              "intra_node_gbs", "host_link_gbs", "bf16", "flash_attention", "fp8_tflops", "peer_to_peer"):
-        if k in spec:
-            values[k] = spec[k]
-    if "sm_count" in spec:
-        if not float(spec["sm_count"]).is_integer():
-            raise FtscopeError(f"hardware.gpu.sm_count must be a whole number; got {_show(spec['sm_count'])}")
-        values["sm_count"] = int(spec["sm_count"])
-    values["key"] = f"{values.get('key', 'custom')}*" if base else "custom"
+        "name": "custom GPU", "intra_node_gbs": 32.0}
+    if "memory_gib" in given:
+        values["memory_bytes"] = int(given["memory_gib"] * GIB)
+    if "memory_mib" in given:
+        values["memory_bytes"] = int(given["memory_mib"] * MIB)
+    values.update({k: v for k, v in given.items() if k in _GPU_FIELDS})
+    values["key"] = f"{base.key}*" if base else "custom"
     missing = [k for k in ("memory_bytes", "fp16_tflops", "fp32_tflops", "memory_bandwidth_gbs") if k not in values]
     if missing:
         raise FtscopeError(f"inline GPU needs {', '.join(m.replace('_bytes', '_gib') for m in missing)} (or base: <catalog gpu>)")
-    for k in ("memory_bytes", "fp16_tflops", "fp32_tflops", "memory_bandwidth_gbs", "intra_node_gbs", "host_link_gbs"):
-        v = values.get(k)
-        if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0 or v != v):
-            raise FtscopeError(f"hardware.gpu.{k.replace('_bytes', '_gib')} must be a positive number, got {v!r}")
     values.setdefault("bf16_tflops", values.get("fp16_tflops") if values.get("bf16", True) else None)
     return GpuSpec(**{f.name: values[f.name] for f in fields(GpuSpec) if f.name in values})
 
@@ -146,3 +146,19 @@ class Cluster:
     @property
     def world_size(self) -> int:
         return self.gpus_per_node * self.nodes
+
+
+@forbid_extra
+@dataclass(frozen=True)
+class Hardware:
+    """The scenario's `hardware:` keys, as given (`to_cluster` resolves the GPU)."""
+
+    gpu: GpuRef = "a100-80gb"
+    gpus_per_node: Int(1, 64) = 1
+    nodes: Int(1, 4096) = 1
+    inter_node_gbs: Rate = 25.0
+
+    def to_cluster(self) -> Cluster:
+        gpu = gpu_from_catalog(self.gpu) if isinstance(self.gpu, str) else gpu_from_inline(self.gpu)
+        return Cluster(gpu=gpu, gpus_per_node=self.gpus_per_node, nodes=self.nodes,
+                       inter_node_gbs=float(self.inter_node_gbs))

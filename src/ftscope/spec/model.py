@@ -238,8 +238,8 @@ def hf_hub_cache() -> Path:
     return Path(os.environ.get("HF_HUB_CACHE") or Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface")) / "hub")
 
 
-def model_from_config(cfg: dict[str, Any], name: str = "custom") -> ModelSpec:
-    """A ModelSpec straight from a config dict (used by `--shrink` and tests)."""
+def model_from_config(cfg: dict[str, Any], name: str = "custom", where: str = "config.json") -> ModelSpec:
+    """A ModelSpec straight from a config dict (an inline `model:` mapping, `--shrink`, stores, tests)."""
     from .architecture import normalize
     from .layout import build
-    return build(normalize(cfg), name)
+    return build(normalize(cfg, where), name)

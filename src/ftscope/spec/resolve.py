@@ -20,6 +20,7 @@ from typing import Any
 
 from .. import catalog
 from ..errors import FtscopeError, did_you_mean
+from ..files import check_path, os_error, parse_json, read_text, show
 from .architecture import normalize
 from .layout import build
 from .model import ModelSpec, hf_hub_cache
@@ -87,35 +88,41 @@ def _preset(preset: str) -> ModelSpec:
     return build(normalize(catalog.model_config(preset)), preset, entry.get("source", ""))
 
 
-def read_config(path: Path) -> dict[str, Any]:
-    """A config.json (or a model folder's) as a dict; one-line errors for missing or malformed files."""
-    import json
-    if path.is_dir():
-        path = path / "config.json"
-    if not path.is_file():
-        raise FtscopeError(f"no config.json at {path}")
+def read_config(path: Path) -> tuple[dict[str, Any], str]:
+    """(a config.json's (or a model folder's) dict, how errors name it); one-line errors for missing, unreadable,
+    oversized or malformed files (files.py's budgets)."""
     try:
-        return json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise FtscopeError(f"malformed config.json at {path}: {exc}") from None
+        if path.is_dir():
+            path = path / "config.json"
+        exists = path.exists()
+    except OSError as exc:
+        raise os_error(exc, "model path", path) from None
+    where = f"config.json at {show(path)}"
+    if not exists:
+        raise FtscopeError(f"no config.json at {show(path)}")
+    return parse_json(read_text(path, "config.json"), where), where
 
 
 def hf_cache_folder(hf_id: str) -> Path | None:
     """The model folder of an HF id in the local HF cache (no network): the snapshot refs/main names, else any."""
     repo = hf_hub_cache() / ("models--" + hf_id.strip("/").replace("/", "--"))
     snapshots = repo / "snapshots"
-    if not snapshots.is_dir():
-        return None
-    main = repo / "refs" / "main"
-    named = [snapshots / main.read_text().strip()] if main.is_file() else []
-    for snap in named + sorted(snapshots.iterdir(), reverse=True):
-        if (snap / "config.json").is_file():
-            return snap
+    try:
+        if not snapshots.is_dir():
+            return None
+        main = repo / "refs" / "main"
+        named = [snapshots / main.read_text().strip()] if main.is_file() else []
+        for snap in named + sorted(snapshots.iterdir(), reverse=True):
+            if (snap / "config.json").is_file():
+                return snap
+    except (OSError, ValueError) as exc:  # ValueError: a refs/main naming no valid path
+        if isinstance(exc, OSError):
+            raise os_error(exc, "HF cache folder", snapshots) from None
     return None
 
 
-def _from_config(cfg: dict[str, Any], name: str, source: str) -> ModelSpec:
-    model = build(normalize(cfg), name, source)
+def _from_config(cfg: dict[str, Any], where: str, name: str, source: str) -> ModelSpec:
+    model = build(normalize(cfg, where), name, source)
     like = presets_like(model)
     if not like:
         return model
@@ -128,7 +135,7 @@ def _unknown(ref: str) -> FtscopeError:
     names = list(catalog.model_index())
     hf_ref = ref if re.fullmatch(r"[\w.-]+/[\w.-]+", ref) else "ORG/NAME"
     return FtscopeError(
-        f"unknown model '{ref}'{did_you_mean(ref, names)}: give a preset (ftscope models), a config.json or model "
+        f"unknown model '{show(ref)}'{did_you_mean(ref, names)}: give a preset (ftscope models), a config.json or model "
         f"folder, or an HF id in the local HF cache; to get just its config: "
         f"`hf download {hf_ref} config.json --local-dir DIR` (or `huggingface-cli download {hf_ref} config.json "
         f"--local-dir DIR`), then `model: DIR/config.json`")
@@ -141,16 +148,21 @@ def resolve_model(ref: str) -> ModelSpec:
     preset = catalog.resolve_model_name(ref)
     if preset is not None:
         return _preset(preset)
+    check_path(ref, "model")
     try:
         path = Path(ref).expanduser()
     except RuntimeError:  # '~user' for a user that does not exist
-        raise FtscopeError(f"cannot resolve the home directory in model path '{ref}'") from None
-    if path.exists() or ref.endswith(".json"):
-        return _from_config(read_config(path), str(path), str(path.resolve()))
+        raise FtscopeError(f"cannot resolve the home directory in model path '{show(ref)}'") from None
+    try:
+        exists = path.exists()
+    except OSError as exc:
+        raise os_error(exc, "model path", ref) from None
+    if exists or ref.endswith(".json"):
+        return _from_config(*read_config(path), str(path), str(path.resolve()))
     if "/" in ref:
         folder = hf_cache_folder(ref)
         if folder is not None:
-            return _from_config(read_config(folder), ref, str(folder))
+            return _from_config(*read_config(folder), ref, str(folder))
     # a path that does not exist is a typo, not a model name to guess from
     preset = preset_by_name(ref) if re.fullmatch(r"[\w][\w.-]*(/[\w.-]+)?", ref) else None
     if preset is None:

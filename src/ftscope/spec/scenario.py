@@ -1,28 +1,81 @@
-"""The scenario: one YAML/JSON input every verb takes, with `key.path=value` overrides."""
+"""The scenario: one YAML/JSON input every verb takes, with `key.path=value` overrides.
+
+`ScenarioInput` is the file's shape: every key typed (the section types are `Hardware`, `Mix`, `Workload`),
+so one `validate` call checks types, ranges and unknown keys; the rules across keys run after it
+(`rules.py`, `check_workload`); then the model and GPU are resolved into a `Scenario`.
+"""
 from __future__ import annotations
 
-import json
+import copy
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Annotated, Any, Mapping, Sequence
 
-import yaml
+from pydantic import BeforeValidator, Field
 
-from ..errors import FtscopeError, did_you_mean
-from .hardware import Cluster, GpuSpec, gpu_from_catalog, gpu_from_inline
-from .mix import Mix, check_layout, check_mix
+from ..errors import FtscopeError
+from ..files import MAX_DEPTH, load_structured, parse_yaml
+from .hardware import Cluster, Hardware
+from .mix import Mix
 from .model import ModelSpec, load_model, model_from_config
 from .recipe import DEFAULT_FRAMEWORK, Recipe, load_recipe
-from .workload import DatasetStats, Workload, check_workload
+from .rules import check_layout, mix_problem, model_problem
+from .schema import Number, Text, forbid_extra, validate
+from .workload import Workload, check_workload
+
+PROFILE_DATASET_KEYS = ("path", "tokenizer", "text_field")
+"""workload.dataset keys `ftscope profile` reads; estimates need the token statistics."""
+
+
+def _scalar_text(value: Any) -> Any:
+    """A scenario's name may be a number in YAML (name: 2024); it is text all the same."""
+    return str(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else value
+
+
+Label = Annotated[Text(max_length=4096), BeforeValidator(_scalar_text)]
+
+
+@forbid_extra
+@dataclass(frozen=True)
+class Price:
+    """The scenario's `price:` keys."""
+
+    usd_per_gpu_hour: Number(gt=0, le=10_000) | None = None
+    """Override the catalog's dated price."""
+    provider: Label | None = None
+
+
+ModelRef = Annotated[
+    Text(min_length=1, max_length=4096) | dict[Text(), Any],
+    Field(description="a preset (ftscope models), an HF id, a path to config.json, or an inline config.json mapping"),
+]
+
+
+@forbid_extra
+@dataclass(frozen=True)
+class ScenarioInput:
+    """A scenario as written: the shape `validate` checks every key against."""
+
+    model: ModelRef
+    framework: Text(description="a framework recipe (hf-trainer, trl-sft, ...)") | None = None
+    """The framework whose training step the run uses (its recipe's mix/workload defaults apply)."""
+    name: Label = ""
+    description: Label = ""
+    hardware: Hardware = Hardware()
+    mix: Mix = Mix()
+    workload: Workload = Workload()
+    price: Price = Price()
+    model_resolution: Text(max_length=4096) | None = None
+    """Output only (how `model:` was resolved, in --json and --show-scenario); ignored on input."""
+
 
 SECTIONS = {
-    "hardware": {"gpu", "gpus_per_node", "nodes", "inter_node_gbs"},
+    "hardware": {f.name for f in fields(Hardware)},
     "mix": {f.name for f in fields(Mix)},
     "workload": {f.name for f in fields(Workload)},
-    "price": {"usd_per_gpu_hour", "provider"},
+    "price": {f.name for f in fields(Price)},
 }
-TOP_KEYS = {"model", "name", "description", "framework", "model_resolution", *SECTIONS}  # model_resolution: output only, ignored
-DATASET_KEYS = {f.name for f in fields(DatasetStats)} | {"path", "tokenizer", "text_field"}
+TOP_KEYS = {f.name for f in fields(ScenarioInput)}
 
 
 @dataclass(frozen=True)
@@ -80,173 +133,105 @@ class Scenario:
         }
 
 
-def _check_keys(section: str, data: Mapping[str, Any], allowed: set[str]) -> None:
-    for key in data:
-        if key not in allowed:
-            where = f"{section}.{key}" if section else str(key)
-            if not where.isprintable() or len(where) > 60:
-                where = repr(where)[:60]
-            raise FtscopeError(f"unknown key '{where}'{did_you_mean(str(key), allowed)}")
+def _prepare(raw: Mapping[str, Any]) -> tuple[dict[str, Any], Recipe]:
+    """The scenario with what its types do not say filled in, and its framework recipe: an empty section (`mix:`)
+    means defaults; the recipe's mix and workload defaults apply under the scenario's own keys;
+    `workload.dataset.path` is for `ftscope profile` and needs token statistics beside it for an estimate."""
+    out = {k: ({} if k in SECTIONS and v is None else v) for k, v in raw.items()}
+    framework = out.get("framework") or DEFAULT_FRAMEWORK
+    if not isinstance(framework, str):
+        raise FtscopeError(f"framework must be a recipe name (hf-trainer, trl-sft, ...); got {str(framework)[:40]!r}")
+    recipe = load_recipe(framework)
+    for section, defaults in (("mix", recipe.mix_defaults), ("workload", recipe.workload_defaults)):
+        if defaults and isinstance(out.get(section, {}), Mapping):
+            out[section] = {**defaults, **out.get(section, {})}  # the scenario's own keys win
+    wl = out.get("workload")
+    dataset = wl.get("dataset") if isinstance(wl, Mapping) else None
+    if isinstance(dataset, Mapping) and any(k in dataset for k in PROFILE_DATASET_KEYS):
+        if "mean_tokens" not in dataset:
+            raise FtscopeError("workload.dataset.path is read by `ftscope profile`; for estimates give token statistics "
+                               "(num_samples, mean_tokens, median_tokens, p99_tokens, max_tokens)")
+        stats = {k: v for k, v in dataset.items() if k not in PROFILE_DATASET_KEYS}
+        out["workload"] = {**wl, "dataset": stats}
+    return out, recipe
 
 
-def _section(raw: Mapping[str, Any], name: str) -> dict[str, Any]:
-    value = raw.get(name) or {}
-    if not isinstance(value, Mapping):
-        raise FtscopeError(f"'{name}' must be a mapping of keys, got {type(value).__name__}")
-    _check_keys(name, value, SECTIONS[name])
-    return dict(value)
-
-
-def _int_or(value: Any, key: str) -> Any:
-    """YAML gives ints for ints; accept integral floats (4.0) but nothing else."""
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return value
-
-
-def _dataset(value: Any) -> DatasetStats | None:
-    if value is None:
-        return None
-    if not isinstance(value, Mapping):
-        raise FtscopeError("workload.dataset must be a mapping (num_samples, mean_tokens, max_tokens, ...)")
-    _check_keys("workload.dataset", value, DATASET_KEYS)
-    if "path" in value and "mean_tokens" not in value:
-        raise FtscopeError("workload.dataset.path is read by `ftscope profile`; for estimates give token statistics "
-                           "(num_samples, mean_tokens, median_tokens, p99_tokens, max_tokens)")
-    missing = [k for k in ("num_samples", "mean_tokens", "max_tokens") if k not in value]
-    if missing:
-        raise FtscopeError(f"workload.dataset needs {', '.join(missing)}")
-    known = {f.name for f in fields(DatasetStats)}
-    return DatasetStats(**{k: _int_or(v, k) for k, v in value.items() if k in known})
-
-
-def _model(value: Any) -> ModelSpec:
-    """A preset, HF id or config path; or an inline config.json mapping (its `_name_or_path` names it)."""
-    if isinstance(value, Mapping):
-        return model_from_config(dict(value), name=str(value.get("_name_or_path") or "inline config"))
-    return load_model(str(value))
-
-
-def _gpu(value: Any) -> GpuSpec:
-    if isinstance(value, str):
-        return gpu_from_catalog(value)
-    if isinstance(value, Mapping):
-        return gpu_from_inline(dict(value))
-    raise FtscopeError(f"hardware.gpu must be a catalog name (ftscope gpus) or a mapping; got {value!r}")
-
-
-def _positive(value: Any, key: str, integer: bool = True, upper: float = 1e6) -> Any:
-    value = _int_or(value, key)
-    ok = (isinstance(value, int) if integer else isinstance(value, (int, float))) and not isinstance(value, bool)
-    if not ok or not 0 < value <= upper or value != value:
-        kind = "an integer" if integer else "a number"
-        raise FtscopeError(f"{key} must be {kind} from 1 to {upper:g}; got {value!r}" if integer
-                           else f"{key} must be {kind} above 0; got {value!r}")
-    return value
-
-
-def scenario_from_dict(raw: Mapping[str, Any]) -> Scenario:
-    """Check and resolve a scenario mapping; every problem is a one-line FtscopeError."""
+def scenario_from_dict(raw: Mapping[str, Any], model: ModelSpec | None = None) -> Scenario:
+    """Check and resolve a scenario mapping; every problem is a one-line FtscopeError. `model`: the model as built
+    (a profile store's config), used instead of resolving the `model:` text."""
     if not isinstance(raw, Mapping):
         raise FtscopeError("a scenario must be a mapping with model, hardware, mix and workload")
-    _check_keys("", raw, TOP_KEYS)
-    if "model" not in raw or raw["model"] in (None, ""):
+    if raw.get("model") in (None, ""):
         raise FtscopeError("scenario has no 'model' (a preset from `ftscope models`, an HF id or a config.json path)")
-    model = _model(raw["model"])
-    recipe = load_recipe(raw.get("framework") or DEFAULT_FRAMEWORK)
-    hw = _section(raw, "hardware")
-    gpu = _gpu(hw.get("gpu", "a100-80gb"))
-    cluster = Cluster(
-        gpu=gpu,
-        gpus_per_node=_positive(hw.get("gpus_per_node", 1), "hardware.gpus_per_node", upper=64),
-        nodes=_positive(hw.get("nodes", 1), "hardware.nodes", upper=4096),
-        inter_node_gbs=float(_positive(hw.get("inter_node_gbs", 25.0), "hardware.inter_node_gbs", integer=False)),
-    )
-    mix_raw = {**recipe.mix_defaults, **_section(raw, "mix")}  # the scenario's own keys win
-    if isinstance(mix_raw.get("lora_targets"), list):
-        mix_raw["lora_targets"] = tuple(str(t) for t in mix_raw["lora_targets"])
-    for key in ("lora_rank", "zero_stage", "experts_top_k"):
-        if key in mix_raw:
-            mix_raw[key] = _int_or(mix_raw[key], key)
-    if "zero_stage" in mix_raw and mix_raw["zero_stage"] is None:
-        mix_raw["zero_stage"] = 0
-    if "offload" in mix_raw and mix_raw["offload"] in (None, False):
-        mix_raw["offload"] = "none"
-    if mix_raw.get("fsdp") in (False, "none", "no"):
-        mix_raw["fsdp"] = None
-    mix = Mix(**mix_raw)
-    check_mix(mix)
-    if not (isinstance(mix.lora_targets, (str, tuple)) and mix.lora_targets):
-        raise FtscopeError("mix.lora_targets must be all-linear, attention, mlp or a list of module names")
+    prepared, recipe = _prepare(raw)
+    given = validate(ScenarioInput, prepared)
+    if model is None:
+        model = _model(given.model)
+    cluster = given.hardware.to_cluster()
+    mix = given.mix
+    problem = mix_problem(mix) or model_problem(mix, model)
+    if problem:
+        raise FtscopeError(problem)
     if mix.trains_lora:
         model.lora_targets(mix.lora_targets)  # raises on names that match nothing
-    wl_raw = {**recipe.workload_defaults, **_section(raw, "workload")}
-    wl_raw["dataset"] = _dataset(wl_raw.get("dataset"))
-    for key in ("micro_batch_size", "seq_len", "gradient_accumulation", "num_samples"):
-        if key in wl_raw:
-            wl_raw[key] = _int_or(wl_raw[key], key)
-    workload = Workload(**wl_raw)
-    check_workload(workload)
-    if model.is_moe and mix.experts_top_k and mix.experts_top_k > model.arch.num_experts:
-        raise FtscopeError(f"mix.experts_top_k ({mix.experts_top_k}) exceeds the model's {model.arch.num_experts} experts")
-    if model.is_moe and mix.experts_backend == "grouped_mm" and mix.precision in ("fp32", "fp16-mixed"):
-        raise FtscopeError("experts_backend grouped_mm runs in bf16 only; use batched_mm or eager with fp16/fp32")
-    if not model.is_moe and mix.experts_top_k:
-        raise FtscopeError(f"mix.experts_top_k is for MoE models; {model.name} is dense")
+    check_workload(given.workload)
     a = model.arch
     check_layout(mix, heads=a.num_heads, kv_heads=a.num_kv_heads, layers=model.num_layers, experts=a.num_experts,
                  world=cluster.world_size, gpus_per_node=cluster.gpus_per_node,
-                 gradient_accumulation=workload.gradient_accumulation, seq_len=workload.seq_len)
-    price = _section(raw, "price")
-    usd = price.get("usd_per_gpu_hour")
-    if usd is not None:
-        usd = float(_positive(usd, "price.usd_per_gpu_hour", integer=False))
-    return Scenario(model=model, cluster=cluster, mix=mix, workload=workload, usd_per_gpu_hour=usd,
-                    model_ref=model.name if isinstance(raw["model"], Mapping) else str(raw["model"]), name=str(raw.get("name") or ""),
-                    recipe=recipe)
+                 gradient_accumulation=given.workload.gradient_accumulation, seq_len=given.workload.seq_len)
+    return Scenario(model=model, cluster=cluster, mix=mix, workload=given.workload,
+                    usd_per_gpu_hour=given.price.usd_per_gpu_hour, name=given.name, recipe=recipe,
+                    model_ref=model.name if isinstance(given.model, dict) else given.model)
+
+
+def _model(value: str | dict[str, Any]) -> ModelSpec:
+    """A preset, HF id or config path; or an inline config.json mapping (its `_name_or_path` names it)."""
+    if isinstance(value, dict):
+        name = str(value.get("_name_or_path") or "inline config")[:200]
+        return model_from_config(value, name=name, where="model (an inline config.json)")
+    return load_model(value)
 
 
 def parse_overrides(pairs: Sequence[str]) -> list[tuple[list[str], Any]]:
-    """`mix.zero_stage=3` -> (['mix', 'zero_stage'], 3); values parsed as YAML scalars / lists."""
+    """`mix.zero_stage=3` -> (['mix', 'zero_stage'], 3); values parsed as YAML scalars / lists (under the same
+    budgets as a file); text YAML cannot parse stays text, a list or mapping that does not parse is an error."""
     out = []
     for pair in pairs:
         if "=" not in pair:
-            raise FtscopeError(f"override '{pair}' is not key.path=value")
+            raise FtscopeError(f"override '{pair[:60]}' is not key.path=value")
         key, _, text = pair.partition("=")
+        path = key.strip().split(".")
+        if len(path) > MAX_DEPTH or not all(path):
+            raise FtscopeError(f"override key '{key[:60]}' is not a key path like mix.zero_stage")
         try:
-            value = yaml.safe_load(text) if text else None
-        except yaml.YAMLError:
-            value = text
-        out.append((key.strip().split("."), value))
+            value = parse_yaml(text, f"override {key[:60]}") if text else None
+        except FtscopeError as exc:
+            if text.startswith(("[", "{")) or "nested" in str(exc) or "expands" in str(exc):
+                raise  # a list or mapping that does not parse is a mistake, not text
+            value = text  # plain text YAML cannot read (e.g. a: b) stays text
+        out.append((path, value))
     return out
 
 
-def apply_overrides(raw: dict[str, Any], pairs: Sequence[str]) -> dict[str, Any]:
-    raw = json.loads(json.dumps(raw, default=str))  # deep copy of plain data
+def apply_overrides(raw: Mapping[str, Any], pairs: Sequence[str]) -> dict[str, Any]:
+    """A copy of `raw` with each override set (missing sections are created; the input is left alone)."""
+    out = copy.deepcopy(dict(raw))  # keeps YAML aliases shared: a copy never expands them
     for path, value in parse_overrides(pairs):
-        node = raw
+        node = out
         for part in path[:-1]:
             child = node.get(part)
-            if child is None or not isinstance(child, dict):
+            if not isinstance(child, dict):
                 child = {}
                 node[part] = child
             node = child
         node[path[-1]] = value
-    return raw
+    return out
 
 
 def read_scenario_file(path: str | Path) -> dict[str, Any]:
-    p = Path(path)
-    if not p.is_file():
-        raise FtscopeError(f"scenario file not found: {p}")
-    text = p.read_text()
-    try:
-        data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
-    except (yaml.YAMLError, json.JSONDecodeError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise FtscopeError(f"malformed scenario {p}: {first}") from None
+    data = load_structured(path, "scenario file")
     if not isinstance(data, dict):
-        raise FtscopeError(f"scenario {p} must be a mapping with model, hardware, mix and workload")
+        raise FtscopeError(f"scenario {path} must be a mapping with model, hardware, mix and workload")
     return data
 
 
@@ -262,9 +247,18 @@ def load_scenario(source: str | Path | Mapping[str, Any], overrides: Sequence[st
     raw = read_scenario_file(source) if isinstance(source, (str, Path)) else dict(source)
     if overrides:
         raw = apply_overrides(raw, overrides)
-    if isinstance(source, (str, Path)) and isinstance(raw.get("model"), str):
+    model = raw.get("model")
+    if isinstance(source, (str, Path)) and isinstance(model, str) and model and not _is_path(model):
         # a relative config path is read beside the scenario file, wherever the command runs from
-        beside = Path(source).parent / raw["model"]
-        if not Path(raw["model"]).exists() and (beside.is_file() or (beside / "config.json").is_file()):
+        beside = Path(source).parent / model
+        if _is_path(str(beside)) and (beside.is_file() or (beside / "config.json").is_file()):
             raw = {**raw, "model": str(beside)}
     return scenario_from_dict(raw)
+
+
+def _is_path(text: str) -> bool:
+    """Whether `text` names something on disk (False for names no file system could hold)."""
+    try:
+        return Path(text).exists()
+    except (OSError, ValueError):  # a name over 255 bytes, a NUL byte: not a path, so not beside the file either
+        return False

@@ -2,24 +2,27 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Literal
 
 from ..errors import FtscopeError
+from .schema import Int, Number, forbid_extra, validate
 
-PADDING = ("dynamic", "max_length", "packed")
 MAX_SEQ = 4_194_304  # beyond any model's context: a larger number is a typo
+Tokens = Number(gt=0, le=MAX_SEQ)
 
 
+@forbid_extra
 @dataclass(frozen=True)
 class DatasetStats:
     """Token-length statistics of a training set (prompt + answer, after the chat template)."""
 
-    num_samples: int
-    mean_tokens: float
-    max_tokens: int
-    median_tokens: float | None = None
-    p95_tokens: float | None = None
-    p99_tokens: float | None = None
+    num_samples: Int(1, 10**12)
+    mean_tokens: Tokens
+    max_tokens: Int(1, MAX_SEQ)
+    median_tokens: Tokens | None = None
+    p95_tokens: Tokens | None = None
+    p99_tokens: Tokens | None = None
 
     def _lognormal(self) -> tuple[float, float]:
         """(mu, sigma) of a log-normal matching the median and mean: lengths are right-skewed."""
@@ -82,20 +85,21 @@ def _norm_ppf(p: float) -> float:
     return (((((a[0] * r + a[1]) * r + a[2]) * r + a[3]) * r + a[4]) * r + a[5]) * q / (((((b[0] * r + b[1]) * r + b[2]) * r + b[3]) * r + b[4]) * r + 1)
 
 
+@forbid_extra
 @dataclass(frozen=True)
 class Workload:
     """Batch shape and data. Field names are the scenario's `workload:` keys."""
 
-    micro_batch_size: int | str = 1
+    micro_batch_size: Int(1, 65536) | Literal["max"] = 1
     """Samples per GPU per forward; "max" solves for the largest that fits."""
-    seq_len: int | None = None
+    seq_len: Int(1, MAX_SEQ) | None = None
     """Fixed length (max_length / packed) or the truncation cutoff for a dataset."""
     dataset: DatasetStats | None = None
-    padding: str = "dynamic"
+    padding: Literal["dynamic", "max_length", "packed"] = "dynamic"
     """dynamic (pad to the longest in the batch) | max_length (pad to seq_len) | packed (concatenate to seq_len)."""
-    gradient_accumulation: int = 1
-    epochs: float = 1.0
-    num_samples: int | None = None
+    gradient_accumulation: Int(1, 100_000) = 1
+    epochs: Number(gt=0, le=10_000) = 1.0
+    num_samples: Int(1, 10**12) | None = None
     """Samples per epoch when no dataset is given."""
 
     @property
@@ -132,35 +136,20 @@ class Workload:
         return max(self.peak_seq_len() / max(self.mean_tokens_per_sample(), 1.0), 1.0)
 
 
-def check_workload(w: Workload) -> None:
-    mbs = w.micro_batch_size
-    if mbs != "max" and (isinstance(mbs, bool) or not isinstance(mbs, int) or not 1 <= mbs <= 65536):
-        raise FtscopeError(f"workload.micro_batch_size must be an integer from 1 to 65536 or \"max\"; got {mbs!r}")
-    if w.seq_len is not None and (isinstance(w.seq_len, bool) or not isinstance(w.seq_len, int)
-                                  or not 1 <= w.seq_len <= MAX_SEQ):
-        raise FtscopeError(f"workload.seq_len must be an integer from 1 to {MAX_SEQ}; got {w.seq_len!r}")
-    if w.padding not in PADDING:
-        raise FtscopeError(f"workload.padding must be one of {', '.join(PADDING)}; got {w.padding!r}")
+def check_workload(w: Workload) -> Workload:
+    """The workload with each key checked against its field type, then the rules across keys."""
+    raw = {f.name: getattr(w, f.name) for f in fields(Workload)}
+    if isinstance(w.dataset, DatasetStats):
+        raw["dataset"] = {f.name: getattr(w.dataset, f.name) for f in fields(DatasetStats)}
+    w = validate(Workload, raw, "workload")
     if w.dataset is None and w.seq_len is None:
         raise FtscopeError("workload needs seq_len or a dataset with token-length statistics")
     if w.padding == "packed" and w.seq_len is None:
         raise FtscopeError("workload.padding: packed needs workload.seq_len (the packed length)")
-    ga = w.gradient_accumulation
-    if isinstance(ga, bool) or not isinstance(ga, int) or not 1 <= ga <= 100_000:
-        raise FtscopeError(f"workload.gradient_accumulation must be an integer from 1 to 100000; got {ga!r}")
-    if isinstance(w.epochs, bool) or not isinstance(w.epochs, (int, float)) or not 0 < w.epochs <= 10_000 or w.epochs != w.epochs:
-        raise FtscopeError(f"workload.epochs must be a number above 0; got {w.epochs!r}")
-    if w.num_samples is not None and (not isinstance(w.num_samples, int) or isinstance(w.num_samples, bool) or w.num_samples < 1):
-        raise FtscopeError(f"workload.num_samples must be a positive integer; got {w.num_samples!r}")
     d = w.dataset
     if d is not None:
-        for name in ("num_samples", "mean_tokens", "max_tokens", "median_tokens", "p95_tokens", "p99_tokens"):
-            v = getattr(d, name)
-            if v is None and name not in ("num_samples", "mean_tokens", "max_tokens"):
-                continue
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or not 0 < v <= MAX_SEQ * (10**6 if name == "num_samples" else 1):
-                raise FtscopeError(f"workload.dataset.{name} must be a positive number; got {v!r}")
-        if d.mean_tokens > d.max_tokens:
-            raise FtscopeError(f"workload.dataset.mean_tokens ({d.mean_tokens}) exceeds max_tokens ({d.max_tokens})")
-        if d.median_tokens is not None and d.median_tokens > d.max_tokens:
-            raise FtscopeError(f"workload.dataset.median_tokens ({d.median_tokens}) exceeds max_tokens ({d.max_tokens})")
+        for name in ("mean_tokens", "median_tokens", "p95_tokens", "p99_tokens"):
+            value = getattr(d, name)
+            if value is not None and value > d.max_tokens:
+                raise FtscopeError(f"workload.dataset.{name} ({value:g}) exceeds max_tokens ({d.max_tokens})")
+    return w

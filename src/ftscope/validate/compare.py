@@ -119,7 +119,11 @@ def case_checks(case: Case) -> list[Check]:
     def add(metric: str, value: Any, overrides: Sequence[str] = (), note: str = "") -> None:
         if value is None or metric in skip:
             return
-        out.append(Check(case.id, case.group, metric, float(value), _scn(case, overrides), note))
+        try:
+            scn = _scn(case, overrides)
+        except FtscopeError as exc:
+            raise FtscopeError(f"case '{case.id}': {exc}") from None
+        out.append(Check(case.id, case.group, metric, float(value), scn, note))
 
     metric_name = str(me.get("memory_metric", "unknown"))
     mem_note = f"memory as {MEMORY_FIELD[metric_name].replace('_gib', '')} (source: {metric_name})"
@@ -135,7 +139,7 @@ def case_checks(case: Case) -> list[Check]:
             add("fwd_bwd_opt_s", sum(stages.values()), ov, f"{key} batch {b}")
             for stage in ("forward", "backward", "optimizer"):
                 add(f"{stage}_s", stages.get(stage), ov, f"{key} batch {b}")
-    for key in ("tokens_per_s", "step_s"):
+    for key in ("samples_per_s", "tokens_per_s", "step_s"):
         add(key, me.get(key))
     if "peak_gib" in me:
         add(f"peak_gib:{metric_name}", me["peak_gib"], (), mem_note)
@@ -161,6 +165,11 @@ def skipped_measurements(case: Case) -> list[tuple[str, str]]:
     for setup in (case.measured.get("peak_by_setup_gib") or {}):
         if setup not in SETUP_OVERRIDES:
             out.append((f"{case.id}: {setup}", "setup not mapped to a scenario"))
+    for recipe in ("lora", "qlora"):
+        if recipe in case.measured:
+            out.append((f"{case.id}: {recipe}", "a recipe of its own beside the case; its settings are not the case's scenario"))
+    if "oom" in case.measured:
+        out.append((f"{case.id}: oom", "an out-of-memory flag is not a figure; compare `memory.fits` by hand"))
     return out
 
 

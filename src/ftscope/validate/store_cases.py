@@ -3,11 +3,12 @@
 CPU runs compare tensor memory (the dispatch tracker's peak against the estimate's allocated bytes): a CPU's
 step time says nothing about a GPU's. CUDA runs compare reserved memory and step time too, except step times
 timed with the layer timer's synchronizing hooks inside the timed steps (stores written before profile gave the
-hooks steps of their own; they read 3-125 % slow on an H200): those are listed as not compared.
+hooks steps of their own; they read 3-125 % slow on an H200): those are listed as not compared. So is every run
+or point that cannot be re-estimated (no config as built, a scenario today's checks refuse, a damaged row), with
+the reason: nothing in the store is dropped silently. The store is opened read-only.
 """
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 from ..errors import FtscopeError
@@ -16,55 +17,63 @@ from ..spec.scenario import Scenario, scenario_from_dict
 from .compare import Check
 
 
-def _scenario(run_scenario: dict, label: str) -> Scenario | None:
-    raw, build = run_scenario.get("scenario"), run_scenario.get("build") or {}
-    if not raw or not build.get("config"):
-        return None
-    try:
-        scn = scenario_from_dict(raw)
-    except FtscopeError:
-        return None
-    model = model_from_config(build["config"], name=f"{raw.get('model', label)} (as built)")
-    mix = scn.mix
-    if model.is_moe and mix.experts_top_k and mix.experts_top_k > model.arch.num_experts:
-        mix = replace(mix, experts_top_k=model.arch.num_experts)
-    return replace(scn, model=model, mix=mix)
+def _scenario(run_scenario: dict, build_config: dict | None, label: str) -> Scenario:
+    """The run's scenario with the model as built (so a model path that no longer resolves, e.g. a relative one,
+    does not matter); FtscopeError saying why it cannot be re-estimated."""
+    if not build_config:
+        raise FtscopeError("no config as built in the store")
+    model = model_from_config(build_config, name=f"{run_scenario.get('model', label)} (as built)")
+    mix = run_scenario.get("mix")
+    if isinstance(mix, dict) and isinstance(mix.get("experts_top_k"), int) and model.is_moe:
+        # a shrunk model may have fewer experts than the scenario's top-k
+        run_scenario = {**run_scenario, "mix": {**mix, "experts_top_k": min(mix["experts_top_k"], model.arch.num_experts)}}
+    return scenario_from_dict(run_scenario, model=model)
 
 
 def store_checks(db: str | Path) -> tuple[list[Check], list[tuple[str, str]]]:
     """Checks from every ok batch point of the store, and (measurement, why) for what is left out."""
     from ..measure.store import Store
+    from ..measure.store_rows import point_of, run_of
 
     p = Path(db)
-    if not p.is_file():
-        raise FtscopeError(f"results store not found: {p}")
     out: list[Check] = []
     skipped: list[tuple[str, str]] = []
-    with Store(str(p)) as store:
+    with Store(p, readonly=True) as store:
         for run in store.runs():
-            label = f"profile run {run.id}"
-            scn = _scenario(run.scenario, label)
-            if scn is None:
+            case = f"db:{p.name}:run{run.id}"
+            try:
+                stored = run_of(run)
+                scn = _scenario(stored.scenario, stored.build.config if stored.build else None, f"profile run {run.id}")
+            except FtscopeError as exc:
+                skipped.append((f"{case} (every point)", f"cannot re-estimate: {exc}"))
                 continue
-            device = str(run.scenario.get("options", {}).get("device", "cpu"))
+            device = stored.options.device
             for point in store.points(run.id):
-                m = point.measurement
-                if point.status != "ok" or not point.key.startswith("batch=") or not m.get("memory"):
+                if point.status != "ok" or not point.key.startswith("batch="):
                     continue
-                b = int(m["batch"])
-                s = scn.with_(micro_batch_size=b)
-                mem = m["memory"]
-                case = f"db:{p.name}:run{run.id}"
-                group = f"profile-{device.split(':')[0]}"
-                if mem.get("peak_reserved_bytes"):
-                    # both: tensor accounting (allocated) and what the caching allocator held (reserved)
-                    out.append(Check(case, group, "peak_gib:allocated", mem["peak_allocated_bytes"] / 2**30, s, f"batch {b}"))
-                    out.append(Check(case, group, "peak_gib:reserved", mem["peak_reserved_bytes"] / 2**30, s, f"batch {b}"))
-                    if m.get("step_s") and "hooked_step_s" in m:
-                        out.append(Check(case, group, "fwd_bwd_opt_s", m["step_s"], s, f"batch {b}"))
-                    elif m.get("step_s"):
-                        skipped.append((f"{case} batch {b} fwd_bwd_opt_s", "timed with synchronizing layer hooks"))
-                else:
-                    out.append(Check(case, group, "peak_gib:allocated", mem["peak_allocated_bytes"] / 2**30, s,
-                                     f"batch {b}; CPU tensor bytes"))
+                try:
+                    m = point_of(point)
+                except FtscopeError as exc:
+                    skipped.append((f"{case} {point.key}", str(exc)))
+                    continue
+                if m.memory is None:
+                    skipped.append((f"{case} {point.key}", "no memory recorded"))
+                    continue
+                out += _point_checks(case, f"profile-{device.split(':')[0]}", scn.with_(micro_batch_size=m.batch), m,
+                                     "hooked_step_s" in point.measurement, skipped)
+        skipped += [(f"db:{p.name} {row}", f"unreadable row: {why}") for row, why in store.unreadable]
     return out, skipped
+
+
+def _point_checks(case: str, group: str, s: Scenario, m, bare_steps: bool, skipped: list) -> list[Check]:
+    b, mem = m.batch, m.memory
+    if mem.peak_reserved_bytes:
+        # both: tensor accounting (allocated) and what the caching allocator held (reserved)
+        out = [Check(case, group, "peak_gib:allocated", mem.peak_allocated_bytes / 2**30, s, f"batch {b}"),
+               Check(case, group, "peak_gib:reserved", mem.peak_reserved_bytes / 2**30, s, f"batch {b}")]
+        if m.step_s and bare_steps:
+            out.append(Check(case, group, "fwd_bwd_opt_s", m.step_s, s, f"batch {b}"))
+        elif m.step_s:
+            skipped.append((f"{case} batch {b} fwd_bwd_opt_s", "timed with synchronizing layer hooks"))
+        return out
+    return [Check(case, group, "peak_gib:allocated", mem.peak_allocated_bytes / 2**30, s, f"batch {b}; CPU tensor bytes")]

@@ -57,7 +57,7 @@ def test_a_source_without_a_mapper_lists_its_points(tmp_path):
 
 @pytest.mark.parametrize("text, message", [("sources: 3", "needs a top-level 'sources:' list"),
                                            ("sources: [{points: []}]", "needs an id"),
-                                           ("sources: [", "malformed corpus file")])
+                                           ("sources: [", "malformed YAML in corpus file")])
 def test_bad_corpus_files_are_one_line_errors(tmp_path, text, message):
     p = tmp_path / "bad.yaml"
     p.write_text(text)

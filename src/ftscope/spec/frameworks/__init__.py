@@ -11,9 +11,8 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-import yaml
-
 from ...errors import FtscopeError
+from ...files import parse_json, parse_yaml, read_text
 from . import axolotl, llama_factory, torchtune, trl
 from .base import FORMATS, FrameworkConfig
 
@@ -47,10 +46,12 @@ def detect(data: Any) -> str | None:
 
 
 def _parse(path: Path) -> Any:
-    text = path.read_text()
+    """The file parsed under files.py's budgets (size, depth, aliases); None when it does not parse, so that the
+    scenario reader reports the problem."""
+    text = read_text(path, "scenario file")
     try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (yaml.YAMLError, json.JSONDecodeError):
+        data = parse_json(text, str(path)) if path.suffix == ".json" else parse_yaml(text, str(path))
+    except FtscopeError:
         data = None
     if isinstance(data, Mapping):
         return dict(data)
@@ -60,7 +61,10 @@ def _parse(path: Path) -> Any:
 def read_config(path: str | Path) -> FrameworkConfig | None:
     """The framework config at `path`, mapped to a scenario; None when the file is not one (an ftscope scenario)."""
     p = Path(path)
-    if not p.is_file():
+    try:
+        if not p.is_file():
+            return None
+    except (OSError, ValueError):  # a name no file system could hold: the scenario reader says so
         return None
     data = _parse(p)
     fmt = detect(data)

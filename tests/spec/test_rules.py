@@ -1,0 +1,66 @@
+"""Rules on combinations: each refused combination says why; what frameworks run is accepted."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from ftscope import FtscopeError
+from ftscope.spec.hardware import gpu_from_catalog
+from ftscope.spec.mix import Mix
+from ftscope.spec.model import load_model
+from ftscope.spec.rules import GPU_RULES, MIX_RULES, MODEL_RULES, check_mix, gpu_problem, model_problem, problem
+
+
+@pytest.mark.parametrize("mix, reason", [
+    (Mix(fsdp="full_shard", zero_stage=3), "both fsdp and zero_stage"),
+    (Mix(offload="optimizer"), "needs DeepSpeed ZeRO"),
+    (Mix(offload="optimizer+params", zero_stage=2), "needs zero_stage: 3 or fsdp: full_shard"),
+    (Mix(offload="optimizer+params", fsdp="shard_grad_op"), "needs zero_stage: 3 or fsdp: full_shard"),
+    (Mix(method="qlora", offload="optimizer+params", zero_stage=3), "QLoRA with parameter offload"),
+    (Mix(method="qlora", precision="fp32"), "QLoRA computes in bf16 or fp16"),
+    (Mix(optimizer="adamw_8bit", offload="optimizer", zero_stage=2), "adamw_8bit is a GPU-only"),
+    (Mix(optimizer="paged_adamw_8bit", offload="optimizer", zero_stage=1), "paged_adamw_8bit is a GPU-only"),
+])
+def test_impossible_combination_says_why(mix, reason):
+    with pytest.raises(FtscopeError, match=reason) as info:
+        check_mix(mix)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("mix", [
+    Mix(method="qlora", zero_stage=3),  # works with bnb_4bit_quant_storage (a warning, not an error)
+    Mix(offload="optimizer", zero_stage=1),
+    Mix(offload="optimizer", fsdp="shard_grad_op"),
+    Mix(offload="optimizer+params", zero_stage=3),
+    Mix(offload="optimizer+params", fsdp="full_shard", method="full"),
+    Mix(method="qlora", optimizer="paged_adamw_8bit", precision="fp16-mixed"),
+    Mix(method="full", optimizer="sgd", precision="fp32", attention="eager"),
+])
+def test_combinations_frameworks_run_are_accepted(mix):
+    check_mix(mix)
+
+
+@pytest.mark.parametrize("model, mix, reason", [
+    ("llama-2-7b", Mix(experts_top_k=2), "experts_top_k is for MoE models"),
+    ("mixtral-8x7b", Mix(experts_top_k=9), r"experts_top_k \(9\) exceeds the model's 8 experts"),
+    ("mixtral-8x7b", Mix(precision="fp16-mixed"), "grouped_mm runs in bf16 only"),
+])
+def test_model_rules_say_why(model, mix, reason):
+    assert re.search(reason, model_problem(mix, load_model(model)) or "")
+
+
+def test_gpu_rules_name_the_gpu_and_the_fix():
+    t4, mixtral = gpu_from_catalog("t4"), load_model("mixtral-8x7b")
+    assert "use attention: sdpa" in gpu_problem(Mix(attention="flash"), mixtral, t4)
+    assert "no bf16 support" in gpu_problem(Mix(attention="sdpa"), mixtral, t4)
+    assert gpu_problem(Mix(attention="sdpa", precision="fp16-mixed", experts_backend="batched_mm"), mixtral, t4) is None
+    # problem() checks every kind, mix rules first
+    assert "both fsdp" in problem(Mix(fsdp="full_shard", zero_stage=3, attention="flash"), mixtral, t4)
+
+
+def test_every_rule_passes_the_default_mix():
+    model, gpu = load_model("llama-2-7b"), gpu_from_catalog("a100-80gb")
+    assert all(rule(Mix()) is None for rule in MIX_RULES)
+    assert all(rule(Mix(), model) is None for rule in MODEL_RULES)
+    assert all(rule(Mix(), model, gpu) is None for rule in GPU_RULES)

@@ -76,7 +76,7 @@ def main() -> int:
         t = time.perf_counter()
         over = None
         if args.zero3_live and scn.mix.zero_stage == 3:
-            from ftscope.measure.build import apply_shrink, scenario_config
+            from ftscope.measure.runtime.build import apply_shrink, scenario_config
             from ftscope.spec.model import model_from_config
 
             n = int(args.zero3_live * model_from_config(apply_shrink(scenario_config(scn), SHRINK)).largest_layer_params())

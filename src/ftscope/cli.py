@@ -200,7 +200,7 @@ def profile(
         if dist.status != "done":
             raise typer.Exit(1)
         return
-    from .measure.profile import profile as run_profile
+    from .measure.runtime.profile import profile as run_profile
 
     con = _console() if not json_out else None
     if con is not None:

@@ -124,7 +124,7 @@ def test_saved_activations_match_a_real_cpu_step(attention):
     """The same shrunk model and mix run for real on the CPU: the bytes autograd saves (saved_tensors_hooks,
     weights excluded) equal the trace's activations alive after forward plus the autocast copies of the fp32
     adapters (which the trace books as temporary weight copies)."""
-    from ftscope.measure.build import build_model
+    from ftscope.measure.runtime.build import build_model
 
     r = run(method="lora", attention=attention)
     model, _ = build_model(r.scenario, device="cpu", shrink=SHRINK)

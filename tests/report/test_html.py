@@ -17,7 +17,7 @@ BIN = Path(sys.executable).parent
 def _small_store(tmp_path: Path) -> Path:
     """A real profile store: the bundled tiny Mixtral measured on CPU at two batch sizes."""
     import ftscope
-    from ftscope.measure.profile import profile
+    from ftscope.measure.runtime.profile import profile
 
     db = tmp_path / "runs.sqlite"
     profile(ftscope.load_scenario(ROOT / "examples" / "tiny-mixtral.yaml"), device="cpu", steps=1, warmup=0,

@@ -103,8 +103,8 @@ def run(args: argparse.Namespace) -> int:
         import torch.distributed as dist
         from datetime import timedelta
 
-        from .batches import LengthSampler, tensors
-        from .build import build_model
+        from .runtime.batches import LengthSampler, tensors
+        from .runtime.build import build_model
 
         scn = pickle.loads(Path(args.scenario).read_bytes())
         shrink = json.loads(args.shrink) if args.shrink else None
@@ -125,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
         model, info = build_model(scn, device=device, shrink=shrink)
         doc["build"] = asdict(info)
         vocab = int(info.config.get("vocab_size") or info.config.get("text_config", {}).get("vocab_size"))
-        from .profile import built_scenario
+        from .runtime.profile import built_scenario
 
         # the DeepSpeed bucket sizes follow the model as built (plan.emit reads its hidden size)
         run_scn = built_scenario(scn, info.config, batch_sizes[0])

@@ -35,7 +35,7 @@ from typing import Any, Callable, Sequence
 from ..errors import FtscopeError
 from ..spec.scenario import Scenario
 from . import require_torch
-from .profile import DEFAULT_DB
+from .runtime.profile import DEFAULT_DB
 
 WORKER_MODULE = "ftscope.measure.dist_worker"
 
@@ -160,7 +160,7 @@ def _free_port(addr: str) -> int:
 def _estimate(scn: Scenario, config: dict[str, Any], batch: int) -> dict[str, Any] | None:
     """The per-rank estimate for the model as built, with byte-exact memory beside the rounded GiB."""
     from ..estimate import estimate
-    from .profile import built_scenario
+    from .runtime.profile import built_scenario
 
     try:
         est = estimate(built_scenario(scn, config, batch), strict=False)
@@ -228,9 +228,9 @@ def profile_distributed(scn: Scenario, nproc: int, nnodes: int = 1, node_rank: i
     `ds_overrides` is merged into the DeepSpeed config (and into the emitted ds_config.json).
     """
     require_torch()
-    from .environment import environment
+    from .runtime.environment import environment
     from .engines import engine_name
-    from .profile import resolve_device, sweep_id
+    from .runtime.profile import resolve_device, sweep_id
     from .store import Store
 
     if nproc < 1 or nnodes < 1:
@@ -357,7 +357,7 @@ def profile_distributed(scn: Scenario, nproc: int, nnodes: int = 1, node_rank: i
 
     if emit_dir is not None:
         from ..plan.emit import emit
-        from .profile import built_scenario
+        from .runtime.profile import built_scenario
 
         escn = built_scenario(wscn, config, batch_sizes[0]) if config is not None else wscn
         paths = emit(escn, batch_sizes[0], emit_dir)

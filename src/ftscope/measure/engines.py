@@ -141,7 +141,7 @@ def make_engine(scn: Any, model: Any, info: Any, device: str, micro_batch: int, 
     """Wrap the built model in the mix's engine; returns (engine, the DeepSpeed config used or None)."""
     import torch
 
-    from .profile import make_optimizer
+    from .runtime.profile import make_optimizer
 
     mix = scn.mix
     name = engine_name(mix)

@@ -36,7 +36,7 @@ from ..errors import FtscopeError
 from ..spec.hardware import GIB
 from ..spec.scenario import Scenario
 from . import require_torch
-from .build import NF4_BLOCKSIZE, BuildInfo, build_model
+from .runtime.build import NF4_BLOCKSIZE, BuildInfo, build_model
 from .trace_flops import flop_formulas
 from .trace_layers import GlobalOnly, LayerContext, make_tagger
 from .trace_recorder import BalancedRouting, Rec, make_recorder

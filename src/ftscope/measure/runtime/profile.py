@@ -13,9 +13,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
-from ..errors import FtscopeError
-from ..spec.scenario import Scenario
-from . import require_torch
+from ...errors import FtscopeError
+from ...spec.scenario import Scenario
+from .. import require_torch
 
 DEFAULT_DB = "ftscope-runs.sqlite"
 
@@ -143,7 +143,7 @@ def built_scenario(scn: Scenario, config: dict[str, Any], batch: int) -> Scenari
     """The scenario with the model as actually built (shrunk), for the estimate beside each point."""
     from dataclasses import replace
 
-    from ..spec.model import model_from_config
+    from ...spec.model import model_from_config
 
     model = model_from_config(config, name=f"{scn.model.name} (as built)")
     mix = scn.mix
@@ -173,9 +173,9 @@ def profile(scn: Scenario, device: str = "auto", steps: int = 3, warmup: int = 1
     from .expert_load import ExpertLoad
     from .hooks import LayerTimer
     from .utilization import UtilizationSampler
-    from .memory import MemoryMeter, is_oom
-    from .search import find_max_batch as search_max
-    from .store import Store
+    from .meters import MemoryMeter, is_oom
+    from .max_batch import find_max_batch as search_max
+    from ..store import Store
 
     if steps < 1 or warmup < 0:
         raise FtscopeError("--steps must be >= 1 and --warmup >= 0")
@@ -213,7 +213,7 @@ def profile(scn: Scenario, device: str = "auto", steps: int = 3, warmup: int = 1
     result = ProfileResult(run_id=run_id, db=db, device=dev, build=asdict(info), environment=env)
 
     def estimate_for(b: int) -> dict[str, Any] | None:
-        from ..estimate import estimate
+        from ...estimate import estimate
         try:
             return estimate(built_scenario(scn, info.config, b), strict=False).to_dict()
         except FtscopeError:

@@ -7,8 +7,8 @@ import math
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from ftscope.measure.memory import SimulatedOOM
-from ftscope.measure.search import find_max_batch
+from ftscope.measure.runtime.meters import SimulatedOOM
+from ftscope.measure.runtime.max_batch import find_max_batch
 
 
 def brute(limit: int, cap: int) -> int:
@@ -73,7 +73,7 @@ def test_other_errors_propagate() -> None:
 def test_cpu_memory_cap_matches_brute_force_scan() -> None:
     """The acceptance check of issue 4 in miniature: a real training step under the tracker's cap."""
     torch = pytest.importorskip("torch")
-    from ftscope.measure.memory import MemoryMeter
+    from ftscope.measure.runtime.meters import MemoryMeter
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.GELU(), torch.nn.Linear(512, 64))

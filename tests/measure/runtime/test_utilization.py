@@ -10,7 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from ftscope.measure.utilization import UtilizationSampler  # noqa: E402
+from ftscope.measure.runtime.utilization import UtilizationSampler  # noqa: E402
 
 
 def test_utilization_sampler_without_gpu_is_a_recorded_noop() -> None:

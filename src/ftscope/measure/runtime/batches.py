@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from ..errors import FtscopeError
-from ..spec.scenario import Scenario
+from ...errors import FtscopeError
+from ...spec.scenario import Scenario
 
 
 @dataclass(frozen=True)

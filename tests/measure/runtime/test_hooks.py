@@ -10,8 +10,8 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 nn = torch.nn
 
-from ftscope.measure.expert_load import ExpertLoad  # noqa: E402
-from ftscope.measure.hooks import LayerTimer, classify  # noqa: E402
+from ftscope.measure.runtime.expert_load import ExpertLoad  # noqa: E402
+from ftscope.measure.runtime.hooks import LayerTimer, classify  # noqa: E402
 
 U = 0.03  # time unit of the synthetic modules (seconds); misattribution moves at least 2 U
 

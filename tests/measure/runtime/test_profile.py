@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 import ftscope
-from ftscope.measure.profile import profile
+from ftscope.measure.runtime.profile import profile
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 TINY = ROOT / "examples" / "tiny-mixtral.yaml"
 BIN = Path(sys.executable).parent
 
@@ -86,10 +86,10 @@ def test_points_and_environment_are_stored(tiny_result):
 
 
 def test_find_max_batch_under_a_cap_matches_brute_force(tmp_path):
-    from ftscope.measure.build import build_model
-    from ftscope.measure.batches import LengthSampler, tensors
-    from ftscope.measure.memory import MemoryMeter, is_oom
-    from ftscope.measure.profile import Stepper, make_optimizer
+    from ftscope.measure.runtime.build import build_model
+    from ftscope.measure.runtime.batches import LengthSampler, tensors
+    from ftscope.measure.runtime.meters import MemoryMeter, is_oom
+    from ftscope.measure.runtime.profile import Stepper, make_optimizer
 
     scn = ftscope.load_scenario(TINY)
     cap_gib = 0.026

@@ -8,7 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from ftscope.measure.memory import (  # noqa: E402
+from ftscope.measure.runtime.meters import (  # noqa: E402
     MemoryMeter, SimulatedOOM, TensorTracker, is_oom, peak_rss_bytes, reset_peak_rss, rss_bytes,
 )
 

@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
 
-from ftscope.measure.build import (  # noqa: E402
+from ftscope.measure.runtime.build import (  # noqa: E402
     apply_shrink, build_model, count_params, lora_selection, precision_dtypes, scenario_config, shrink_config,
 )
 

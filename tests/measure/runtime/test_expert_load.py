@@ -6,7 +6,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from ftscope.measure.expert_load import ExpertLoad, imbalance_of  # noqa: E402
+from ftscope.measure.runtime.expert_load import ExpertLoad, imbalance_of  # noqa: E402
 
 from .test_hooks import tiny_mixtral, tiny_olmoe, tiny_qwen2_moe  # noqa: E402
 

@@ -26,11 +26,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-from .. import catalog
-from ..errors import FtscopeError
-from ..spec.architecture import ALIASES, TRANSFORMERS_FAMILIES
-from ..spec.scenario import Scenario
-from . import require_torch
+from ... import catalog
+from ...errors import FtscopeError
+from ...spec.architecture import ALIASES, TRANSFORMERS_FAMILIES
+from ...spec.scenario import Scenario
+from .. import require_torch
 
 NF4_BLOCKSIZE = 64
 """bitsandbytes' 4-bit block size (HF BitsAndBytesConfig default); absmax is double-quantized in blocks of 256."""

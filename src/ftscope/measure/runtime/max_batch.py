@@ -14,7 +14,7 @@ import gc
 import time
 from typing import Callable
 
-from .memory import cuda_empty_cache, is_oom
+from .meters import cuda_empty_cache, is_oom
 
 
 @dataclasses.dataclass(frozen=True)

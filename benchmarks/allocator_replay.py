@@ -43,14 +43,14 @@ def points(store: str, only: str):
 
 
 def main() -> int:
-    from ftscope.measure.trace import trace
+    from ftscope.measure.trace.tracer import trace
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--stores", default="gpu-timing,gpu-runs")
     ap.add_argument("--only", default="")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
-    from ftscope.measure.trace import replay_steps
+    from ftscope.measure.trace.tracer import replay_steps
 
     rows, seen = [], set()
     sc_opts: dict = {}

@@ -254,7 +254,7 @@ def trace(
     scn = load_scenario(scenario, overrides or [])
     if batch is not None and batch < 1 or seq is not None and seq < 1:
         raise FtscopeError("--batch and --seq must be positive")
-    from .measure.trace import trace as run_trace
+    from .measure.trace.tracer import trace as run_trace
 
     result = run_trace(scn, batch=batch, seq=seq, shrink=_parse_shrink(shrink))
     data = result.to_dict()

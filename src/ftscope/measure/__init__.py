@@ -5,7 +5,7 @@ package import time, so `ftscope plan` and `ftscope estimate` keep starting fast
 each module calls `require_torch()` first and a missing extra becomes one clear FtscopeError.
 
     ftscope.measure.runtime.build.build_model(scn, device="meta")  -> (model, BuildInfo)
-    ftscope.measure.trace.trace(scn, batch=None, seq=None)  -> TraceResult  (exact tensor bytes and FLOPs)
+    ftscope.measure.trace.tracer.trace(scn, batch=None, seq=None)  -> TraceResult  (exact tensor bytes and FLOPs)
 """
 from __future__ import annotations
 

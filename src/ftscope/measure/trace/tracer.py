@@ -32,14 +32,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from ..errors import FtscopeError
-from ..spec.hardware import GIB
-from ..spec.scenario import Scenario
-from . import require_torch
-from .runtime.build import NF4_BLOCKSIZE, BuildInfo, build_model
-from .trace_flops import flop_formulas
-from .trace_layers import GlobalOnly, LayerContext, make_tagger
-from .trace_recorder import BalancedRouting, Rec, make_recorder
+from ...errors import FtscopeError
+from ...spec.hardware import GIB
+from ...spec.scenario import Scenario
+from .. import require_torch
+from ..runtime.build import NF4_BLOCKSIZE, BuildInfo, build_model
+from .flops import flop_formulas
+from .layers import GlobalOnly, LayerContext, make_tagger
+from .recorder import BalancedRouting, Rec, make_recorder
 
 CATEGORIES = ("weights", "gradients", "optimizer", "activations", "temporary")
 PHASES = ("forward", "backward", "optimizer")

@@ -20,7 +20,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
-from ftscope.measure.trace import CATEGORIES, PHASES, trace  # noqa: E402
+from ftscope.measure.trace.tracer import CATEGORIES, PHASES, trace  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::RuntimeWarning", "ignore::UserWarning")
 

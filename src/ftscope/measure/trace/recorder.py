@@ -7,8 +7,8 @@ import weakref
 from collections import defaultdict
 from typing import Any
 
-from ..errors import FtscopeError
-from .trace_layers import LayerContext
+from ...errors import FtscopeError
+from .layers import LayerContext
 
 
 class Rec:

@@ -1,7 +1,7 @@
 """The caching-allocator model (measure/allocator.py) on hand-made allocation streams with known answers."""
 from __future__ import annotations
 
-from ftscope.measure.allocator import CachingAllocator, replay, round_size, segment_size
+from ftscope.measure.trace.allocator import CachingAllocator, replay, round_size, segment_size
 
 MiB = 1 << 20
 

@@ -2,7 +2,7 @@
 
 Full fine-tuning (bf16 mixed precision) of a tiny dense Llama (llama-3.2-1b's config shrunk to 8 layers, hidden
 128, vocab 512; batch 1 x seq 256 x 2 micro-batches) on CPU (gloo), launched through torchrun by
-`ftscope.measure.distributed.profile_distributed`. For every engine it prints, per rank, the measured peak tensor
+`ftscope.measure.distributed.launcher.profile_distributed`. For every engine it prints, per rank, the measured peak tensor
 bytes (CPU dispatch tracker), the estimator's per-rank tensor bytes (`memory.allocated_bytes`; on CPU plus what it
 offloads to the host, which is the same memory there), the % error, the measured static memory between steps by
 holder beside the estimate's categories, and measured / estimated peaks per phase, so a miss can be traced.
@@ -50,7 +50,7 @@ def scenario(mix: dict, precision: str, seq: int, method: str = "full", gas: int
 
 
 def main() -> int:
-    from ftscope.measure.distributed import profile_distributed
+    from ftscope.measure.distributed.launcher import profile_distributed
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--precision", default="bf16-mixed")

@@ -178,7 +178,7 @@ def profile(
     if nproc < 1 or nnodes < 1 or not 0 <= node_rank < nnodes:
         raise FtscopeError("--nproc and --nnodes must be >= 1 and --node-rank in [0, nnodes)")
     if nproc > 1 or nnodes > 1:
-        from .measure.distributed import profile_distributed
+        from .measure.distributed.launcher import profile_distributed
 
         if weights is not None:
             raise FtscopeError("--weights with --nproc/--nnodes > 1 is not supported yet: each engine would need its own "

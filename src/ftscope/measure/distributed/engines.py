@@ -55,7 +55,7 @@ def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
 def run_deepspeed_config(scn: Any, micro_batch: int, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     """plan.emit's DeepSpeed config plus what running it with ftscope's client optimizer needs, then the
     caller's overrides (merged key by key)."""
-    from ..plan.emit import deepspeed_config
+    from ...plan.emit import deepspeed_config
 
     cfg = deepspeed_config(scn, micro_batch) or {}
     cfg["train_micro_batch_size_per_gpu"] = micro_batch
@@ -141,7 +141,7 @@ def make_engine(scn: Any, model: Any, info: Any, device: str, micro_batch: int, 
     """Wrap the built model in the mix's engine; returns (engine, the DeepSpeed config used or None)."""
     import torch
 
-    from .runtime.profile import make_optimizer
+    from ..runtime.profile import make_optimizer
 
     mix = scn.mix
     name = engine_name(mix)

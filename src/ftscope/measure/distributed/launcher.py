@@ -1,7 +1,7 @@
 """profile across ranks: launch the scenario through torchrun on DeepSpeed ZeRO, torch FSDP2 or DDP.
 
 `profile_distributed(scn, nproc=2)` runs `python -m torch.distributed.run` (torchrun) with
-`ftscope.measure.dist_worker` as the per-rank program; the engine follows the scenario's mix (zero_stage 1-3 with
+`ftscope.measure.distributed.worker` as the per-rank program; the engine follows the scenario's mix (zero_stage 1-3 with
 offload -> DeepSpeed, fsdp -> FSDP2, otherwise DDP; see dist_worker). Every rank measures, at every batch size,
 peak tensor memory, forward / backward / optimizer time and time in collectives (torch.profiler), and writes a
 JSON report; the launcher on node 0 stores ONE run with a point per (batch, rank) (`batch=B:rank=R`) and
@@ -32,12 +32,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from ..errors import FtscopeError
-from ..spec.scenario import Scenario
-from . import require_torch
-from .runtime.profile import DEFAULT_DB
+from ...errors import FtscopeError
+from ...spec.scenario import Scenario
+from .. import require_torch
+from ..runtime.profile import DEFAULT_DB
 
-WORKER_MODULE = "ftscope.measure.dist_worker"
+WORKER_MODULE = "ftscope.measure.distributed.worker"
 
 
 @dataclass
@@ -159,8 +159,8 @@ def _free_port(addr: str) -> int:
 
 def _estimate(scn: Scenario, config: dict[str, Any], batch: int) -> dict[str, Any] | None:
     """The per-rank estimate for the model as built, with byte-exact memory beside the rounded GiB."""
-    from ..estimate import estimate
-    from .runtime.profile import built_scenario
+    from ...estimate import estimate
+    from ..runtime.profile import built_scenario
 
     try:
         est = estimate(built_scenario(scn, config, batch), strict=False)
@@ -228,10 +228,10 @@ def profile_distributed(scn: Scenario, nproc: int, nnodes: int = 1, node_rank: i
     `ds_overrides` is merged into the DeepSpeed config (and into the emitted ds_config.json).
     """
     require_torch()
-    from .runtime.environment import environment
+    from ..runtime.environment import environment
     from .engines import engine_name
-    from .runtime.profile import resolve_device, sweep_id
-    from .store import Store
+    from ..runtime.profile import resolve_device, sweep_id
+    from ..store import Store
 
     if nproc < 1 or nnodes < 1:
         raise FtscopeError("--nproc and --nnodes must be at least 1")
@@ -356,8 +356,8 @@ def profile_distributed(scn: Scenario, nproc: int, nnodes: int = 1, node_rank: i
     result.status = "failed" if (result.error or timed_out or proc.returncode) else "done"
 
     if emit_dir is not None:
-        from ..plan.emit import emit
-        from .runtime.profile import built_scenario
+        from ...plan.emit import emit
+        from ..runtime.profile import built_scenario
 
         escn = built_scenario(wscn, config, batch_sizes[0]) if config is not None else wscn
         paths = emit(escn, batch_sizes[0], emit_dir)
@@ -380,8 +380,8 @@ def profile_distributed(scn: Scenario, nproc: int, nnodes: int = 1, node_rank: i
     return result
 
 
-if __name__ == "__main__":  # python -m ftscope.measure.distributed --prebuild
+if __name__ == "__main__":  # python -m ftscope.measure.distributed.launcher --prebuild
     if sys.argv[1:] == ["--prebuild"]:
         print(prebuild_deepspeed_ops())
     else:
-        sys.exit("usage: python -m ftscope.measure.distributed --prebuild   (JIT-compile DeepSpeed's CPU comm op)")
+        sys.exit("usage: python -m ftscope.measure.distributed.launcher --prebuild   (JIT-compile DeepSpeed's CPU comm op)")

@@ -1,4 +1,4 @@
-"""One rank of a distributed profile: `python -m ftscope.measure.dist_worker` under torchrun.
+"""One rank of a distributed profile: `python -m ftscope.measure.distributed.worker` under torchrun.
 
 `measure.distributed.profile_distributed` launches this through torchrun; it is not meant to be run by hand.
 Each rank builds the scenario's model (`build.build_model`), wraps it in the engine the mix names, runs the
@@ -103,8 +103,8 @@ def run(args: argparse.Namespace) -> int:
         import torch.distributed as dist
         from datetime import timedelta
 
-        from .runtime.batches import LengthSampler, tensors
-        from .runtime.build import build_model
+        from ..runtime.batches import LengthSampler, tensors
+        from ..runtime.build import build_model
 
         scn = pickle.loads(Path(args.scenario).read_bytes())
         shrink = json.loads(args.shrink) if args.shrink else None
@@ -125,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
         model, info = build_model(scn, device=device, shrink=shrink)
         doc["build"] = asdict(info)
         vocab = int(info.config.get("vocab_size") or info.config.get("text_config", {}).get("vocab_size"))
-        from .runtime.profile import built_scenario
+        from ..runtime.profile import built_scenario
 
         # the DeepSpeed bucket sizes follow the model as built (plan.emit reads its hidden size)
         run_scn = built_scenario(scn, info.config, batch_sizes[0])
@@ -199,7 +199,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m ftscope.measure.dist_worker", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m ftscope.measure.distributed.worker", description=__doc__.splitlines()[0])
     p.add_argument("--scenario", required=True, help="pickled Scenario written by profile_distributed")
     p.add_argument("--out", required=True, help="folder for rank<R>.json and all.json")
     p.add_argument("--device", default="cpu", help="cpu | cuda")

@@ -2,7 +2,7 @@
 
 Each launch starts two Python processes that import torch, transformers (and deepspeed), so one test takes
 30-60 s on 2 cores; the first DeepSpeed launch in a fresh checkout also JIT-compiles DeepSpeed's CPU comm op
-into <project>/.cache/torch_extensions (`python -m ftscope.measure.distributed --prebuild` does it ahead).
+into <project>/.cache/torch_extensions (`python -m ftscope.measure.distributed.launcher --prebuild` does it ahead).
 """
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ import pytest
 
 import ftscope
 from ftscope.errors import FtscopeError
-from ftscope.measure.distributed import DistributedResult, profile_distributed
-from ftscope.measure.engines import engine_name
-from ftscope.measure.rank_metrics import COLLECTIVE_PATTERN
+from ftscope.measure.distributed.launcher import DistributedResult, profile_distributed
+from ftscope.measure.distributed.engines import engine_name
+from ftscope.measure.distributed.rank_metrics import COLLECTIVE_PATTERN
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 TINY_MOE = ROOT / "examples" / "tiny-mixtral.yaml"
 SHRINK = {"layers": 2, "hidden": 128, "vocab": 512}
 DS_TIMEOUT = 420  # a fresh checkout compiles DeepSpeed's CPU comm op first (minutes on 2 busy cores)

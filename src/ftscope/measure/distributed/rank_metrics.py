@@ -25,7 +25,7 @@ def _tracker_class() -> Any:
     if _TRACKER_CLASS is None:
         from torch.distributed.tensor import DTensor
 
-        from .runtime.meters import TensorTracker
+        from ..runtime.meters import TensorTracker
 
         def local(x: Any) -> Any:
             if isinstance(x, DTensor):
@@ -139,7 +139,7 @@ def measure_memory(device: str, fsdp: bool) -> Iterator[dict[str, Any]]:
     peak of that phase in "phase_peak_bytes"; after the block the dict holds the MemoryReport fields."""
     import torch
 
-    from .runtime.meters import MemoryReport, peak_rss_bytes, reset_peak_rss, rss_bytes
+    from ..runtime.meters import MemoryReport, peak_rss_bytes, reset_peak_rss, rss_bytes
 
     phases: dict[str, int] = {}
     box: dict[str, Any] = {}

@@ -353,7 +353,7 @@ def study_optimizations(
 ) -> None:
     """Memory, step time and longest context of every combination of checkpointing, LoRA/QLoRA/full, ZeRO
     stage, FlashAttention and offload (Singh et al. 2024), at micro-batch 1, across model sizes."""
-    from .plan.study import DEFAULT_MODELS, conclusions, plot, study
+    from .studies.optimizations import DEFAULT_MODELS, conclusions, plot, study
     from .spec.hardware import gpu_from_catalog
 
     try:
@@ -450,7 +450,7 @@ def study_moe_cmd(
     scn = load_scenario(scenario, overrides or [])
     if not scn.model.is_moe:
         raise FtscopeError(f"study moe needs an MoE model; {scn.model.name} is dense")
-    from .measure.moe_study import study_moe
+    from .studies.moe.study import study_moe
     from .report.moe_study import write_outputs
 
     con = _console() if not json_out else None

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ..measure.moe_study import MoEStudyResult
+    from ..studies.moe.study import MoEStudyResult
 
 
 def tables_markdown(result: MoEStudyResult) -> str:

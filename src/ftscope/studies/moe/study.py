@@ -36,10 +36,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from ..errors import FtscopeError
-from ..spec.scenario import Scenario
-from . import require_torch
-from .runtime.batches import iter_jsonl
+from ...errors import FtscopeError
+from ...spec.scenario import Scenario
+from ...measure import require_torch
+from ...measure.runtime.batches import iter_jsonl
 
 EOS_NAMES = ("</s>", "<|end_of_text|>", "<|endoftext|>", "<|im_end|>", "<eos>", "[EOS]", "<|eot_id|>")
 DEFAULT_CPU_CAP_GIB = 0.0625
@@ -191,7 +191,7 @@ class LoadSnapshot:
     """The same dividing by E - 1 (some IISWC panels use this one)."""
 
     def __post_init__(self) -> None:
-        from .runtime.expert_load import imbalance_of
+        from ...measure.runtime.expert_load import imbalance_of
 
         imb = imbalance_of(self.counts)
         self.max_over_mean, self.cv = imb.max_over_mean, imb.cv
@@ -431,7 +431,7 @@ def expert_load(model: Any, evals: Sequence[Sample], eos: int | None, device: st
     batch so that no padding token is routed (ExpertLoad counts every token the router sees)."""
     import torch
 
-    from .runtime.expert_load import ExpertLoad
+    from ...measure.runtime.expert_load import ExpertLoad
 
     load = ExpertLoad(model)
     if not load.is_moe:
@@ -461,8 +461,8 @@ def _search_max_batch(stepper: Any, model: Any, opt: Any, items: list[tuple[list
                       cap_gib: float | None, start: int, cap: int) -> dict[str, Any]:
     """find_max_batch on the longest training sample repeated: the worst batch dynamic padding can produce.
     Runs real steps (weights change), so the study calls it after its last measurement."""
-    from .runtime.meters import MemoryMeter
-    from .runtime.max_batch import find_max_batch
+    from ...measure.runtime.meters import MemoryMeter
+    from ...measure.runtime.max_batch import find_max_batch
 
     longest = max(items, key=lambda it: len(it[0]))
     cap_bytes = int(cap_gib * 2**30) if cap_gib else None
@@ -508,9 +508,9 @@ def study_moe(scn: Scenario, data: str | Path, eval_data: str | Path, tokenizer:
     require_torch()
     import torch
 
-    from .runtime.build import build_model
-    from .runtime.meters import cuda_empty_cache
-    from .runtime.profile import Stepper, make_optimizer, resolve_device
+    from ...measure.runtime.build import build_model
+    from ...measure.runtime.meters import cuda_empty_cache
+    from ...measure.runtime.profile import Stepper, make_optimizer, resolve_device
 
     spec = scn.model
     if not spec.is_moe:
@@ -599,7 +599,7 @@ def study_moe(scn: Scenario, data: str | Path, eval_data: str | Path, tokenizer:
             found = _search_max_batch(stepper, model, opt, items, dev, cap_gib, batch_size, max_batch_cap)
         est = None
         try:
-            from ..estimate import estimate
+            from ...estimate import estimate
             est = estimate(scn_k, strict=False).max_micro_batch_size
         except Exception:  # noqa: BLE001 - the estimate is context, never a reason to lose the study
             est = None

@@ -17,10 +17,10 @@ pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
 import ftscope  # noqa: E402
-from ftscope.measure.moe_study import study_moe  # noqa: E402
+from ftscope.studies.moe.study import study_moe  # noqa: E402
 from ftscope.report.moe_study import write_outputs  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DATA = ROOT / "data" / "moe-demo"
 SCENARIO = ROOT / "examples" / "moe-study-demo.yaml"
 

@@ -1,7 +1,7 @@
 """study optimizations: the Singh et al. grid behaves as physics says (not as copied numbers)."""
 from __future__ import annotations
 
-from ftscope.plan.study import combos, conclusions, plot, study
+from ftscope.studies.optimizations import combos, conclusions, plot, study
 
 
 def test_grid_covers_every_combination_for_every_model():

@@ -43,7 +43,7 @@ def estimate(scn: Scenario, margin: float = DEFAULT_MARGIN, strict: bool = True,
     reason = unsupported_reason(scn)
     if reason and strict:
         raise FtscopeError(reason)
-    from ..plan.solvers import max_micro_batch  # the plan layer's solvers read only MemoryModel
+    from .solvers import max_micro_batch
 
     mem = memory_model(scn)
     wl = scn.workload

@@ -62,7 +62,7 @@ class Estimate:
         """Largest sequence length that fits at this micro-batch (solved on first use: plan rarely needs it)."""
         cached = self.__dict__.get("_max_seq_len")
         if cached is None:
-            from ..plan.solvers import max_seq_len
+            from .solvers import max_seq_len
             cached = max_seq_len(self.model_memory, self.micro_batch_size, self.margin)
             object.__setattr__(self, "_max_seq_len", cached)
         return cached

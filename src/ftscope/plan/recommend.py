@@ -20,7 +20,7 @@ from ..estimate.result import Estimate
 from ..spec.hardware import GpuSpec, gpu_from_catalog
 from ..spec.mix import Mix, check_mix
 from ..spec.scenario import Scenario
-from .solvers import max_micro_batch
+from ..estimate.solvers import max_micro_batch
 
 RANK_BY = ("time", "cost", "memory")
 SHARDING = ((0, None), (1, None), (2, None), (3, None), (0, "full_shard"), (0, "shard_grad_op"))

@@ -7,7 +7,7 @@ from hypothesis import given, settings, strategies as st
 
 import ftscope
 from ftscope.estimate.memory import memory_model
-from ftscope.plan.solvers import BATCH_CAP, SEQ_CAP, max_micro_batch, max_seq_len
+from ftscope.estimate.solvers import BATCH_CAP, SEQ_CAP, max_micro_batch, max_seq_len
 
 
 def scn(model="llama-3.2-1b", gpu="a100-80gb", mix=None, wl=None, hw=None):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from ..estimate.memory import MemoryModel
+from .memory import MemoryModel
 
 SEQ_CAP = 4_194_304
 BATCH_CAP = 65_536

@@ -16,7 +16,7 @@ BATCH_CAP = 65_536
 
 
 def _phase_totals(mem: MemoryModel, batch: float, seq: float) -> list[float]:
-    return [p[4] + mem._overhead(p[2], p[3]) for p in mem._phases(batch, seq)]
+    return [mem.reserved_bytes(p) for p in mem.phase_points(batch, seq)]
 
 
 def _coefficients(mem: MemoryModel) -> list[tuple[float, float, float]]:

@@ -402,3 +402,10 @@ def test_estimate_of_a_valid_scenario_is_finite_and_non_negative(raw):
     assert isinstance(out["memory"]["fits"], bool)
     if out["memory"]["fits"]:
         assert out["memory"]["peak_gib"] <= out["memory"]["capacity_gib"] + 1e-3
+
+
+def test_with_refuses_a_name_that_is_no_field():
+    scn = load_scenario({"model": "llama-2-7b", "workload": {"seq_len": 512}})
+    assert scn.with_(micro_batch_size=3, zero_stage=2).workload.micro_batch_size == 3
+    with pytest.raises(TypeError, match="micro_batch"):
+        scn.with_(micro_batch=3)

@@ -39,10 +39,14 @@ class Scenario:
     name: str = ""
 
     def with_(self, **changes: Any) -> "Scenario":
-        """A copy with `mix`/`workload`/`cluster` fields replaced: with_(micro_batch_size=8, zero_stage=2)."""
+        """A copy with `mix`/`workload`/`cluster` fields replaced: with_(micro_batch_size=8, zero_stage=2).
+        A name that is none of their fields raises TypeError (as dataclasses.replace does), never a silent no-op."""
         mix_f = {k: v for k, v in changes.items() if k in SECTIONS["mix"]}
         wl_f = {k: v for k, v in changes.items() if k in SECTIONS["workload"]}
         cl_f = {k: v for k, v in changes.items() if k in ("gpu", "gpus_per_node", "nodes", "inter_node_gbs")}
+        unknown = sorted(set(changes) - set(mix_f) - set(wl_f) - set(cl_f))
+        if unknown:
+            raise TypeError(f"Scenario.with_: no mix, workload or cluster field named {', '.join(unknown)}")
         new = self
         if mix_f:
             new = replace(new, mix=replace(new.mix, **mix_f))

@@ -5,6 +5,7 @@ from ..errors import FtscopeError
 from ..spec.scenario import Scenario
 from .memory import memory_model
 from .result import Estimate
+from .solvers import max_micro_batch
 
 DEFAULT_MARGIN = 0.0
 """Fraction of device memory kept free by `fits` and the solvers (`--margin`)."""
@@ -43,8 +44,6 @@ def estimate(scn: Scenario, margin: float = DEFAULT_MARGIN, strict: bool = True,
     reason = unsupported_reason(scn)
     if reason and strict:
         raise FtscopeError(reason)
-    from .solvers import max_micro_batch
-
     mem = memory_model(scn)
     wl = scn.workload
     seq = wl.peak_seq_len()

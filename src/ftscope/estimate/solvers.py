@@ -8,6 +8,7 @@ sides, so it is exact on integers whatever the rounding.
 from __future__ import annotations
 
 import math
+from typing import Callable, NamedTuple
 
 from .memory import MemoryModel
 
@@ -19,17 +20,28 @@ def _phase_totals(mem: MemoryModel, batch: float, seq: float) -> list[float]:
     return [mem.reserved_bytes(p) for p in mem.phase_points(batch, seq)]
 
 
-def _coefficients(mem: MemoryModel) -> list[tuple[float, float, float]]:
-    """(K, L, Q) per phase with total(b, s) = K + L*b*s + Q*b*s^2."""
+class ReservedCurve(NamedTuple):
+    """One phase point's reserved bytes as a function of the batch shape: K + L*b*s + Q*b*s^2."""
+
+    constant: float
+    """K: weights, optimizer states, gradients, fixed transients, the allocator's workspace."""
+    per_token: float
+    """L: bytes per token (b x s)."""
+    per_token_seq: float
+    """Q: bytes per token per position (eager attention's scores)."""
+
+
+def reserved_curves(mem: MemoryModel) -> list[ReservedCurve]:
+    """The curve of each phase point, from three evaluations of the memory model."""
     p0, p1, p2 = (_phase_totals(mem, b, s) for b, s in ((0, 0), (1, 1), (1, 2)))
     out = []
     for k, a, b in zip(p0, p1, p2):
         q = (b - 2 * a + k) / 2
-        out.append((k, a - k - q, q))
+        out.append(ReservedCurve(k, a - k - q, q))
     return out
 
 
-def _settle(guess: int, fits, cap: int) -> int:
+def _settle(guess: int, fits: Callable[[int], bool], cap: int) -> int:
     """Nudge a closed-form guess to the exact largest integer n in [1, cap] with fits(n) (0 if none)."""
     n = max(0, min(guess, cap))
     while n > 0 and not fits(n):
@@ -43,7 +55,7 @@ def max_micro_batch(mem: MemoryModel, seq: float, margin: float = 0.0, cap: int 
     """Largest micro-batch that fits at this (padded) sequence length; 0 if none."""
     limit = mem.capacity_bytes * (1.0 - margin)
     best = float(cap)
-    for k, lin, q in _coefficients(mem):
+    for k, lin, q in reserved_curves(mem):
         per_sample = lin * seq + q * seq * seq
         if k > limit:
             return 0
@@ -56,7 +68,7 @@ def max_seq_len(mem: MemoryModel, batch: int, margin: float = 0.0, cap: int = SE
     """Largest sequence length that fits at this micro-batch; 0 if none."""
     limit = mem.capacity_bytes * (1.0 - margin)
     best = float(cap)
-    for k, lin, q in _coefficients(mem):
+    for k, lin, q in reserved_curves(mem):
         room = limit - k
         if room < 0:
             return 0

@@ -97,7 +97,8 @@ class CheckResult:
                 "measured": self.measured, "error_pct": self.error_pct, "note": self.note}
 
 
-def _scn(case: Case, overrides: Sequence[str]) -> Scenario:
+def case_scenario(case: Case, overrides: Sequence[str]) -> Scenario:
+    """The case's scenario with key.path=value overrides applied (one measured variant of it)."""
     return scenario_from_dict(apply_overrides(dict(case.scenario), list(overrides)))
 
 
@@ -109,7 +110,7 @@ def case_checks(case: Case) -> list[Check]:
     def add(metric: str, value: Any, overrides: Sequence[str] = (), note: str = "") -> None:
         if value is None:
             return
-        out.append(Check(case.id, case.group, metric, float(value), _scn(case, overrides), note))
+        out.append(Check(case.id, case.group, metric, float(value), case_scenario(case, overrides), note))
 
     metric_name = str(me.get("memory_metric", "unknown"))
     mem_note = f"memory as {MEMORY_FIELD[metric_name].replace('_gib', '')} (source: {metric_name})"

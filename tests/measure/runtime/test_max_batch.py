@@ -1,4 +1,4 @@
-"""Max-batch search (measure/search.py): equals a brute-force scan for monotone fits, survives and records
+"""Max-batch search (measure/runtime/max_batch.py): equals a brute-force scan for monotone fits, survives and records
 OOMs, lets other errors through; and end to end on CPU with the tracker's memory cap."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from ftscope.measure.runtime.meters import SimulatedOOM
+from ftscope.measure.runtime.tracker import SimulatedOOM
 from ftscope.measure.runtime.max_batch import find_max_batch
 
 

@@ -1,4 +1,4 @@
-"""Peak-memory measurement (measure/memory.py): the CPU dispatch-level tracker, its cap, OOM recognition,
+"""Peak-memory measurement (measure/runtime/meters.py, tracker.py): the CPU dispatch-level tracker, its cap, OOM recognition,
 the meter, process RSS. Expected byte counts are computed by hand from element counts and dtype sizes."""
 from __future__ import annotations
 
@@ -8,9 +8,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from ftscope.measure.runtime.meters import (  # noqa: E402
-    MemoryMeter, SimulatedOOM, TensorTracker, is_oom, peak_rss_bytes, reset_peak_rss, rss_bytes,
-)
+from ftscope.measure.runtime.meters import MemoryMeter, is_oom, peak_rss_bytes, reset_peak_rss, rss_bytes  # noqa: E402
+from ftscope.measure.runtime.tracker import SimulatedOOM, TensorTracker  # noqa: E402
 
 
 def test_known_allocation_sequence_peak() -> None:

@@ -1,4 +1,4 @@
-"""The caching-allocator model (measure/allocator.py) on hand-made allocation streams with known answers."""
+"""The caching-allocator model (measure/trace/allocator.py) on hand-made allocation streams with known answers."""
 from __future__ import annotations
 
 from ftscope.measure.trace.allocator import CachingAllocator, replay, round_size, segment_size

@@ -25,7 +25,7 @@ def _tracker_class() -> Any:
     if _TRACKER_CLASS is None:
         from torch.distributed.tensor import DTensor
 
-        from ..runtime.meters import TensorTracker
+        from ..runtime.tracker import TensorTracker
 
         def local(x: Any) -> Any:
             if isinstance(x, DTensor):

@@ -18,7 +18,6 @@ Precision follows the estimator's conventions (see estimate/memory.py):
 """
 from __future__ import annotations
 
-import copy
 import json
 import math
 from contextlib import contextmanager
@@ -26,11 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-from ... import catalog
 from ...errors import FtscopeError
-from ...spec.architecture import ALIASES, TRANSFORMERS_FAMILIES
 from ...spec.scenario import Scenario
 from .. import require_torch
+from .configs import apply_shrink, first_key, scenario_config, text_config
 
 NF4_BLOCKSIZE = 64
 """bitsandbytes' 4-bit block size (HF BitsAndBytesConfig default); absmax is double-quantized in blocks of 256."""
@@ -63,156 +61,11 @@ class BuildInfo:
     trainable_params: int = 0
     notes: list[str] = field(default_factory=list)
 
-
-# ---- configs -------------------------------------------------------------------------------------------------
-
-def scenario_config(scn: Scenario) -> dict[str, Any]:
-    """The HF config.json dict of the scenario's model: a bundled preset, or the config file it was read from."""
-    spec = scn.model
-    if spec.arch.model_type not in TRANSFORMERS_FAMILIES:
-        raise FtscopeError(f"{spec.name} ({spec.arch.model_type}) is not traceable: no transformers implementation")
-    for ref in (scn.model_ref, spec.name):
-        preset = catalog.resolve_model_name(ref) if ref else None
-        if preset is not None:
-            return copy.deepcopy(catalog.model_config(preset))
-    for ref in (spec.source, spec.name, scn.model_ref):
-        path = Path(ref).expanduser() if ref else None
-        if path is not None and path.exists():
-            path = path / "config.json" if path.is_dir() else path
-            try:
-                return json.loads(path.read_text())
-            except (OSError, json.JSONDecodeError) as exc:
-                raise FtscopeError(f"cannot read the model config {path}: {exc}") from None
-    raise FtscopeError(f"cannot find the config.json of model '{spec.name}' to build it")
-
-
-def _text_config(cfg: dict[str, Any]) -> dict[str, Any]:
-    """The language model's part of a config (multimodal wrappers keep it in text_config), not a copy."""
-    return cfg["text_config"] if isinstance(cfg.get("text_config"), dict) else cfg
-
-
-def _first_key(cfg: dict[str, Any], field_name: str) -> str | None:
-    return next((k for k in ALIASES[field_name] if cfg.get(k) is not None), None)
-
-
-def _round_to(x: float, multiple: int, minimum: int) -> int:
-    return max(minimum, int(round(x / multiple)) * multiple)
-
-
-def shrink_config(cfg: dict[str, Any], layers: int | None = None, hidden: int | None = None,
-                  experts: int | None = None, vocab: int | None = None,
-                  intermediate: int | None = None) -> dict[str, Any]:
-    """A smaller copy of an HF config that transformers still builds: heads, KV heads, head_dim, MLP/expert
-    widths and MLA ranks are scaled with `hidden`; top-k stays <= experts; layer lists stay in range.
-
-    Keeps the grouping of query heads per KV head and the per-family structure (shared experts, dense first
-    layers, parallel blocks), so a shrunk model exercises the same code paths as the full one.
-    """
-    if isinstance(cfg.get("text_config"), dict):
-        out = copy.deepcopy(cfg)
-        out["text_config"] = shrink_config(cfg["text_config"], layers, hidden, experts, vocab, intermediate)
-        return out
-    c = copy.deepcopy(cfg)
-    h_key = _first_key(c, "hidden_size") or "hidden_size"
-    old_h = int(c[h_key])
-    if hidden is not None and hidden != old_h:
-        ratio = hidden / old_h
-        heads_key = _first_key(c, "num_heads")
-        kv_key = _first_key(c, "num_kv_heads")
-        heads = int(c[heads_key]) if heads_key else 1
-        kv = int(c[kv_key]) if kv_key else (1 if c.get("multi_query") and not c.get("new_decoder_architecture") else heads)
-        group = max(1, heads // max(kv, 1))
-        old_hd = int(c.get("head_dim") or old_h // heads)
-        new_heads = max(group, (hidden // old_hd) // group * group)
-        while new_heads > group and hidden % new_heads:   # hidden must split evenly into heads
-            new_heads -= group
-        hd = max(2, hidden // new_heads // 2 * 2)         # even: RoPE rotates pairs
-        hidden = new_heads * hd                            # rounded when no head count divides it (Falcon-180B)
-        prf = c.get("partial_rotary_factor")
-        if prf:                                            # phi: the rotary part must be even as well
-            c["partial_rotary_factor"] = max(2, int(hd * prf) // 2 * 2) / hd
-        c[h_key] = hidden
-        if heads_key:
-            c[heads_key] = new_heads
-        if kv_key:
-            c[kv_key] = max(1, new_heads // group)
-        if "head_dim" in c and c["head_dim"] is not None:
-            c["head_dim"] = hd
-        if c.get("query_pre_attn_scalar"):
-            c["query_pre_attn_scalar"] = hd
-        for key in ("intermediate_size", "ffn_hidden_size", "n_inner", "ffn_dim", "moe_intermediate_size",
-                    "shared_expert_intermediate_size", "expert_intermediate_size"):
-            if c.get(key):
-                c[key] = _round_to(c[key] * ratio, 16, 32)
-        for key in ("q_lora_rank", "kv_lora_rank"):
-            if c.get(key):
-                c[key] = _round_to(c[key] * ratio, 16, 16)
-        for key in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
-            if c.get(key):
-                c[key] = _round_to(c[key] * min(1.0, 4 * ratio), 8, 8)
-    if intermediate is not None:
-        for key in ("intermediate_size", "ffn_hidden_size", "n_inner", "ffn_dim"):
-            if c.get(key):
-                c[key] = intermediate
-    if experts is not None:
-        e_key = _first_key(c, "num_experts")
-        if e_key is not None:
-            c[e_key] = experts
-            k_key = _first_key(c, "top_k")
-            if k_key is not None:
-                c[k_key] = min(int(c[k_key]), experts)
-            if c.get("n_group"):  # DeepSeek group-limited routing: groups must divide the experts
-                c["n_group"], c["topk_group"] = 1, 1
-    if layers is not None:
-        l_key = _first_key(c, "num_layers") or "num_hidden_layers"
-        c[l_key] = layers
-        if c.get("first_k_dense_replace"):
-            c["first_k_dense_replace"] = min(int(c["first_k_dense_replace"]), max(layers - 1, 0))
-        if c.get("mlp_only_layers"):
-            c["mlp_only_layers"] = [i for i in c["mlp_only_layers"] if i < layers]
-        if c.get("decoder_sparse_step") and int(c["decoder_sparse_step"]) > layers:
-            c["decoder_sparse_step"] = 1
-        if c.get("max_window_layers"):
-            c["max_window_layers"] = min(int(c["max_window_layers"]), layers)
-        for key in ("layer_types", "mamba_moe_layers"):
-            if isinstance(c.get(key), list):
-                c[key] = c[key][:layers]
-    if vocab is not None:
-        v_key = _first_key(c, "vocab_size") or "vocab_size"
-        c[v_key] = vocab
-        for key in ("pad_token_id", "bos_token_id", "eos_token_id"):
-            tok = c.get(key)
-            if isinstance(tok, int) and tok >= vocab:
-                c[key] = vocab - 1
-            elif isinstance(tok, list):
-                c[key] = [min(t, vocab - 1) for t in tok]
-    return c
-
-
-_SHRINK_ARGS = {"layers", "hidden", "experts", "vocab", "intermediate"}
-_SHRINK_ALIASES = {"num_layers": "layers", "hidden_size": "hidden", "num_experts": "experts", "vocab_size": "vocab"}
-
-
-def apply_shrink(cfg: dict[str, Any], shrink: dict[str, Any] | None) -> dict[str, Any]:
-    """`shrink` as shrink_config keywords (layers=, hidden=, ...) or config keys; config keys that name a size
-    (num_hidden_layers, hidden_size, num_local_experts, vocab_size, ...) go through shrink_config so the rest of
-    the config follows; any other key overrides the config verbatim."""
-    if not shrink:
-        return copy.deepcopy(cfg)
-    args: dict[str, Any] = {}
-    raw: dict[str, Any] = {}
-    for key, value in shrink.items():
-        if key in _SHRINK_ARGS:
-            args[key] = value
-            continue
-        field_name = next((f for f, keys in ALIASES.items() if key in keys and f in _SHRINK_ALIASES), None)
-        if field_name is not None:
-            args[_SHRINK_ALIASES[field_name]] = value
-        else:
-            raw[key] = value
-    out = shrink_config(cfg, **args)
-    out.update(raw)
-    return out
+    @property
+    def vocab_size(self) -> int | None:
+        """The language model's vocabulary (multimodal configs keep it in text_config)."""
+        vocab = text_config(self.config).get("vocab_size")
+        return None if vocab is None else int(vocab)
 
 
 # ---- the mix ---------------------------------------------------------------------------------------------------
@@ -361,7 +214,7 @@ def check_weights(weights: str | Path, cfg: dict[str, Any], shrink: dict[str, An
         raise FtscopeError(f"--weights: {folder} has no config.json") from None
     except json.JSONDecodeError as exc:
         raise FtscopeError(f"--weights: {folder / 'config.json'} is not valid JSON ({exc.msg}, line {exc.lineno})") from None
-    ours_text, theirs_text = _text_config(cfg), _text_config(theirs)
+    ours_text, theirs_text = text_config(cfg), text_config(theirs)
     for key in CONFIG_MATCH:
         if key in ours_text and key in theirs_text and ours_text[key] != theirs_text[key]:
             raise FtscopeError(f"--weights: {folder} holds a different model than the scenario's ({key} "
@@ -377,6 +230,114 @@ def _from_pretrained(transformers: Any, folder: Path, hf_cfg: Any, dtype: Any, d
             local_files_only=True, **kwargs)
     except (OSError, RuntimeError) as exc:
         raise FtscopeError(f"--weights: transformers cannot load {folder}: {str(exc).splitlines()[0][:300]}") from None
+
+
+def _attention(mix: Any, device: str, notes: list[str]) -> str:
+    """The HF attention implementation for the mix: flash runs FlashAttention-2 where its kernel exists."""
+    if mix.attention != "flash":
+        return mix.attention
+    import importlib.util
+    if device.startswith("cuda") and importlib.util.find_spec("flash_attn") is not None:
+        return "flash_attention_2"
+    notes.append("attention flash runs as sdpa here (no FlashAttention-2 kernel on this device); both keep "
+                 "q, k, v, the output and a log-sum-exp for backward")
+    return "sdpa"
+
+
+def _moe_config(scn: Scenario, cfg: dict[str, Any], kwargs: dict[str, Any], notes: list[str]) -> tuple[str, int | None]:
+    """MoE: the experts implementation (into kwargs) and the top-k (written into the config); (experts, top-k)."""
+    mix, spec = scn.mix, scn.model
+    experts_impl = mix.experts_backend
+    if experts_impl == "modules":  # transformers 5 stores experts fused; no per-expert nn.Linear layout
+        experts_impl = "eager"
+        notes.append("experts_backend modules (transformers 4.x per-expert nn.Linear) does not exist in "
+                     "transformers 5: built the eager loop over fused experts instead")
+    kwargs["experts_implementation"] = experts_impl
+    text = text_config(cfg)
+    k_key = first_key(text, "top_k")
+    if mix.experts_top_k:
+        if k_key is None:
+            raise FtscopeError(f"{spec.name}: the config has no top-k key to override")
+        e_key = first_key(text, "num_experts")
+        if e_key is not None and mix.experts_top_k > int(text[e_key]):
+            raise FtscopeError(f"experts_top_k {mix.experts_top_k} exceeds the {text[e_key]} experts of the model "
+                               "as built (did --shrink reduce the experts?)")
+        text[k_key] = mix.experts_top_k
+    return experts_impl, int(text[k_key]) if k_key else None
+
+
+def _instantiate(scn: Scenario, cfg: dict[str, Any], folder: Path | None, dtype: Any, device: str,
+                 kwargs: dict[str, Any], notes: list[str]) -> Any:
+    """transformers builds the model (random weights, or the local checkpoint); a family without sdpa falls back
+    to eager attention, as transformers does when the implementation is not forced."""
+    import torch
+    import transformers
+
+    try:
+        hf_cfg = transformers.AutoConfig.for_model(**cfg)
+    except (ValueError, TypeError, KeyError) as exc:
+        raise FtscopeError(f"transformers cannot build a config for {scn.model.name}: {exc}") from None
+
+    def instantiate() -> Any:
+        if folder is not None:
+            return _from_pretrained(transformers, folder, hf_cfg, dtype, device, kwargs)
+        with torch.device(device):
+            return transformers.AutoModelForCausalLM.from_config(hf_cfg, dtype=dtype, **kwargs)
+
+    try:
+        return instantiate()
+    except ValueError as exc:
+        if kwargs["attn_implementation"] != "sdpa" or "scaled_dot_product_attention" not in str(exc):
+            raise FtscopeError(f"transformers cannot build {scn.model.name}: {exc}") from None
+        kwargs["attn_implementation"] = "eager"
+        notes.append(f"{type(hf_cfg).__name__.replace('Config', '')} has no sdpa attention in transformers; traced eager")
+        return instantiate()
+
+
+def _train_mode(model: Any, scn: Scenario, base_name: str, auto_name: str | None, device: str,
+                notes: list[str]) -> list[str]:
+    """What trains (all, or nothing of the base), QLoRA's 4-bit layers, checkpointing; the quantized layers."""
+    import torch
+
+    mix, spec = scn.mix, scn.model
+    model.train()
+    model.requires_grad_(mix.method == "full")
+    quantized: list[str] = []
+    if mix.method == "qlora":
+        quantized = _quantize_linears(model, getattr(torch, auto_name or "bfloat16"), device)
+        if not quantized:
+            notes.append("QLoRA: transformers' bitsandbytes integration replaces exact nn.Linear modules only; this "
+                         f"model's layers subclass it and stay in {base_name}")
+        elif spec.is_moe:
+            notes.append("QLoRA: bitsandbytes quantizes nn.Linear layers only; the fused 3-D expert weights stay in "
+                         f"{base_name}")
+    if mix.gradient_checkpointing:
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x; the old name warns
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return quantized
+
+
+def _add_lora(model: Any, scn: Scenario, adapter_name: str | None, notes: list[str]) -> tuple[Any, list[str], list[str]]:
+    """PEFT LoRA on exactly the matrices the scenario's targets name; (model, target modules, target parameters)."""
+    import peft
+    import torch
+
+    mix = scn.mix
+    modules, params = lora_selection(model, scn)
+    lcfg = peft.LoraConfig(r=mix.lora_rank, lora_alpha=2 * mix.lora_rank, lora_dropout=0.0, bias="none",
+                           target_modules=modules or None, target_parameters=params or None, task_type="CAUSAL_LM")
+    with _v5_native_targets():
+        model = peft.get_peft_model(model, lcfg, autocast_adapter_dtype=False)
+    adapter_dtype = getattr(torch, adapter_name or "float32")
+    for p in model.parameters():
+        if p.requires_grad and p.dtype != adapter_dtype:
+            p.data = p.data.to(adapter_dtype)
+    if params:
+        notes.append("PEFT LoRA on fused experts: one adapter per expert on gate_up_proj (rank r over 2 x "
+                     "intermediate) and down_proj; the merged W + BA of the whole stack is materialized each forward")
+    return model, modules, params
 
 
 def build_model(scn: Scenario, device: str = "meta", shrink: dict[str, Any] | None = None,
@@ -400,105 +361,24 @@ def build_model(scn: Scenario, device: str = "meta", shrink: dict[str, Any] | No
     notes: list[str] = []
     base_name, adapter_name, auto_name = precision_dtypes(scn)
     base_dtype = dtype if dtype is not None else getattr(torch, base_name)
-
-    attention = mix.attention
-    if attention == "flash":
-        import importlib.util
-        if str(device).startswith("cuda") and importlib.util.find_spec("flash_attn") is not None:
-            attention = "flash_attention_2"
-        else:
-            attention = "sdpa"
-            notes.append("attention flash runs as sdpa here (no FlashAttention-2 kernel on this device); both keep "
-                         "q, k, v, the output and a log-sum-exp for backward")
-    kwargs: dict[str, Any] = {"attn_implementation": attention}
-    experts_impl = None
-    top_k = None
-    if spec.is_moe:
-        experts_impl = mix.experts_backend
-        if experts_impl == "modules":  # transformers 5 stores experts fused; no per-expert nn.Linear layout
-            experts_impl = "eager"
-            notes.append("experts_backend modules (transformers 4.x per-expert nn.Linear) does not exist in "
-                         "transformers 5: built the eager loop over fused experts instead")
-        kwargs["experts_implementation"] = experts_impl
-        text = _text_config(cfg)
-        k_key = _first_key(text, "top_k")
-        if mix.experts_top_k:
-            if k_key is None:
-                raise FtscopeError(f"{spec.name}: the config has no top-k key to override")
-            e_key = _first_key(text, "num_experts")
-            if e_key is not None and mix.experts_top_k > int(text[e_key]):
-                raise FtscopeError(f"experts_top_k {mix.experts_top_k} exceeds the {text[e_key]} experts of the model "
-                                   "as built (did --shrink reduce the experts?)")
-            text[k_key] = mix.experts_top_k
-        top_k = int(text[k_key]) if k_key else None
+    kwargs: dict[str, Any] = {"attn_implementation": _attention(mix, str(device), notes)}
+    experts_impl, top_k = _moe_config(scn, cfg, kwargs, notes) if spec.is_moe else (None, None)
     cfg["use_cache"] = False  # training: no KV cache (HF Trainer recipes set this; GC forces it)
-    try:
-        hf_cfg = transformers.AutoConfig.for_model(**cfg)
-    except (ValueError, TypeError, KeyError) as exc:
-        raise FtscopeError(f"transformers cannot build a config for {spec.name}: {exc}") from None
-    def instantiate() -> Any:
-        if folder is not None:
-            return _from_pretrained(transformers, folder, hf_cfg, base_dtype, str(device), kwargs)
-        with torch.device(device):
-            return transformers.AutoModelForCausalLM.from_config(hf_cfg, dtype=base_dtype, **kwargs)
-
-    try:
-        model = instantiate()
-    except ValueError as exc:
-        if attention != "sdpa" or "scaled_dot_product_attention" not in str(exc):
-            raise FtscopeError(f"transformers cannot build {spec.name}: {exc}") from None
-        attention = kwargs["attn_implementation"] = "eager"  # what transformers falls back to when not forced
-        notes.append(f"{type(hf_cfg).__name__.replace('Config', '')} has no sdpa attention in transformers; traced eager")
-        model = instantiate()
+    model = _instantiate(scn, cfg, folder, base_dtype, str(device), kwargs, notes)
     if folder is not None:
         notes.append(f"weights loaded from {folder}")
     if spec.is_moe:
         experts_impl = getattr(model.config, "_experts_implementation", experts_impl)
-    model.train()
-
-    if mix.method == "full":
-        model.requires_grad_(True)
-    else:
-        model.requires_grad_(False)
-    quantized: list[str] = []
-    if mix.method == "qlora":
-        quantized = _quantize_linears(model, getattr(torch, auto_name or "bfloat16"), str(device))
-        if not quantized:
-            notes.append("QLoRA: transformers' bitsandbytes integration replaces exact nn.Linear modules only; this "
-                         f"model's layers subclass it and stay in {base_name}")
-        elif spec.is_moe:
-            notes.append("QLoRA: bitsandbytes quantizes nn.Linear layers only; the fused 3-D expert weights stay in "
-                         f"{base_name}")
-    if mix.gradient_checkpointing:
-        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x; the old name warns
-            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-        else:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-
+    quantized = _train_mode(model, scn, base_name, auto_name, str(device), notes)
     modules: list[str] = []
     params: list[str] = []
     if mix.trains_lora:
-        import peft
-
-        modules, params = lora_selection(model, scn)
-        lcfg = peft.LoraConfig(r=mix.lora_rank, lora_alpha=2 * mix.lora_rank, lora_dropout=0.0, bias="none",
-                               target_modules=modules or None, target_parameters=params or None,
-                               task_type="CAUSAL_LM")
-        with _v5_native_targets():
-            model = peft.get_peft_model(model, lcfg, autocast_adapter_dtype=False)
-        adapter_dtype = getattr(torch, adapter_name or "float32")
-        for p in model.parameters():
-            if p.requires_grad and p.dtype != adapter_dtype:
-                p.data = p.data.to(adapter_dtype)
-        if params:
-            notes.append("PEFT LoRA on fused experts: one adapter per expert on gate_up_proj (rank r over 2 x "
-                         "intermediate) and down_proj; the merged W + BA of the whole stack is materialized each "
-                         "forward")
+        model, modules, params = _add_lora(model, scn, adapter_name, notes)
     total, trainable = count_params(model)
     if mix.trains_lora:
         total -= trainable  # the scenario's model size: the base weights, adapters counted as trainable only
-    info = BuildInfo(config=cfg, attention=attention, experts_implementation=experts_impl, top_k=top_k,
-                     param_dtype=str(base_dtype).replace("torch.", ""), adapter_dtype=adapter_name,
+    info = BuildInfo(config=cfg, attention=kwargs["attn_implementation"], experts_implementation=experts_impl,
+                     top_k=top_k, param_dtype=str(base_dtype).replace("torch.", ""), adapter_dtype=adapter_name,
                      autocast_dtype=auto_name, gradient_checkpointing=mix.gradient_checkpointing,
                      lora_target_modules=modules, lora_target_parameters=params, quantized_modules=quantized,
                      total_params=total, trainable_params=trainable, notes=notes)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import bisect
 import itertools
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Any, Iterable
 
 MIN_BLOCK = 512
 SMALL_SIZE = 1 << 20           # requests up to this go to the small pool
@@ -147,4 +147,32 @@ def replay(events: Iterable[tuple[str, object, int]]) -> CachingAllocator:
             alloc.malloc(key, nbytes)
         else:
             alloc.free(key)
+    return alloc
+
+
+def replay_steps(recs: list[Any], steps: int = 3, allocator: Any = None) -> Any:
+    """The traced step as a training loop would repeat it, through the caching-allocator model: weights first;
+    each step allocates and frees as traced, except that optimizer states are created in the first step only and
+    kept, gradients are freed at the end of every step (zero_grad(set_to_none=True)), and whatever the step left
+    alive (input, loss) is freed then too. With `allocator`, continue that allocator's history (a profile sweep:
+    the weights and optimizer states are already there)."""
+    fresh = allocator is None
+    alloc = CachingAllocator() if fresh else allocator
+    if fresh:
+        for r in recs:
+            if r.kind == "param":
+                alloc.malloc(id(r), r.nbytes)
+    call = object()  # keys of this replay never collide with an earlier one's
+    # math.inf (alive at the end) sorts last: freed when the step ends; optimizer states are never freed
+    steady = sorted([(r.t0, 1, r) for r in recs if r.kind not in ("param", "opt")]
+                    + [(r.t1, 0, r) for r in recs if r.kind not in ("param", "opt")], key=lambda e: (e[0], e[1]))
+    states = [(r.t0, 1, r) for r in recs if r.kind == "opt"]
+    first = sorted(steady + states, key=lambda e: (e[0], e[1])) if fresh else steady
+    for step in range(steps):
+        for _, is_malloc, r in first if step == 0 else steady:
+            key = (call, step, id(r)) if r.kind != "opt" else id(r)
+            if is_malloc:
+                alloc.malloc(key, r.nbytes)
+            else:
+                alloc.free(key)
     return alloc

@@ -1,4 +1,4 @@
-"""The dispatch mode that books every storage a traced step creates (bytes, creation and free events, kind) and
+"""The recorder that books every storage a traced step creates (bytes, creation and free events, kind) and
 attributes FLOPs to phases and layer types; and the balanced router that stands in for data-dependent routing."""
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from collections import defaultdict
 from typing import Any
 
 from ...errors import FtscopeError
+from ..runtime.tracker import DispatchObserver
 from .layers import LayerContext
 
 
@@ -18,110 +19,108 @@ class Rec:
         self.nbytes, self.t0, self.t1, self.phase, self.kind = nbytes, t0, math.inf, phase, kind
 
 
-def make_recorder(counter: Any, routing: "BalancedRouting | None", layers: "LayerContext") -> Any:
-    """The dispatch mode that books every storage and attributes FLOPs (built lazily: torch is optional)."""
-    import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils._pytree import tree_leaves
+class Recorder(DispatchObserver):
+    """Books every storage a traced step creates (`Rec`: bytes, creation and free event, phase, kind) and
+    attributes the FLOPs the counter sees to (phase, layer type); a dispatch mode while entered."""
 
-    aten = torch.ops.aten
-    # ops whose output is a weight-sized copy when an input is a parameter (autocast casts, PEFT's W + BA)
-    copy_ops = {aten._to_copy.default, aten.clone.default, aten.baddbmm.default, aten.add.Tensor, aten.mul.Tensor}
-    dequant_ops = set()
-    if hasattr(torch.ops, "bitsandbytes"):
-        dequant_ops.add(torch.ops.bitsandbytes.dequantize_4bit.default)  # packed 4-bit weight -> bf16 copy
+    def __init__(self, counter: Any, routing: "BalancedRouting | None", layers: LayerContext) -> None:
+        import torch
+        from torch.utils._pytree import tree_leaves
 
-    class Recorder(TorchDispatchMode):
-        def __init__(self) -> None:
-            super().__init__()
-            self.live: dict[int, Rec] = {}
-            self.refs: dict[int, Any] = {}
-            self.recs: list[Rec] = []
-            self.t = 0
-            self.cur = 0
-            self.phase = "setup"
-            self.peaks: dict[str, tuple[int, int]] = {}
-            self.param_numel: dict[int, int] = {}
-            self.flops: dict[tuple[str, str], float] = defaultdict(float)
+        self.torch, self.counter, self.routing, self.layers = torch, counter, routing, layers
+        self.tree_leaves = tree_leaves
+        aten = torch.ops.aten
+        # ops whose output is a weight-sized copy when an input is a parameter (autocast casts, PEFT's W + BA)
+        self.copy_ops = {aten._to_copy.default, aten.clone.default, aten.baddbmm.default, aten.add.Tensor,
+                         aten.mul.Tensor}
+        self.dequant_ops = set()
+        if hasattr(torch.ops, "bitsandbytes"):
+            self.dequant_ops.add(torch.ops.bitsandbytes.dequantize_4bit.default)  # packed 4-bit weight -> bf16 copy
+        self.live: dict[int, Rec] = {}
+        self.refs: dict[int, Any] = {}
+        self.recs: list[Rec] = []
+        self.t = 0
+        self.cur = 0
+        self.phase = "setup"
+        self.peaks: dict[str, tuple[int, int]] = {}
+        self.param_numel: dict[int, int] = {}
+        self.flops: dict[tuple[str, str], float] = defaultdict(float)
 
-        # bookkeeping
-        def set_phase(self, phase: str) -> None:
-            self.phase = phase
-            self.peaks[phase] = (self.cur, self.t)
+    # bookkeeping
+    def set_phase(self, phase: str) -> None:
+        self.phase = phase
+        self.peaks[phase] = (self.cur, self.t)
 
-        def track(self, tensor: Any, kind: str) -> Rec | None:
-            st = tensor.untyped_storage()
-            key = id(st)
-            rec = self.live.get(key)
-            if rec is not None:
-                return rec
-            nbytes = st.nbytes()
-            rec = Rec(nbytes, self.t, self.phase, kind)
-            self.t += 1
-            self.live[key] = rec
-            self.refs[key] = weakref.ref(st, lambda _r, key=key: self._free(key))
-            self.recs.append(rec)
-            self.cur += nbytes
-            peak = self.peaks.get(self.phase)
-            if peak is None or self.cur > peak[0]:
-                self.peaks[self.phase] = (self.cur, self.t)
+    def track(self, tensor: Any, kind: str) -> Rec | None:
+        st = tensor.untyped_storage()
+        key = id(st)
+        rec = self.live.get(key)
+        if rec is not None:
             return rec
+        nbytes = st.nbytes()
+        rec = Rec(nbytes, self.t, self.phase, kind)
+        self.t += 1
+        self.live[key] = rec
+        self.refs[key] = weakref.ref(st, lambda _r, key=key: self._free(key))
+        self.recs.append(rec)
+        self.cur += nbytes
+        peak = self.peaks.get(self.phase)
+        if peak is None or self.cur > peak[0]:
+            self.peaks[self.phase] = (self.cur, self.t)
+        return rec
 
-        def _free(self, key: int) -> None:
-            rec = self.live.pop(key, None)
-            self.refs.pop(key, None)
-            if rec is not None:
-                rec.t1 = self.t
-                self.t += 1
-                self.cur -= rec.nbytes
+    def _free(self, key: int) -> None:
+        rec = self.live.pop(key, None)
+        self.refs.pop(key, None)
+        if rec is not None:
+            rec.t1 = self.t
+            self.t += 1
+            self.cur -= rec.nbytes
 
-        def rec_of(self, tensor: Any) -> Rec | None:
-            return self.live.get(id(tensor.untyped_storage()))
+    def rec_of(self, tensor: Any) -> Rec | None:
+        return self.live.get(id(tensor.untyped_storage()))
 
-        def register_weights(self, tensors: list[Any]) -> None:
-            for t in tensors:
-                self.track(t, "param")
-                self.param_numel[id(t.untyped_storage())] = t.numel()
+    def register_weights(self, tensors: list[Any]) -> None:
+        for t in tensors:
+            self.track(t, "param")
+            self.param_numel[id(t.untyped_storage())] = t.numel()
 
-        def _global_flops(self) -> int:
-            return sum(counter.flop_counts["Global"].values()) if counter is not None else 0
+    def _global_flops(self) -> int:
+        return sum(self.counter.flop_counts["Global"].values()) if self.counter is not None else 0
 
-        def _kind(self, func: Any, args: Any) -> tuple[str, int | None]:
-            """(kind of the op's new storages, numel a weight copy must have; -1: any)."""
-            kind = "recompute" if self.phase == "backward" and layers.stack else self.phase
-            if self.phase in ("forward", "backward"):
-                if func in dequant_ops:
-                    return kind, -1
-                if func in copy_ops:
-                    for a in tree_leaves(args):
-                        if isinstance(a, torch.Tensor):
-                            n = self.param_numel.get(id(a.untyped_storage()))
-                            if n is not None and n > 1:
-                                return kind, n
-            return kind, None
+    def _kind(self, func: Any, args: Any) -> tuple[str, int | None]:
+        """(kind of the op's new storages, numel a weight copy must have; -1: any)."""
+        kind = "recompute" if self.phase == "backward" and self.layers.stack else self.phase
+        if self.phase in ("forward", "backward"):
+            if func in self.dequant_ops:
+                return kind, -1
+            if func in self.copy_ops:
+                for a in self.tree_leaves(args):
+                    if isinstance(a, self.torch.Tensor):
+                        n = self.param_numel.get(id(a.untyped_storage()))
+                        if n is not None and n > 1:
+                            return kind, n
+        return kind, None
 
-        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-            kwargs = kwargs or {}
-            if routing is not None:
-                handled = routing.handle(func, args)
-                if handled is not _NOT_HANDLED:
-                    return handled
-            before = self._global_flops()
-            out = func(*args, **kwargs)
-            delta = self._global_flops() - before
-            if delta:
-                # a module's forward running inside backward: a checkpointed block being recomputed (grad mode
-                # cannot tell: custom autograd Functions such as bitsandbytes' run their forward without grad)
-                phase = "recompute" if self.phase == "backward" and layers.stack else self.phase
-                self.flops[(phase, layers.current(phase))] += delta
-            kind, copy_numel = self._kind(func, args)
-            for t in tree_leaves(out):
-                if isinstance(t, torch.Tensor) and t.device.type != "meta":
-                    is_copy = copy_numel is not None and (copy_numel < 0 or t.numel() == copy_numel)
-                    self.track(t, "wcopy" if is_copy else kind)
-            return out
-
-    return Recorder()
+    def dispatch(self, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+        if self.routing is not None:
+            handled = self.routing.handle(func, args)
+            if handled is not _NOT_HANDLED:
+                return handled
+        before = self._global_flops()
+        out = func(*args, **kwargs)
+        delta = self._global_flops() - before
+        if delta:
+            # a module's forward running inside backward: a checkpointed block being recomputed (grad mode
+            # cannot tell: custom autograd Functions such as bitsandbytes' run their forward without grad)
+            phase = "recompute" if self.phase == "backward" and self.layers.stack else self.phase
+            self.flops[(phase, self.layers.current(phase))] += delta
+        kind, copy_numel = self._kind(func, args)
+        for t in self.tree_leaves(out):
+            if isinstance(t, self.torch.Tensor) and t.device.type != "meta":
+                is_copy = copy_numel is not None and (copy_numel < 0 or t.numel() == copy_numel)
+                self.track(t, "wcopy" if is_copy else kind)
+        return out
 
 
 _NOT_HANDLED = object()

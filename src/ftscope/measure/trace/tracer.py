@@ -28,18 +28,20 @@ checkpointed block's recompute are reported apart from backward.
 from __future__ import annotations
 
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 from ...errors import FtscopeError
 from ...spec.hardware import GIB
 from ...spec.scenario import Scenario
 from .. import require_torch
-from ..runtime.build import NF4_BLOCKSIZE, BuildInfo, build_model
+from ..runtime.build import BuildInfo, build_model
+from .allocator import replay_steps
+from .fake_weights import fake_weights
 from .flops import flop_formulas
+from .kernels import unpacked_batch
 from .layers import GlobalOnly, LayerContext, make_tagger
-from .recorder import BalancedRouting, Rec, make_recorder
+from .recorder import BalancedRouting, Rec, Recorder
 
 CATEGORIES = ("weights", "gradients", "optimizer", "activations", "temporary")
 PHASES = ("forward", "backward", "optimizer")
@@ -73,7 +75,7 @@ class TraceResult:
     """Every storage the step allocated (size, creation and free event), for allocator replays."""
     reserved_bytes: int = 0
     """Peak reserved memory: the step's allocations replayed for 3 steps through a model of PyTorch's CUDA caching
-    allocator (measure/allocator.py); what torch.cuda.max_memory_reserved would show, less CUDA's own buffers."""
+    allocator (allocator.py); what torch.cuda.max_memory_reserved would show, less CUDA's own buffers."""
     wall_s: float = 0.0
 
     @property
@@ -127,113 +129,7 @@ class TraceResult:
         }
 
 
-# ---- fake weights ------------------------------------------------------------------------------------------------
-
-def _fake_weights(model: Any, fake_mode: Any) -> list[Any]:
-    """Replace every meta parameter and buffer with a FakeTensor of the same shape and dtype (tied weights stay
-    tied); bitsandbytes Linear4bit weights become fake NF4-packed tensors with a fake double-quantized state,
-    made by bitsandbytes' own quantize_4bit fake kernel. Returns every tensor that now holds weight memory."""
-    import torch
-
-    try:
-        import bitsandbytes as bnb
-        linear4bit = bnb.nn.Linear4bit
-    except ImportError:  # pragma: no cover - only QLoRA needs it
-        bnb, linear4bit = None, ()
-    memo: dict[int, Any] = {}
-    held: list[Any] = []
-    if bnb is not None and any(isinstance(m, linear4bit) for m in model.modules()):
-        bnb.functional.quantize_blockwise(torch.ones(256))  # caches the dynamic map (its build reads values)
-    with fake_mode:
-        for mod in model.modules():
-            for name, p in list(mod._parameters.items()):
-                if p is None:
-                    continue
-                if id(p) not in memo:
-                    if isinstance(mod, linear4bit) and name == "weight":
-                        memo[id(p)] = _fake_4bit(mod, p, bnb, held)
-                    else:
-                        fake = torch.empty(p.shape, dtype=p.dtype, device="cpu")
-                        memo[id(p)] = torch.nn.Parameter(fake, requires_grad=p.requires_grad)
-                    held.append(memo[id(p)])
-                mod._parameters[name] = memo[id(p)]
-            for name, b in list(mod._buffers.items()):
-                if b is None:
-                    continue
-                if id(b) not in memo:
-                    memo[id(b)] = torch.empty(b.shape, dtype=b.dtype, device="cpu")
-                    held.append(memo[id(b)])
-                mod._buffers[name] = memo[id(b)]
-    return held
-
-
-def _fake_4bit(mod: Any, p: Any, bnb: Any, held: list[Any]) -> Any:
-    import torch
-
-    out_f, in_f = mod.out_features, mod.in_features
-    w = torch.empty((out_f, in_f), dtype=torch.bfloat16, device="cpu")
-    packed, qs = bnb.functional.quantize_4bit(w, blocksize=NF4_BLOCKSIZE, compress_statistics=True,
-                                              quant_type="nf4", quant_storage=torch.uint8)
-    param = torch.nn.Parameter(packed, requires_grad=False)
-    for attr, value in (("quant_state", qs), ("blocksize", NF4_BLOCKSIZE), ("compress_statistics", True),
-                        ("quant_type", "nf4"), ("quant_storage", torch.uint8), ("bnb_quantized", True),
-                        ("module", mod)):
-        setattr(param, attr, value)
-    mod.quant_state = qs
-    for t in (qs.absmax, getattr(qs, "offset", None), qs.code,
-              getattr(qs.state2, "absmax", None) if qs.nested else None,
-              getattr(qs.state2, "code", None) if qs.nested else None):
-        if isinstance(t, torch.Tensor):
-            held.append(t)
-    return param
-
-
 # ---- the step ------------------------------------------------------------------------------------------------
-
-@contextmanager
-def _unpacked_batch() -> Iterator[None]:
-    """Answer transformers' packed-sequence probe the way real data does for one unpacked, unpadded batch.
-
-    `find_packed_sequence_indices` reads position_ids values to see whether several sequences share a row; on
-    fake tensors it cannot, says "maybe", and the model then builds an explicit B x S x S mask instead of
-    letting sdpa run its `is_causal` kernel. Real position_ids 0..S-1 make it return None."""
-    from transformers import masking_utils
-
-    saved = masking_utils.find_packed_sequence_indices
-    masking_utils.find_packed_sequence_indices = lambda position_ids: None
-    try:
-        with _cuda_attention_kernels():
-            yield
-    finally:
-        masking_utils.find_packed_sequence_indices = saved
-
-
-@contextmanager
-def _cuda_attention_kernels() -> Iterator[None]:
-    """Pick the attention kernel CUDA would: with q/k and v head dims that differ (DeepSeek's MLA: 192 vs 128)
-    CPU sdpa falls back to the math path (it materializes B x H x S x S scores in fp32), while CUDA runs the
-    memory-efficient kernel. Its fake-tensor implementation runs anywhere, so the trace uses that."""
-    import torch
-    import torch.nn.functional as F
-
-    sdpa = F.scaled_dot_product_attention
-
-    def routed(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-        if (query.shape[-1] != value.shape[-1] and attn_mask is None and not enable_gqa
-                and query.shape[-3] == key.shape[-3] == value.shape[-3]):
-            out = torch.ops.aten._scaled_dot_product_efficient_attention(
-                query, key, value, None, query.requires_grad or key.requires_grad or value.requires_grad,
-                dropout_p, is_causal, scale=scale)
-            return out[0]
-        return sdpa(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
-                    enable_gqa=enable_gqa)
-
-    F.scaled_dot_product_attention = routed
-    try:
-        yield
-    finally:
-        F.scaled_dot_product_attention = sdpa
-
 
 def _check_traceable(scn: Scenario) -> list[str]:
     mix, notes = scn.mix, []
@@ -300,7 +196,7 @@ def trace(scn: Scenario, batch: int | None = None, seq: int | None = None,
     info.notes.extend(notes)
     _check_build(scn, info)
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
-    weights = _fake_weights(model, fake_mode)
+    weights = fake_weights(model, fake_mode)
     trainable = [p for p in model.parameters() if p.requires_grad]
     if not trainable:
         raise FtscopeError("nothing to train: the mix leaves no parameter trainable")
@@ -314,7 +210,7 @@ def trace(scn: Scenario, batch: int | None = None, seq: int | None = None,
                            if k in ("num_local_experts", "num_experts", "n_routed_experts") and v))
         routing = BalancedRouting(experts, layers)
         info.notes.append("eager experts traced with balanced routing (each expert gets tokens x top_k / experts)")
-    rec = make_recorder(counter, routing, layers)
+    rec = Recorder(counter, routing, layers)
     vocab = int(getattr(model.config, "vocab_size", 0) or info.config.get("vocab_size", 2))
     with fake_mode:
         ids = torch.randint(0, max(vocab, 2), (batch, seq), dtype=torch.long)
@@ -323,11 +219,11 @@ def trace(scn: Scenario, batch: int | None = None, seq: int | None = None,
             rec.register_weights(weights)
             rec.track(ids, "setup")
             rec.set_phase("forward")
-            with _unpacked_batch(), make_tagger(layers), torch.autocast("cpu", dtype=auto, enabled=auto is not None):
+            with unpacked_batch(), make_tagger(layers), torch.autocast("cpu", dtype=auto, enabled=auto is not None):
                 loss = model(input_ids=ids, labels=ids, use_cache=False).loss
             t_fwd_end = rec.t
             rec.set_phase("backward")
-            with _unpacked_batch(), make_tagger(layers):  # a checkpointed block's recompute runs forward again
+            with unpacked_batch(), make_tagger(layers):  # a checkpointed block's recompute runs forward again
                 loss.backward()
             del loss
             for p in trainable:
@@ -346,36 +242,6 @@ def trace(scn: Scenario, batch: int | None = None, seq: int | None = None,
     result.recs = rec.recs
     result.wall_s = time.perf_counter() - t_start
     return result
-
-
-def replay_steps(recs: list[Any], steps: int = 3, allocator: Any = None) -> Any:
-    """The traced step as a training loop would repeat it, through the caching-allocator model: weights first;
-    each step allocates and frees as traced, except that optimizer states are created in the first step only and
-    kept, gradients are freed at the end of every step (zero_grad(set_to_none=True)), and whatever the step left
-    alive (input, loss) is freed then too. With `allocator`, continue that allocator's history (a profile sweep:
-    the weights and optimizer states are already there)."""
-    from .allocator import CachingAllocator
-
-    fresh = allocator is None
-    alloc = CachingAllocator() if fresh else allocator
-    if fresh:
-        for r in recs:
-            if r.kind == "param":
-                alloc.malloc(id(r), r.nbytes)
-    call = object()  # keys of this replay never collide with an earlier one's
-    # math.inf (alive at the end) sorts last: freed when the step ends; optimizer states are never freed
-    steady = sorted([(r.t0, 1, r) for r in recs if r.kind not in ("param", "opt")]
-                    + [(r.t1, 0, r) for r in recs if r.kind not in ("param", "opt")], key=lambda e: (e[0], e[1]))
-    states = [(r.t0, 1, r) for r in recs if r.kind == "opt"]
-    first = sorted(steady + states, key=lambda e: (e[0], e[1])) if fresh else steady
-    for step in range(steps):
-        for _, is_malloc, r in first if step == 0 else steady:
-            key = (call, step, id(r)) if r.kind != "opt" else id(r)
-            if is_malloc:
-                alloc.malloc(key, r.nbytes)
-            else:
-                alloc.free(key)
-    return alloc
 
 
 def _category(r: Rec) -> str:

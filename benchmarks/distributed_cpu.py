@@ -76,7 +76,7 @@ def main() -> int:
         t = time.perf_counter()
         over = None
         if args.zero3_live and scn.mix.zero_stage == 3:
-            from ftscope.measure.runtime.build import apply_shrink, scenario_config
+            from ftscope.measure.runtime.configs import apply_shrink, scenario_config
             from ftscope.spec.model import model_from_config
 
             n = int(args.zero3_live * model_from_config(apply_shrink(scenario_config(scn), SHRINK)).largest_layer_params())
@@ -92,16 +92,16 @@ def main() -> int:
         cats = dict(est["breakdown_bytes"], offloaded=est["cpu_offload_bytes"])
         compared = {(r["batch"], r["rank"]): r for r in res.memory_rows()}
         for p in res.points:
-            m = p["memory"]
-            meas, pred = m["peak_allocated_bytes"], compared[(p["batch"], p["rank"])]["estimated_bytes"]
-            st = p["static_bytes"]
-            rows.append({"engine": name, "rank": p["rank"], "measured_mib": meas / MiB, "estimated_mib": pred / MiB,
+            m = p.memory
+            meas, pred = m["peak_allocated_bytes"], compared[(p.batch, p.rank)]["estimated_bytes"]
+            st = p.static_bytes
+            rows.append({"engine": name, "rank": p.rank, "measured_mib": meas / MiB, "estimated_mib": pred / MiB,
                          "error_pct": 100 * (pred - meas) / meas, "static_measured_mib": {k: v / MiB for k, v in st.items()},
                          "estimate_mib": {k: v / MiB for k, v in cats.items()}, "estimate_phase": est["peak_phase"],
                          "measured_phase": m["peak_phase"], "phase_mib": {k: v / MiB for k, v in m["phase_peak_bytes"].items()},
                          "estimate_phase_mib": {k: v / MiB for k, v in est["phases_bytes"].items()},
-                         "step_s": p["step_s"], "collective_s": p["collectives"]["collective_s"],
-                         "collective_fraction": p["collectives"]["fraction"], "wall_s": wall})
+                         "step_s": p.step_s, "collective_s": p.collectives["collective_s"],
+                         "collective_fraction": p.collectives["fraction"], "wall_s": wall})
             order.setdefault(name, []).append(meas)
     print(f"\n{args.method} fine-tuning, {args.precision}, tiny llama {SHRINK}, batch {args.batch} x seq {args.seq} x "
           f"{args.gas} micro-batches, world {args.nproc} (gloo, CPU); MiB of tensors per rank (CPU: the estimate "

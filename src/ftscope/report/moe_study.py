@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ..studies.moe.study import MoEStudyResult
+    from ..studies.moe.results import MoEStudyResult
 
 
 def tables_markdown(result: MoEStudyResult) -> str:

@@ -7,16 +7,18 @@ hooks steps of their own; they read 3-125 % slow on an H200): those are listed a
 """
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 from ..errors import FtscopeError
-from ..spec.model import model_from_config
+from ..measure.runtime.as_built import built_scenario
+from ..measure.runtime.loop import ProfilePoint, batch_points
+from ..measure.store import Store
 from ..spec.scenario import Scenario, scenario_from_dict
 from .compare import Check
 
 
-def _scenario(run_scenario: dict, label: str) -> Scenario | None:
+def _scenario(run_scenario: dict) -> Scenario | None:
+    """The run's scenario with the model as it was built (None for runs that did not store their build)."""
     raw, build = run_scenario.get("scenario"), run_scenario.get("build") or {}
     if not raw or not build.get("config"):
         return None
@@ -24,17 +26,27 @@ def _scenario(run_scenario: dict, label: str) -> Scenario | None:
         scn = scenario_from_dict(raw)
     except FtscopeError:
         return None
-    model = model_from_config(build["config"], name=f"{raw.get('model', label)} (as built)")
-    mix = scn.mix
-    if model.is_moe and mix.experts_top_k and mix.experts_top_k > model.arch.num_experts:
-        mix = replace(mix, experts_top_k=model.arch.num_experts)
-    return replace(scn, model=model, mix=mix)
+    return built_scenario(scn, build["config"])
+
+
+def _point_checks(case: str, group: str, p: ProfilePoint, s: Scenario) -> tuple[list[Check], list[tuple[str, str]]]:
+    """CPU: tensor memory. CUDA: allocated and reserved memory, and step time when the timed steps ran bare."""
+    b, mem = p.batch, p.memory
+    if not mem.get("peak_reserved_bytes"):
+        return [Check(case, group, "peak_gib:allocated", mem["peak_allocated_bytes"] / 2**30, s,
+                      f"batch {b}; CPU tensor bytes")], []
+    # both: tensor accounting (allocated) and what the caching allocator held (reserved)
+    out = [Check(case, group, "peak_gib:allocated", mem["peak_allocated_bytes"] / 2**30, s, f"batch {b}"),
+           Check(case, group, "peak_gib:reserved", mem["peak_reserved_bytes"] / 2**30, s, f"batch {b}")]
+    if p.step_s and not p.hooks_in_timed_steps:
+        return out + [Check(case, group, "fwd_bwd_opt_s", p.step_s, s, f"batch {b}")], []
+    if p.step_s:
+        return out, [(f"{case} batch {b} fwd_bwd_opt_s", "timed with synchronizing layer hooks")]
+    return out, []
 
 
 def store_checks(db: str | Path) -> tuple[list[Check], list[tuple[str, str]]]:
     """Checks from every ok batch point of the store, and (measurement, why) for what is left out."""
-    from ..measure.store import Store
-
     p = Path(db)
     if not p.is_file():
         raise FtscopeError(f"results store not found: {p}")
@@ -42,29 +54,15 @@ def store_checks(db: str | Path) -> tuple[list[Check], list[tuple[str, str]]]:
     skipped: list[tuple[str, str]] = []
     with Store(str(p)) as store:
         for run in store.runs():
-            label = f"profile run {run.id}"
-            scn = _scenario(run.scenario, label)
+            scn = _scenario(run.scenario)
             if scn is None:
                 continue
             device = str(run.scenario.get("options", {}).get("device", "cpu"))
-            for point in store.points(run.id):
-                m = point.measurement
-                if point.status != "ok" or not point.key.startswith("batch=") or not m.get("memory"):
+            for point in batch_points(store, run.id):
+                if point.status != "ok" or not point.memory:
                     continue
-                b = int(m["batch"])
-                s = scn.with_(micro_batch_size=b)
-                mem = m["memory"]
-                case = f"db:{p.name}:run{run.id}"
-                group = f"profile-{device.split(':')[0]}"
-                if mem.get("peak_reserved_bytes"):
-                    # both: tensor accounting (allocated) and what the caching allocator held (reserved)
-                    out.append(Check(case, group, "peak_gib:allocated", mem["peak_allocated_bytes"] / 2**30, s, f"batch {b}"))
-                    out.append(Check(case, group, "peak_gib:reserved", mem["peak_reserved_bytes"] / 2**30, s, f"batch {b}"))
-                    if m.get("step_s") and "hooked_step_s" in m:
-                        out.append(Check(case, group, "fwd_bwd_opt_s", m["step_s"], s, f"batch {b}"))
-                    elif m.get("step_s"):
-                        skipped.append((f"{case} batch {b} fwd_bwd_opt_s", "timed with synchronizing layer hooks"))
-                else:
-                    out.append(Check(case, group, "peak_gib:allocated", mem["peak_allocated_bytes"] / 2**30, s,
-                                     f"batch {b}; CPU tensor bytes"))
+                checks, left_out = _point_checks(f"db:{p.name}:run{run.id}", f"profile-{device.split(':')[0]}",
+                                                 point, scn.with_(micro_batch_size=int(point.batch)))
+                out += checks
+                skipped += left_out
     return out, skipped

@@ -2,7 +2,7 @@
 
 Each launch starts two Python processes that import torch, transformers (and deepspeed), so one test takes
 30-60 s on 2 cores; the first DeepSpeed launch in a fresh checkout also JIT-compiles DeepSpeed's CPU comm op
-into <project>/.cache/torch_extensions (`python -m ftscope.measure.distributed.launcher --prebuild` does it ahead).
+into <project>/.cache/torch_extensions (`python -m ftscope.measure.distributed.torchrun --prebuild` does it ahead).
 """
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from ftscope.measure.distributed.rank_metrics import COLLECTIVE_PATTERN
 ROOT = Path(__file__).resolve().parents[3]
 TINY_MOE = ROOT / "examples" / "tiny-mixtral.yaml"
 SHRINK = {"layers": 2, "hidden": 128, "vocab": 512}
+FAILURES = Path(__file__).with_name("failures.py")
 DS_TIMEOUT = 420  # a fresh checkout compiles DeepSpeed's CPU comm op first (minutes on 2 busy cores)
 
 
@@ -44,14 +45,14 @@ def stored(db: Path, run_id: int) -> tuple[tuple, list[tuple]]:
 def check_ranks(res: DistributedResult, db: Path, batches: tuple[int, ...]) -> None:
     assert res.status == "done", (res.error, res.log_tail[-20:])
     assert res.world_size == 2 and res.backend == "gloo"
-    assert [(p["batch"], p["rank"]) for p in res.points] == [(b, r) for b in batches for r in (0, 1)]
+    assert [(p.batch, p.rank) for p in res.points] == [(b, r) for b in batches for r in (0, 1)]
     for p in res.points:
-        assert p["status"] == "ok"
-        m = p["memory"]
+        assert p.status == "ok"
+        m = p.memory
         assert m["method"] == "dispatch-tracker" and m["peak_allocated_bytes"] > m["start_allocated_bytes"] > 0
         assert set(m["phase_peak_bytes"]) == {"forward", "backward", "optimizer"}
-        assert p["forward_s"] > 0 and p["backward_s"] > 0 and p["optimizer_s"] > 0
-        c = p["collectives"]
+        assert p.forward_s > 0 and p.backward_s > 0 and p.optimizer_s > 0
+        c = p.collectives
         assert c["pattern"] == COLLECTIVE_PATTERN and c["events"]
         assert 0 < c["collective_s"] <= c["profiled_step_s"]
     run, points = stored(db, res.run_id)
@@ -78,7 +79,7 @@ def test_zero2_on_the_tiny_moe_example_stores_per_rank_rows_and_emits_its_config
     acc = (tmp_path / "emit" / "accelerate.yaml").read_text()
     assert "DEEPSPEED" in acc and "num_processes: 2" in acc
     # ZeRO-2 partitions the optimizer state: each rank holds about half of the AdamW moments of the adapters
-    assert all(p["static_bytes"]["optimizer"] > 0 for p in res.points)
+    assert all(p.static_bytes["optimizer"] > 0 for p in res.points)
 
 
 @pytest.mark.slow
@@ -91,8 +92,8 @@ def test_fsdp2_runs_to_completion_and_stores_per_rank_rows(tmp_path):
     # the ranks hold half of the fp32 parameters each (DTensor shards, counted by their local tensor)
     full = res.build["total_params"] * 4
     for p in res.points:
-        assert p["static_bytes"]["weights"] == pytest.approx(full / 2, rel=0.05)
-    assert any("reduce_scatter" in n or "all_gather" in n for n in res.points[0]["collectives"]["events"])
+        assert p.static_bytes["weights"] == pytest.approx(full / 2, rel=0.05)
+    assert any("reduce_scatter" in n or "all_gather" in n for n in res.points[0].collectives["events"])
 
 
 @pytest.mark.slow
@@ -103,7 +104,7 @@ def test_per_rank_memory_ordering_zero3_below_ddp_as_estimated(tmp_path):
         res = profile_distributed(dense(**mix), nproc=2, device="cpu", steps=1, warmup=1, batch_sizes=(1,),
                                   shrink=SHRINK, db=None, timeout_s=DS_TIMEOUT)
         assert res.status == "done", (res.error, res.log_tail[-20:])
-        peaks[res.engine] = max(p["memory"]["peak_allocated_bytes"] for p in res.points)
+        peaks[res.engine] = max(p.memory["peak_allocated_bytes"] for p in res.points)
         estimates[res.engine] = res.estimates[1]["memory"]["allocated_bytes"]
     assert peaks["deepspeed-zero3"] < 0.8 * peaks["ddp"]
     assert estimates["deepspeed-zero3"] < estimates["ddp"]
@@ -114,13 +115,12 @@ def test_a_rank_that_raises_mid_run_fails_the_run_with_its_error(tmp_path):
     db = tmp_path / "runs.sqlite"
     t = time.perf_counter()
     res = profile_distributed(dense(), nproc=2, device="cpu", steps=2, warmup=1, batch_sizes=(1,), shrink=SHRINK,
-                              db=str(db), timeout_s=240, env={"FTSCOPE_DIST_FAIL_RANK": "1",
-                                                                "FTSCOPE_DIST_FAIL_AFTER": "1"})
+                              db=str(db), timeout_s=240, step_hook=f"{FAILURES}:raise_on_rank_1")
     assert time.perf_counter() - t < 240
     assert res.status == "failed" and res.returncode not in (0, None)
     assert res.error.startswith("rank 1: RuntimeError: injected failure on rank 1 after 1 steps")
-    bad = {p["rank"]: p for p in res.points if p["status"] == "error"}
-    assert "injected failure" in bad[1]["error"]  # rank 0 may fail too, on the collective rank 1 left
+    bad = {p.rank: p for p in res.points if p.status == "error"}
+    assert "injected failure" in bad[1].error  # rank 0 may fail too, on the collective rank 1 left
     run, points = stored(db, res.run_id)
     assert run[0] == "failed" and "injected failure" in run[1]
     assert ("batch=1:rank=1", "error") in [(k, s) for k, s, *_ in points]
@@ -131,7 +131,7 @@ def test_a_hung_rank_is_ended_by_the_collective_timeout_not_waited_for(tmp_path)
     t = time.perf_counter()
     res = profile_distributed(dense(), nproc=2, device="cpu", steps=2, warmup=1, batch_sizes=(1,), shrink=SHRINK,
                               db=None, timeout_s=240, collective_timeout_s=10,
-                              env={"FTSCOPE_DIST_FAIL_RANK": "1", "FTSCOPE_DIST_FAIL_MODE": "hang"})
+                              step_hook=f"{FAILURES}:hang_on_rank_1")
     assert time.perf_counter() - t < 200
     assert res.status == "failed", res.log_tail[-20:]
     assert res.error.startswith("rank 0: "), res.error  # rank 0 gave up waiting for rank 1 in a collective

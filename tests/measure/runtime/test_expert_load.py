@@ -1,4 +1,4 @@
-"""Expert token counts (measure/expert_load.py) for Mixtral / Qwen2-MoE / OLMoE, and the imbalance statistics."""
+"""Expert token counts (measure/runtime/expert_load.py) for Mixtral / Qwen2-MoE / OLMoE, and the imbalance statistics."""
 from __future__ import annotations
 
 import pytest
@@ -11,6 +11,7 @@ from ftscope.measure.runtime.expert_load import ExpertLoad, imbalance_of  # noqa
 from .test_hooks import tiny_mixtral, tiny_olmoe, tiny_qwen2_moe  # noqa: E402
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("build", [tiny_mixtral, tiny_qwen2_moe, tiny_olmoe], ids=["mixtral", "qwen2_moe", "olmoe"])
 def test_expert_counts_sum_to_tokens_times_top_k(build) -> None:  # type: ignore[no-untyped-def]
     model = build()
@@ -35,6 +36,7 @@ def test_expert_counts_sum_to_tokens_times_top_k(build) -> None:  # type: ignore
     assert all(sum(r) == 0 for r in el.counts())
 
 
+@pytest.mark.slow
 def test_expert_load_on_a_dense_model_is_empty() -> None:
     cfg = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                    num_attention_heads=2, num_key_value_heads=2, vocab_size=64)

@@ -1,4 +1,4 @@
-"""Layer-type timing (measure/hooks.py) on synthetic modules with known sleep times and on tiny real
+"""Layer-type timing (measure/runtime/hooks.py) on synthetic modules with known sleep times and on tiny real
 transformers models (the builders are shared with test_expert_load.py)."""
 from __future__ import annotations
 
@@ -141,6 +141,7 @@ def tiny_olmoe():  # type: ignore[no-untyped-def]
     return transformers.OlmoeForCausalLM(cfg)
 
 
+@pytest.mark.slow
 def test_classify_tiny_mixtral() -> None:
     c = classify(tiny_mixtral())
     assert c["model.layers.0.self_attn"] == "attention"
@@ -153,6 +154,7 @@ def test_classify_tiny_mixtral() -> None:
     assert q["model.layers.0.mlp.shared_expert"] == "experts" and q["model.layers.0.mlp.shared_expert_gate"] == "router"
 
 
+@pytest.mark.slow
 def test_layer_timer_on_tiny_mixtral_step() -> None:
     model = tiny_mixtral()
     model.train()
@@ -180,6 +182,7 @@ def test_layer_timer_on_tiny_mixtral_step() -> None:
     assert lt.result().sum_s() == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("reentrant", [False, True], ids=["non_reentrant", "reentrant"])
 def test_gradient_checkpointing_recompute_and_single_count(reentrant: bool) -> None:
     model = tiny_mixtral()
@@ -198,6 +201,7 @@ def test_gradient_checkpointing_recompute_and_single_count(reentrant: bool) -> N
     assert el.tokens() == [32, 32] and [sum(row) for row in el.counts()] == [64, 64]  # not doubled
 
 
+@pytest.mark.slow
 def test_lora_adapters_and_quantized_base_layers() -> None:
     peft = pytest.importorskip("peft")
     model = tiny_mixtral()

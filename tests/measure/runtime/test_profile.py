@@ -15,6 +15,8 @@ import pytest
 import ftscope
 from ftscope.measure.runtime.profile import profile
 
+pytestmark = pytest.mark.slow  # every test here trains a real model
+
 ROOT = Path(__file__).resolve().parents[3]
 TINY = ROOT / "examples" / "tiny-mixtral.yaml"
 BIN = Path(sys.executable).parent
@@ -89,7 +91,7 @@ def test_find_max_batch_under_a_cap_matches_brute_force(tmp_path):
     from ftscope.measure.runtime.build import build_model
     from ftscope.measure.runtime.batches import LengthSampler, tensors
     from ftscope.measure.runtime.meters import MemoryMeter, is_oom
-    from ftscope.measure.runtime.profile import Stepper, make_optimizer
+    from ftscope.measure.runtime.loop import Stepper, make_optimizer
 
     scn = ftscope.load_scenario(TINY)
     cap_gib = 0.026

@@ -1,4 +1,4 @@
-"""study moe (measure/moe_study.py): the issue's acceptance on the bundled tiny Mixtral and demo data, on CPU.
+"""study moe (studies/moe/): the issue's acceptance on the bundled tiny Mixtral and demo data, on CPU.
 
 A shorter run than the demo (2 epochs, a subset of the eval set): training loss falls for both top-k values,
 eval accuracy beats chance (multiple choice) and the most-common-answer baseline (QA) for both, and the expert
@@ -19,6 +19,8 @@ pytest.importorskip("tokenizers")
 import ftscope  # noqa: E402
 from ftscope.studies.moe.study import study_moe  # noqa: E402
 from ftscope.report.moe_study import write_outputs  # noqa: E402
+
+pytestmark = pytest.mark.slow  # fine-tunes a real model per top-k
 
 ROOT = Path(__file__).resolve().parents[3]
 DATA = ROOT / "data" / "moe-demo"

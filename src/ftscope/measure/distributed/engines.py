@@ -1,15 +1,13 @@
 """The training engines a distributed profile wraps the model in: DeepSpeed ZeRO 1-3 (with offload), torch FSDP2,
-torch DDP, chosen by the mix; the engine users train with, not an imitation (see dist_worker for the rank program).
+torch DDP, chosen by the mix; the engine users train with, not an imitation (see worker.py for the rank program).
 """
 from __future__ import annotations
 
 import contextlib
 import time
-from typing import Any, Callable
+from typing import Any, ContextManager
 
-
-steps_done = 0
-"""Training steps this process has run (the failure-injection test hook counts them)."""
+from ..runtime.loop import Stepper, make_optimizer
 
 
 def engine_name(mix: Any) -> str:
@@ -67,81 +65,57 @@ def run_deepspeed_config(scn: Any, micro_batch: int, overrides: dict[str, Any] |
     return _merge(cfg, overrides or {})
 
 
-class Engine:
-    """A wrapped model and the three timed parts of one training step."""
+class Engine(Stepper):
+    """A wrapped model and the three timed parts of one training step (a Stepper over the engine's module).
+    FSDP2 reduce-scatters every micro-batch into sharded gradients: the base step as it is."""
 
-    def __init__(self, name: str, module: Any, optimizer: Any, device: str, autocast: Any,
-                 ds_engine: Any = None) -> None:
-        import torch
+    def __init__(self, name: str, module: Any, optimizer: Any, device: str, autocast: Any) -> None:
+        super().__init__(module, optimizer, device, autocast)
+        self.name = name
 
-        self.torch, self.name, self.module, self.opt, self.device = torch, name, module, optimizer, device
-        self.autocast, self.ds = autocast, ds_engine
+    @property
+    def module(self) -> Any:
+        return self.model
 
-    def _sync(self) -> None:
-        if self.device.startswith("cuda"):
-            self.torch.cuda.synchronize()
+
+class DDPEngine(Engine):
+    """DDP skips the all-reduce on all but the last micro-batch (no_sync, as accelerate does)."""
+
+    def _accumulating(self, last: bool) -> ContextManager[Any]:
+        return contextlib.nullcontext() if last else self.model.no_sync()
+
+
+class DeepSpeedEngine(Engine):
+    """DeepSpeed runs its own backward and accumulates itself (gradient_accumulation_steps in its config),
+    stepping at every micro-batch and updating at the boundary only."""
+
+    def __init__(self, name: str, ds_engine: Any, optimizer: Any, device: str) -> None:
+        super().__init__(name, ds_engine.module, optimizer, device, None)
+        self.ds = ds_engine
 
     def _forward(self, batch: dict[str, Any]) -> Any:
-        if self.ds is not None:
-            return self.ds(**batch).loss
-        if self.autocast is not None:
-            dev_type = "cuda" if self.device.startswith("cuda") else "cpu"
-            with self.torch.autocast(device_type=dev_type, dtype=self.autocast):
-                return self.module(**batch).loss
-        return self.module(**batch).loss
+        return self.ds(**batch).loss
 
-    def step(self, batches: list[dict[str, Any]], mark: Callable[[str], None] | None = None
-             ) -> tuple[float, float, float]:
-        """One optimizer step over the micro-batches (gradient accumulation): summed forward, backward and
-        optimizer seconds. `mark(phase)` is called after each phase, outside the timed parts. DDP skips the
-        all-reduce on all but the last micro-batch (no_sync, as accelerate does); DeepSpeed accumulates itself
-        (gradient_accumulation_steps in its config); FSDP2 reduce-scatters every micro-batch into sharded grads."""
-        global steps_done
-        mark = mark or (lambda _phase: None)
-        fwd = bwd = opt = 0.0
-        n = len(batches)
-        for i, batch in enumerate(batches):
-            last = i == n - 1
-            sync = self.module.no_sync() if (self.name == "ddp" and not last) else contextlib.nullcontext()
-            with sync:
-                self._sync()
-                t0 = time.perf_counter()
-                loss = self._forward(batch)
-                if self.ds is None and n > 1:
-                    loss = loss / n  # DeepSpeed scales by its own gradient_accumulation_steps
-                self._sync()
-                fwd += time.perf_counter() - t0
-                mark("forward")
-                t0 = time.perf_counter()
-                if self.ds is not None:
-                    self.ds.backward(loss)
-                else:
-                    loss.backward()
-                self._sync()
-                bwd += time.perf_counter() - t0
-                mark("backward")
-            if self.ds is not None:  # every micro-step: DeepSpeed steps the optimizer at the boundary only
-                t0 = time.perf_counter()
-                self.ds.step()
-                self._sync()
-                opt += time.perf_counter() - t0
-        if self.ds is None:
-            t0 = time.perf_counter()
-            self.opt.step()
-            self.opt.zero_grad(set_to_none=True)
-            self._sync()
-            opt += time.perf_counter() - t0
-        mark("optimizer")
-        steps_done += 1
-        return fwd, bwd, opt
+    def _scale(self, loss: Any, micro_batches: int) -> Any:
+        return loss  # DeepSpeed scales by its own gradient_accumulation_steps
+
+    def _backward(self, loss: Any) -> None:
+        self.ds.backward(loss)
+
+    def _micro_step(self) -> float:
+        t0 = time.perf_counter()
+        self.ds.step()
+        self._sync()
+        return time.perf_counter() - t0
+
+    def _optimizer_step(self) -> float:
+        return 0.0
 
 
 def make_engine(scn: Any, model: Any, info: Any, device: str, micro_batch: int, timeout_s: float,
                 notes: list[str], ds_overrides: dict[str, Any] | None = None) -> tuple[Engine, dict[str, Any] | None]:
     """Wrap the built model in the mix's engine; returns (engine, the DeepSpeed config used or None)."""
     import torch
-
-    from ..runtime.profile import make_optimizer
 
     mix = scn.mix
     name = engine_name(mix)
@@ -162,7 +136,7 @@ def make_engine(scn: Any, model: Any, info: Any, device: str, micro_batch: int, 
             notes.append(f"optimizer {mix.optimizer} passed to DeepSpeed as a client optimizer")
         opt = make_optimizer(model, scn)
         ds, ds_opt, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=cfg)
-        return Engine(name, ds.module, ds_opt, device, None, ds_engine=ds), cfg
+        return DeepSpeedEngine(name, ds, ds_opt, device), cfg
     if name == "fsdp2":
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
@@ -185,4 +159,4 @@ def make_engine(scn: Any, model: Any, info: Any, device: str, micro_batch: int, 
     ids = [torch.device(device).index] if device.startswith("cuda") else None
     ddp = DistributedDataParallel(model, device_ids=ids)
     opt = make_optimizer(model, scn)
-    return Engine(name, ddp, opt, device, autocast), None
+    return DDPEngine(name, ddp, opt, device, autocast), None

@@ -73,6 +73,19 @@ def tensors(shape: BatchShape, vocab: int, device: str, generator: Any = None) -
     return {"input_ids": ids.to(device), "attention_mask": mask.to(device), "labels": labels.to(device)}
 
 
+class SyntheticBatches:
+    """Training batches of random token ids in the workload's shapes, for one built model on one device."""
+
+    def __init__(self, sampler: LengthSampler, vocab: int, device: str, generator: Any) -> None:
+        self.sampler, self.vocab, self.device, self.generator = sampler, vocab, device, generator
+
+    def draw(self, size: int, count: int = 1, worst: bool = False) -> tuple[list[dict[str, Any]], list[BatchShape]]:
+        """`count` micro-batches of `size` samples (one optimizer step's worth): their tensors and shapes;
+        worst: the longest batch the run can see."""
+        shapes = [self.sampler.worst(size) if worst else self.sampler.batch(size) for _ in range(count)]
+        return [tensors(sh, self.vocab, self.device, self.generator) for sh in shapes], shapes
+
+
 def iter_jsonl(path: str | Path) -> Iterator[tuple[int, Any]]:
     """(line number, parsed object) of each non-blank line of a local JSONL; bad input is a one-line FtscopeError."""
     p = Path(path)
@@ -118,8 +131,3 @@ def read_jsonl_lengths(path: str | Path, tokenizer: str | Path, field: str = "te
     if not out:
         raise FtscopeError(f"{p} holds no samples")
     return out
-
-
-def batches(sampler: LengthSampler, size: int, count: int) -> Iterator[BatchShape]:
-    for _ in range(count):
-        yield sampler.batch(size)

@@ -12,9 +12,9 @@ from __future__ import annotations
 import dataclasses
 import gc
 import time
-from typing import Callable
+from typing import Any, Callable, Iterable
 
-from .meters import cuda_empty_cache, is_oom
+from .meters import MemoryMeter, cuda_empty_cache, is_oom
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +49,21 @@ class MaxBatch:
     def to_dict(self) -> dict:
         return {"max_batch": self.max_batch, "capped": self.capped,
                 "tries": [dataclasses.asdict(t) for t in self.tries]}
+
+
+def oom_probe(step: Callable[[int], Any], device: str, seed: Iterable[Any], cap_bytes: int | None,
+              optimizer: Any) -> Callable[[int], bool]:
+    """A `try_batch` for find_max_batch: run `step(b)` under a memory meter (its cap makes going over raise an
+    OOM: torch's on CUDA, SimulatedOOM on CPU), then drop the gradients whatever happened."""
+    def try_batch(b: int) -> bool:
+        with MemoryMeter(device, seed=seed, cap_bytes=cap_bytes):
+            try:
+                step(b)
+            finally:
+                optimizer.zero_grad(set_to_none=True)
+        return True
+
+    return try_batch
 
 
 def release_memory(after_oom: bool) -> None:

@@ -10,13 +10,12 @@ Nothing here imports torch: `estimate` and `plan` run on any laptop.
 """
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
 # Bound eagerly: the functions share their names with the subpackages that hold them, and a lazy
 # lookup would hand back the subpackage once it had been imported.
 from .errors import FtscopeError  # noqa: E402
 from .estimate import estimate  # noqa: E402
 from .plan.search import plan  # noqa: E402
 from .spec.scenario import load_scenario  # noqa: E402
+from .version import __version__  # noqa: E402
 
 __all__ = ["load_scenario", "estimate", "plan", "FtscopeError", "__version__"]

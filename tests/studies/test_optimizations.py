@@ -1,7 +1,8 @@
 """study optimizations: the Singh et al. grid behaves as physics says (not as copied numbers)."""
 from __future__ import annotations
 
-from ftscope.studies.optimizations import combos, conclusions, plot, study
+from ftscope.report.study_views import max_context_chart
+from ftscope.studies.optimizations import combos, conclusions, study
 
 
 def test_grid_covers_every_combination_for_every_model():
@@ -30,5 +31,5 @@ def test_conclusions_name_a_fitting_combination(tmp_path):
     c = conclusions(rows, 2048)
     assert c["llama-2-7b"]["zero2_lora_fits"] is True
     assert c["llama-2-70b"]["zero2_lora_fits"] is False  # 70B LoRA needs sharded or quantized weights on 80 GB
-    plot(rows, str(tmp_path / "s.png"))
+    max_context_chart(rows, tmp_path / "s.png")
     assert (tmp_path / "s.png").stat().st_size > 10_000

@@ -115,3 +115,17 @@ def emit(scn: Scenario, micro_batch: int, out_dir: str | Path) -> list[Path]:
     snip.write_text(training_snippet(scn, micro_batch))
     written.append(snip)
     return written
+
+
+def emit_recommendation(rec: Any, out_dir: str | Path) -> list[Path]:
+    """The configs of a recommendation's winner under out_dir, and, when the winner is not DeepSpeed, those of the
+    best ZeRO alternative under out_dir/deepspeed (for DeepSpeed users)."""
+    from .recommend import best_deepspeed
+
+    if rec.best is None:
+        return []
+    written = emit(rec.best.scenario, rec.best.estimate.micro_batch_size, out_dir)
+    ds = best_deepspeed(rec)
+    if ds is not None and ds is not rec.best:
+        written += emit(ds.scenario, ds.estimate.micro_batch_size, Path(out_dir) / "deepspeed")
+    return written

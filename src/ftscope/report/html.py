@@ -135,3 +135,19 @@ def load_json(path: str | Path) -> dict[str, Any]:
         return json.loads(p.read_text())
     except json.JSONDecodeError as exc:
         raise FtscopeError(f"malformed JSON in {p}: {exc}") from None
+
+
+def write_report(out: str | Path, plan_file: str | Path | None = None, db: str | Path | None = None,
+                 cases: Sequence[str] | None = None, published: bool = True,
+                 png_dir: str | Path | None = None) -> tuple[Path, int]:
+    """The report of a plan JSON, a profile store and the published cases: (the HTML file, charts in it)."""
+    sections = []
+    if plan_file is not None:
+        sections += plan_sections(load_json(plan_file))
+    if db is not None:
+        sections += db_sections(db)
+    if published:
+        sections += case_sections(cases)
+    if not sections:
+        raise FtscopeError("nothing to report: give --plan, --db or leave the published cases in")
+    return render(sections, "ftscope report", out, png_dir), sum(len(s.figures) for s in sections)

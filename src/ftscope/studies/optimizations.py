@@ -107,28 +107,3 @@ def conclusions(rows: Sequence[StudyRow], seq: int) -> dict[str, Any]:
             "min_memory": min(mine, key=lambda r: r.by_seq[seq]["peak_gib"]).combo,
         }
     return out
-
-
-def plot(rows: Sequence[StudyRow], path: str) -> None:
-    """Longest context per combination and model (log scale), one panel per model."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise FtscopeError("plots need matplotlib: pip install 'ftscope[report]'") from None
-    models = list(dict.fromkeys(r.model for r in rows))
-    fig, axes = plt.subplots(len(models), 1, figsize=(12, 3.2 * len(models)), squeeze=False)
-    for ax, model in zip(axes[:, 0], models):
-        mine = [r for r in rows if r.model == model and r.max_seq_len > 0]
-        mine.sort(key=lambda r: -r.max_seq_len)
-        ax.bar(range(len(mine)), [r.max_seq_len for r in mine],
-               color=["#2a9d8f" if r.attention == "flash" else "#e76f51" for r in mine])
-        ax.set_yscale("log")
-        ax.set_xticks(range(len(mine)))
-        ax.set_xticklabels([r.combo for r in mine], rotation=70, fontsize=6)
-        ax.set_ylabel("max context (tokens)")
-        ax.set_title(f"{model}: longest context at micro-batch 1 (green: FlashAttention, red: eager)", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)

@@ -111,7 +111,7 @@ def environment(device: str | None = None) -> dict[str, Any]:
     device, device_name, host, python, platform, cpu_model, cpu_count, ftscope, versions{dist: version|None},
     plus on CUDA device_memory_bytes, compute_capability, cuda_runtime, cuda_driver_api, nvidia_driver.
     """
-    from ... import __version__
+    from ...version import __version__
 
     env: dict[str, Any] = {
         "host": socket.gethostname(),

@@ -1,9 +1,14 @@
-"""Shared fixtures: a small valid scenario mapping that tests modify one key at a time."""
+"""Shared fixtures: a small valid scenario mapping that tests modify one key at a time. Hypothesis keeps no
+example database (it would write .hypothesis/ into the checkout)."""
 from __future__ import annotations
 
 import copy
 
 import pytest
+from hypothesis import settings
+
+settings.register_profile("ftscope", database=None)
+settings.load_profile("ftscope")
 
 BASE_SCENARIO = {
     "model": "llama-2-7b",

@@ -1,4 +1,4 @@
-"""Solvers (plan/solvers.py): the largest micro-batch / sequence length that fits, checked on both sides
+"""Solvers (estimate/solvers.py): the largest micro-batch / sequence length that fits, checked on both sides
 against the memory model itself."""
 from __future__ import annotations
 

@@ -12,6 +12,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
+pytestmark = pytest.mark.slow  # the report charts a real profile run
 
 
 def _small_store(tmp_path: Path) -> Path:

@@ -122,12 +122,14 @@ def test_parity_covers_every_transformers_family_in_the_catalog():
     assert families <= TRANSFORMERS_FAMILIES
 
 
+@pytest.mark.slow  # builds the transformers / PEFT model
 @pytest.mark.parametrize("name", HF_PRESETS)
 def test_shrunk_preset_total_equals_transformers(name, shrunk):
     cfg, model = shrunk(name)
     assert model_from_config(cfg).total_params == numel(model)
 
 
+@pytest.mark.slow  # builds the transformers / PEFT model
 @pytest.mark.parametrize("name", HF_PRESETS)
 def test_shrunk_preset_components_equal_transformers(name, shrunk):
     cfg, model = shrunk(name)
@@ -187,6 +189,7 @@ VARIANTS = {
 SOURCE_BUGS: dict[str, str] = {}  # variant id -> reason, for strict xfails of known source bugs
 
 
+@pytest.mark.slow  # builds the transformers / PEFT model
 @pytest.mark.parametrize("cfg", [
     pytest.param(v, id=k, marks=[pytest.mark.xfail(strict=True, reason=SOURCE_BUGS[k])] if k in SOURCE_BUGS else [])
     for k, v in VARIANTS.items()])
@@ -206,6 +209,7 @@ def hf_name(lin) -> str:
     return lin.names[0]
 
 
+@pytest.mark.slow  # builds the transformers / PEFT model
 @pytest.mark.parametrize("name", HF_PRESETS)
 def test_lora_on_attention_equals_peft(name):
     cfg = shrink(catalog.model_config(name))
@@ -215,6 +219,7 @@ def test_lora_on_attention_equals_peft(name):
     assert spec.lora_params(R, "attention") == peft_trainable(build_hf(cfg), target_modules=names)
 
 
+@pytest.mark.slow  # builds the transformers / PEFT model
 @pytest.mark.parametrize("name", [n for n in HF_PRESETS if {"q_proj", "v_proj"} <= {
     nm for lin, _ in load_model(n).linears() for nm in lin.names}])
 def test_lora_on_q_and_v_equals_peft(name):
@@ -223,6 +228,7 @@ def test_lora_on_q_and_v_equals_peft(name):
     assert model_from_config(cfg).lora_params(R, ["q_proj", "v_proj"]) == expected
 
 
+@pytest.mark.slow  # builds the transformers / PEFT model
 @pytest.mark.parametrize("name", [n for n in HF_PRESETS if not load_model(n).is_moe])
 def test_lora_all_linear_on_dense_models_equals_peft(name):
     cfg = shrink(catalog.model_config(name))
@@ -233,6 +239,7 @@ def test_lora_all_linear_on_dense_models_equals_peft(name):
 MOE_PRESETS = [n for n in HF_PRESETS if load_model(n).is_moe]
 
 
+@pytest.mark.slow  # builds the transformers / PEFT model
 @pytest.mark.parametrize("name", MOE_PRESETS)
 def test_lora_on_router_equals_peft_target_parameters(name):
     cfg = shrink(catalog.model_config(name))
@@ -240,6 +247,7 @@ def test_lora_on_router_equals_peft_target_parameters(name):
     assert model_from_config(cfg).lora_params(R, ["gate"]) == expected
 
 
+@pytest.mark.slow  # builds the transformers / PEFT model
 @pytest.mark.parametrize("name", MOE_PRESETS)
 def test_lora_on_expert_down_proj_equals_peft_target_parameters(name):
     cfg = shrink(catalog.model_config(name))
@@ -249,6 +257,7 @@ def test_lora_on_expert_down_proj_equals_peft_target_parameters(name):
     assert ours == peft_trainable(build_hf(cfg), target_modules=[], target_parameters=["mlp.experts.down_proj"])
 
 
+@pytest.mark.slow  # builds the transformers / PEFT model
 @pytest.mark.parametrize("name", MOE_PRESETS)
 def test_fused_gate_up_expert_lora_in_peft_shares_one_A_matrix(name):
     """transformers 5 fuses each expert's gate and up into one (E, 2I, H) parameter; PEFT's target_parameters
@@ -265,6 +274,7 @@ def test_fused_gate_up_expert_lora_in_peft_shares_one_A_matrix(name):
     assert ours - peft_count == R * a.num_experts * a.hidden_size * n_moe
 
 
+@pytest.mark.slow  # builds the transformers / PEFT model
 @pytest.mark.parametrize("name", HF_PRESETS)
 def test_every_lora_target_ftscope_offers_exists_in_the_transformers_model(name, shrunk):
     cfg, model = shrunk(name)

@@ -1,5 +1,5 @@
 """Reserved memory two ways against the H200 measurements: the estimator's fitted fragmentation fraction, and
-the trace's allocations replayed through the caching-allocator model (measure/allocator.py), following the
+the trace's allocations replayed through the caching-allocator model (measure/trace/allocator.py), following the
 profile sweep's history (batch sizes one after another in one process, warm-up steps, then the measured step).
 
 For every measured point of the chosen stores (data/measurements/*.json) the model is traced at the measured
@@ -43,14 +43,14 @@ def points(store: str, only: str):
 
 
 def main() -> int:
-    from ftscope.measure.trace import trace
+    from ftscope.measure.trace.tracer import trace
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--stores", default="gpu-timing,gpu-runs")
     ap.add_argument("--only", default="")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
-    from ftscope.measure.trace import replay_steps
+    from ftscope.measure.trace.allocator import replay_steps
 
     rows, seen = [], set()
     sc_opts: dict = {}

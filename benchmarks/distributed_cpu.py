@@ -2,7 +2,7 @@
 
 Full fine-tuning (bf16 mixed precision) of a tiny dense Llama (llama-3.2-1b's config shrunk to 8 layers, hidden
 128, vocab 512; batch 1 x seq 256 x 2 micro-batches) on CPU (gloo), launched through torchrun by
-`ftscope.measure.distributed.profile_distributed`. For every engine it prints, per rank, the measured peak tensor
+`ftscope.measure.distributed.launcher.profile_distributed`. For every engine it prints, per rank, the measured peak tensor
 bytes (CPU dispatch tracker), the estimator's per-rank tensor bytes (`memory.allocated_bytes`; on CPU plus what it
 offloads to the host, which is the same memory there), the % error, the measured static memory between steps by
 holder beside the estimate's categories, and measured / estimated peaks per phase, so a miss can be traced.
@@ -50,7 +50,7 @@ def scenario(mix: dict, precision: str, seq: int, method: str = "full", gas: int
 
 
 def main() -> int:
-    from ftscope.measure.distributed import profile_distributed
+    from ftscope.measure.distributed.launcher import profile_distributed
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--precision", default="bf16-mixed")
@@ -76,8 +76,8 @@ def main() -> int:
         t = time.perf_counter()
         over = None
         if args.zero3_live and scn.mix.zero_stage == 3:
-            from ftscope.measure.build import apply_shrink, scenario_config
-            from ftscope.spec.model import model_from_config
+            from ftscope.measure.runtime.configs import apply_shrink, scenario_config
+            from ftscope.spec.resolve import model_from_config
 
             n = int(args.zero3_live * model_from_config(apply_shrink(scenario_config(scn), SHRINK)).largest_layer_params())
             over = {"zero_optimization": {"stage3_max_live_parameters": n, "stage3_max_reuse_distance": n}}
@@ -92,16 +92,16 @@ def main() -> int:
         cats = dict(est["breakdown_bytes"], offloaded=est["cpu_offload_bytes"])
         compared = {(r["batch"], r["rank"]): r for r in res.memory_rows()}
         for p in res.points:
-            m = p["memory"]
-            meas, pred = m["peak_allocated_bytes"], compared[(p["batch"], p["rank"])]["estimated_bytes"]
-            st = p["static_bytes"]
-            rows.append({"engine": name, "rank": p["rank"], "measured_mib": meas / MiB, "estimated_mib": pred / MiB,
+            m = p.memory
+            meas, pred = m["peak_allocated_bytes"], compared[(p.batch, p.rank)]["estimated_bytes"]
+            st = p.static_bytes
+            rows.append({"engine": name, "rank": p.rank, "measured_mib": meas / MiB, "estimated_mib": pred / MiB,
                          "error_pct": 100 * (pred - meas) / meas, "static_measured_mib": {k: v / MiB for k, v in st.items()},
                          "estimate_mib": {k: v / MiB for k, v in cats.items()}, "estimate_phase": est["peak_phase"],
                          "measured_phase": m["peak_phase"], "phase_mib": {k: v / MiB for k, v in m["phase_peak_bytes"].items()},
                          "estimate_phase_mib": {k: v / MiB for k, v in est["phases_bytes"].items()},
-                         "step_s": p["step_s"], "collective_s": p["collectives"]["collective_s"],
-                         "collective_fraction": p["collectives"]["fraction"], "wall_s": wall})
+                         "step_s": p.step_s, "collective_s": p.collectives["collective_s"],
+                         "collective_fraction": p.collectives["fraction"], "wall_s": wall})
             order.setdefault(name, []).append(meas)
     print(f"\n{args.method} fine-tuning, {args.precision}, tiny llama {SHRINK}, batch {args.batch} x seq {args.seq} x "
           f"{args.gas} micro-batches, world {args.nproc} (gloo, CPU); MiB of tensors per rank (CPU: the estimate "

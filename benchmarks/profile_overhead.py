@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
 import ftscope  # noqa: E402
-from ftscope.measure.profile import profile  # noqa: E402
+from ftscope.measure.runtime.profile import profile  # noqa: E402
 
 CASES = [
     ("llama-3.2-1b LoRA, 4 layers x 512", {"model": "llama-3.2-1b", "mix": {"method": "lora", "attention": "sdpa", "precision": "fp32"},

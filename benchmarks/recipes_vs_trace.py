@@ -60,31 +60,33 @@ def trace_step(scn, model, run_loss, autocast_dtype=None, routing_experts=0, pre
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.utils.flop_counter import FlopCounterMode
-    from ftscope.measure import trace as tr
-    from ftscope.measure.trace_flops import flop_formulas
-    from ftscope.measure.trace_layers import GlobalOnly, LayerContext, make_tagger
-    from ftscope.measure.trace_recorder import BalancedRouting, make_recorder
+    from ftscope.measure.trace import tracer as tr
+    from ftscope.measure.trace.fake_weights import fake_weights
+    from ftscope.measure.trace.flops import flop_formulas
+    from ftscope.measure.trace.kernels import unpacked_batch
+    from ftscope.measure.trace.layers import GlobalOnly, LayerContext, make_tagger
+    from ftscope.measure.trace.recorder import BalancedRouting, Recorder
 
     fake_mode, weights = prefake if prefake else (FakeTensorMode(allow_non_fake_inputs=True), None)
     if weights is None:
-        weights = tr._fake_weights(model, fake_mode)
+        weights = fake_weights(model, fake_mode)
     trainable = [p for p in model.parameters() if p.requires_grad]
     counter = FlopCounterMode(display=False, custom_mapping=flop_formulas())
     counter.mod_tracker = GlobalOnly()
     layers = LayerContext(model)
     routing = BalancedRouting(routing_experts, layers) if routing_experts else None
-    rec = make_recorder(counter, routing, layers)
+    rec = Recorder(counter, routing, layers)
     auto = torch.autocast("cpu", dtype=autocast_dtype) if autocast_dtype else nullcontext()
     with fake_mode:
         opt = torch.optim.AdamW(trainable, lr=1e-4, weight_decay=0.0, foreach=True)
         with counter, layers, rec:
             rec.register_weights(weights)
             rec.set_phase("forward")
-            with tr._unpacked_batch(), make_tagger(layers), auto:
+            with unpacked_batch(), make_tagger(layers), auto:
                 loss = run_loss()
             t_fwd = rec.t
             rec.set_phase("backward")
-            with tr._unpacked_batch(), make_tagger(layers):
+            with unpacked_batch(), make_tagger(layers):
                 loss.backward()
             del loss
             for p in trainable:
@@ -113,7 +115,7 @@ def hf_build(scn, prepare_kbit: bool = False):
     """ftscope's build (transformers + PEFT, bitsandbytes NF4 swap) with peft.prepare_model_for_kbit_training
     run on the quantized model just before get_peft_model, as PEFT's QLoRA recipe does."""
     import peft
-    from ftscope.measure.build import build_model
+    from ftscope.measure.runtime.build import build_model
 
     if not prepare_kbit:
         return build_model(scn, device="meta")

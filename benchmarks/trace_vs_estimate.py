@@ -100,7 +100,7 @@ def pct(est: float, ref: float) -> float | None:
 
 
 def compare(raw: dict) -> dict:
-    from ftscope.measure.trace import trace
+    from ftscope.measure.trace.tracer import trace
 
     scn = ftscope.load_scenario(raw)
     est = ftscope.estimate(scn, strict=False, with_time=False)

@@ -13,7 +13,7 @@ import ftscope
 from ftscope import FtscopeError, catalog
 from ftscope.spec.architecture import normalize
 from ftscope.spec.hardware import GIB, gpu_from_catalog
-from ftscope.spec.model import load_model
+from ftscope.spec.resolve import load_model
 
 MODELS_DIR = resources.files("ftscope.catalog").joinpath("models")
 EXAMPLES = sorted((Path(__file__).resolve().parents[1] / "examples").glob("*.yaml"))

@@ -11,9 +11,9 @@ import pytest
 
 from ftscope import catalog
 from ftscope.estimate.activations import activation_coefficients
-from ftscope.measure.build import shrink_config
+from ftscope.measure.runtime.configs import shrink_config
 from ftscope.spec.mix import Mix
-from ftscope.spec.model import model_from_config
+from ftscope.spec.resolve import model_from_config
 from ftscope.spec.recipe import load_recipe
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "iiswc-stack" / "per-token-bytes.json"

@@ -1,4 +1,9 @@
-"""Every command the README shows runs as written (from the repo root) and exits 0 without a traceback."""
+"""Every command the README shows runs as written (from the repo root) and exits 0 without a traceback.
+
+What the commands write under /tmp goes to a folder of this test session instead (the same command with /tmp/
+replaced), so parallel checkouts do not share files and nothing lands in the repository. Commands that build or
+train a real model (or read what one wrote) are marked slow.
+"""
 from __future__ import annotations
 
 import os
@@ -12,6 +17,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
+REAL_MODEL = ("ftscope profile", "ftscope trace", "ftscope study moe", "benchmarks/profile_overhead.py",
+              "--db /tmp/ftscope-readme.sqlite")
+"""Commands that run the real implementation, or read the store the profile command wrote."""
 
 
 def readme_commands() -> list[str]:
@@ -29,13 +37,31 @@ def _runnable(cmd: str) -> bool:
     return "&&" not in cmd and " s.yaml" not in cmd
 
 
+def _param(cmd: str) -> object:
+    return pytest.param(cmd, marks=[pytest.mark.slow] if any(k in cmd for k in REAL_MODEL) else [])
+
+
+@pytest.fixture(scope="module")
+def private_tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where this session's commands write what the README writes to /tmp (shared by the commands, in order)."""
+    return tmp_path_factory.mktemp("readme-tmp")
+
+
 def test_readme_shows_commands_for_the_main_verbs():
     verbs = {shlex.split(c)[1] for c in readme_commands() if c.startswith("ftscope ")}
     assert {"plan", "estimate", "show", "validate", "calibrate"} <= verbs
 
 
-@pytest.mark.parametrize("cmd", [c for c in readme_commands() if _runnable(c)])
-def test_readme_command_runs(cmd: str):
+def test_readme_commands_write_only_under_tmp():
+    for cmd in filter(_runnable, readme_commands()):
+        args = shlex.split(cmd)
+        for opt, value in zip(args, args[1:]):
+            if opt in ("--out", "--emit", "--plot", "--png", ">"):
+                assert value.startswith("/tmp/"), f"{cmd}: {opt} {value} would write into the checkout"
+
+
+@pytest.mark.parametrize("cmd", [_param(c) for c in readme_commands() if _runnable(c)])
+def test_readme_command_runs(cmd: str, private_tmp: Path):
     # run as a user would type it (redirects included), with this environment's ftscope first on PATH;
     # commands run in README order, so a later one may read what an earlier one wrote to /tmp
     for arg in shlex.split(cmd):
@@ -43,6 +69,7 @@ def test_readme_command_runs(cmd: str):
             pytest.skip(f"{arg} is not beside this checkout")
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
     line = cmd.replace(".venv/bin/python", sys.executable, 1) if cmd.startswith(".venv/bin/python") else cmd
+    line = line.replace("/tmp/", f"{private_tmp}/")
     # no timeout: under load `study moe` alone took over 600 s; a hang would show as a stuck job, not a flaky fail
     proc = subprocess.run(["bash", "-c", line], cwd=ROOT, capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]

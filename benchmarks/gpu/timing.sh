@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Step times without the layer timer's synchronizing hooks (see measure/profile.py), sized for ~3 min on one H200.
+# Step times without the layer timer's synchronizing hooks (see measure/runtime/profile.py), sized for ~3 min on one H200.
 # The first characterization timed hooked steps; this re-measures the time points ftscope calibrates on:
 # dense Llama 1B / 3B / 8B (LoRA, full, checkpointing, eager attention) and the 4-layer Mixtral (top-2 / top-8,
 # grouped_mm / eager experts), 2 warm-up + 5 timed steps each, plus 2 hooked steps for layer times.

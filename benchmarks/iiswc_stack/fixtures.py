@@ -25,7 +25,7 @@ def mixtral_config(layers: int, hidden: int, top_k: int) -> dict[str, Any]:
 
     if sys_path not in sys.path:
         sys.path.insert(0, sys_path)
-    from ftscope.measure.build import shrink_config
+    from ftscope.measure.runtime.configs import shrink_config
 
     cfg = json.loads((REPO / "src/ftscope/catalog/models/mixtral-8x7b.json").read_text())
     out = shrink_config(cfg, layers=layers, hidden=hidden, vocab=VOCAB)

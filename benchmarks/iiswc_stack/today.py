@@ -17,7 +17,7 @@ from tracking import REPO, LabelledTracker, ctx_held_storages
 
 def build(layers: int, hidden: int, top_k: int, quantize: bool) -> Any:
     sys.path.insert(0, str(REPO / "src"))
-    from ftscope.measure.build import build_model
+    from ftscope.measure.runtime.build import build_model
     from ftscope.spec.scenario import load_scenario
 
     overrides = [f"mix.experts_top_k={top_k}"] + ([] if quantize else ["mix.method=lora"])

@@ -14,7 +14,8 @@ def checkpoint(tmp_path_factory):
 
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from ftscope.measure.build import build_model, shrink_config
+    from ftscope.measure.runtime.build import build_model
+    from ftscope.measure.runtime.configs import shrink_config
 
     folder = tmp_path_factory.mktemp("ckpt")
     cfg = shrink_config(catalog.model_config("mixtral-8x7b"), layers=1, hidden=64, vocab=128, experts=4)

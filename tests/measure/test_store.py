@@ -76,7 +76,7 @@ def test_wal_and_full_sync(tmp_path: Path) -> None:
 
 
 def test_import_does_not_import_torch() -> None:
-    code = "import sys, ftscope.measure.store, ftscope.measure.search; assert 'torch' not in sys.modules"
+    code = "import sys, ftscope.measure.store, ftscope.measure.runtime.max_batch; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -139,7 +139,7 @@ def test_sigkill_midway_then_resume_completes_every_point_once(tmp_path: Path) -
 
 
 def test_environment_describes_the_stack() -> None:
-    from ftscope.measure.environment import environment
+    from ftscope.measure.runtime.environment import environment
 
     env = environment("cpu")
     assert env["device"] == "cpu" and env["device_name"] and env["host"] and env["python"]

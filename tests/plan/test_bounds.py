@@ -20,7 +20,7 @@ from ftscope.estimate.time import step_time
 from ftscope.plan.bounds import refined_hours, shortest_sequence
 from ftscope.plan.classify import FITS, classify
 from ftscope.plan.recommend import SearchSpace, evaluator
-from ftscope.plan.solvers import max_micro_batch
+from ftscope.estimate.solvers import max_micro_batch
 from ftscope.plan.space import Space
 from ftscope.spec.hardware import gpu_from_catalog
 

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from ftscope.plan.ranking import mix_complexity, refusal, tie
 from ftscope.spec.mix import Mix
-from ftscope.spec.model import load_model
+from ftscope.spec.resolve import load_model
 
 finite = st.floats(min_value=1e-9, max_value=1e12, allow_nan=False)
 

@@ -12,12 +12,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
+pytestmark = pytest.mark.slow  # the report charts a real profile run
 
 
 def _small_store(tmp_path: Path) -> Path:
     """A real profile store: the bundled tiny Mixtral measured on CPU at two batch sizes."""
     import ftscope
-    from ftscope.measure.profile import profile
+    from ftscope.measure.runtime.profile import profile
 
     db = tmp_path / "runs.sqlite"
     profile(ftscope.load_scenario(ROOT / "examples" / "tiny-mixtral.yaml"), device="cpu", steps=1, warmup=0,

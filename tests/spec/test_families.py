@@ -8,7 +8,7 @@ import pytest
 from ftscope import catalog
 from ftscope.spec.architecture import normalize
 from ftscope.spec.families import FAMILIES, TRANSFORMERS_FAMILIES, siglip_tower_params, vision_tower
-from ftscope.spec.model import load_model
+from ftscope.spec.resolve import load_model
 
 B = 1e9
 

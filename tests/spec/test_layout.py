@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ftscope import FtscopeError
-from ftscope.spec.model import load_model
+from ftscope.spec.resolve import load_model
 
 R = 16
 

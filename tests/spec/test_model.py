@@ -9,7 +9,7 @@ import pytest
 
 from ftscope import FtscopeError, catalog
 from ftscope.spec.architecture import TRANSFORMERS_FAMILIES
-from ftscope.spec.model import load_model, model_from_config
+from ftscope.spec.resolve import load_model, model_from_config
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -139,12 +139,14 @@ def test_parity_covers_every_transformers_family_in_the_catalog():
     assert families == TRANSFORMERS_FAMILIES - {"gemma"}  # Gemma 1 is only in a config-variant test below
 
 
+@pytest.mark.slow  # builds the transformers / PEFT model
 @pytest.mark.parametrize("name", HF_PRESETS)
 def test_shrunk_preset_total_equals_transformers(name, shrunk):
     cfg, model = shrunk(name)
     assert model_from_config(cfg).total_params == numel(model)
 
 
+@pytest.mark.slow  # builds the transformers / PEFT model
 @pytest.mark.parametrize("name", HF_PRESETS)
 def test_shrunk_preset_components_equal_transformers(name, shrunk):
     cfg, model = shrunk(name)
@@ -228,6 +230,7 @@ VARIANTS = {
 SOURCE_BUGS: dict[str, str] = {}  # variant id -> reason, for strict xfails of known source bugs
 
 
+@pytest.mark.slow  # builds the transformers / PEFT model
 @pytest.mark.parametrize("cfg", [
     pytest.param(v, id=k, marks=[pytest.mark.xfail(strict=True, reason=SOURCE_BUGS[k])] if k in SOURCE_BUGS else [])
     for k, v in VARIANTS.items()])
@@ -247,6 +250,7 @@ def hf_name(lin) -> str:
     return lin.names[0]
 
 
+@pytest.mark.slow  # builds the transformers / PEFT model
 @pytest.mark.parametrize("name", HF_PRESETS)
 def test_lora_on_attention_equals_peft(name):
     cfg = shrink(catalog.model_config(name))
@@ -259,6 +263,7 @@ def test_lora_on_attention_equals_peft(name):
     assert spec.lora_params(R, names) == peft_trainable(build_hf(cfg), target_modules=names)
 
 
+@pytest.mark.slow  # builds the transformers / PEFT model
 @pytest.mark.parametrize("name", [n for n in HF_PRESETS if {"q_proj", "v_proj"} <= {
     nm for lin, _ in load_model(n).linears() for nm in lin.names}])
 def test_lora_on_q_and_v_equals_peft(name):
@@ -267,6 +272,7 @@ def test_lora_on_q_and_v_equals_peft(name):
     assert model_from_config(cfg).lora_params(R, ["q_proj", "v_proj"]) == expected
 
 
+@pytest.mark.slow  # builds the transformers / PEFT model
 @pytest.mark.parametrize("name", [n for n in HF_PRESETS if not load_model(n).is_moe])
 def test_lora_all_linear_on_dense_models_equals_peft(name):
     cfg = shrink(catalog.model_config(name))
@@ -286,6 +292,7 @@ def moe_parameter(model, *endings: str) -> str:
     raise AssertionError(f"no parameter ending in {endings}")
 
 
+@pytest.mark.slow  # builds the transformers / PEFT model
 @pytest.mark.parametrize("name", MOE_PRESETS)
 def test_lora_on_router_equals_peft_target_parameters(name):
     cfg = shrink(catalog.model_config(name))
@@ -295,6 +302,7 @@ def test_lora_on_router_equals_peft_target_parameters(name):
     assert model_from_config(cfg).lora_params(R, [router.split(".")[-2]]) == expected
 
 
+@pytest.mark.slow  # builds the transformers / PEFT model
 @pytest.mark.parametrize("name", MOE_PRESETS)
 def test_lora_on_expert_down_proj_equals_peft_target_parameters(name):
     cfg = shrink(catalog.model_config(name))
@@ -306,6 +314,7 @@ def test_lora_on_expert_down_proj_equals_peft_target_parameters(name):
     assert ours == peft_trainable(model, target_modules=[], target_parameters=[target])
 
 
+@pytest.mark.slow  # builds the transformers / PEFT model
 @pytest.mark.parametrize("name", MOE_PRESETS)
 def test_fused_gate_up_expert_lora_in_peft_shares_one_A_matrix(name):
     """transformers 5 fuses each expert's gate and up into one (E, 2I, H) parameter; PEFT's target_parameters
@@ -323,6 +332,7 @@ def test_fused_gate_up_expert_lora_in_peft_shares_one_A_matrix(name):
     assert ours - peft_count == R * a.num_experts * a.hidden_size * n_moe
 
 
+@pytest.mark.slow  # builds the transformers / PEFT model
 @pytest.mark.parametrize("name", HF_PRESETS)
 def test_every_lora_target_ftscope_offers_exists_in_the_transformers_model(name, shrunk):
     cfg, model = shrunk(name)

@@ -8,7 +8,7 @@ import pytest
 from ftscope import FtscopeError
 from ftscope.spec.hardware import gpu_from_catalog
 from ftscope.spec.mix import Mix
-from ftscope.spec.model import load_model
+from ftscope.spec.resolve import load_model
 from ftscope.spec.rules import GPU_RULES, MIX_RULES, MODEL_RULES, check_mix, gpu_problem, model_problem, problem
 
 

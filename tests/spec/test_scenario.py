@@ -342,7 +342,7 @@ def test_one_bad_value_in_a_valid_scenario_is_never_a_crash(model, path, value):
 @st.composite
 def valid_scenarios(draw):
     model = draw(st.sampled_from(sorted(catalog.model_index())))
-    spec = ftscope.spec.model.load_model(model)
+    spec = ftscope.spec.resolve.load_model(model)
     method = draw(st.sampled_from(["full", "lora", "qlora"]))
     sharding = draw(st.sampled_from([{"zero_stage": s} for s in range(4)] + [{"fsdp": "full_shard"},
                                                                              {"fsdp": "shard_grad_op"}]))
@@ -433,3 +433,10 @@ def test_layout_against_model_and_gpus(scenario_dict, mix, hw, wl, message):
     scenario_dict["workload"].update(wl)
     with pytest.raises(FtscopeError, match=message):
         scenario_from_dict(scenario_dict)
+
+
+def test_with_refuses_a_name_that_is_no_field():
+    scn = load_scenario({"model": "llama-2-7b", "workload": {"seq_len": 512}})
+    assert scn.with_(micro_batch_size=3, zero_stage=2).workload.micro_batch_size == 3
+    with pytest.raises(TypeError, match="micro_batch"):
+        scn.with_(micro_batch=3)

@@ -9,6 +9,7 @@ from ..spec.rules import problem
 from ..spec.scenario import Scenario
 from .memory import memory_model
 from .result import Estimate
+from .solvers import max_micro_batch
 
 DEFAULT_MARGIN = 0.0
 """Fraction of device memory kept free by `fits` and the solvers (`--margin`)."""
@@ -68,8 +69,6 @@ def estimate(scn: Scenario, margin: float = DEFAULT_MARGIN, strict: bool = True,
     reason = unsupported_reason(scn)
     if reason and strict:
         raise FtscopeError(reason)
-    from ..plan.solvers import max_micro_batch  # the plan layer's solvers read only MemoryModel
-
     mem = memory_model(scn)
     if not mem.capacity_bytes > 0:
         raise FtscopeError(f"{scn.cluster.gpu.key} has {scn.cluster.gpu.memory_gib:.2f} GiB: nothing is left after the "

@@ -15,6 +15,7 @@ Bytes per parameter, by where the weights live (N = GPUs that share a shard):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from ..spec.hardware import GIB, GpuSpec
 from ..spec.scenario import Scenario
@@ -55,6 +56,18 @@ class MemoryBreakdown:
     """weights, gradients, optimizer, activations, temporary, overhead (bytes) at the peak phase."""
     phases: dict[str, float]
     """Allocated bytes per phase."""
+
+
+class PhasePoint(NamedTuple):
+    """Allocated memory at one point of a step where it can peak (bytes, per GPU)."""
+
+    phase: str
+    """forward | backward | optimizer."""
+    gradients: float
+    activations: float
+    temporary: float
+    allocated: float
+    """Every tensor alive at that point: weights, optimizer, gradients, activations, temporary."""
 
 
 @dataclass(frozen=True)
@@ -101,8 +114,8 @@ class MemoryModel:
             saved = min(saved - head, 2 * layer) + head
         return saved, layer
 
-    def _phases(self, batch: float, seq: float) -> tuple[tuple[str, float, float, float, float], ...]:
-        """(phase, gradients, activations, temporary, allocated) for each point where memory can peak:
+    def phase_points(self, batch: float, seq: float) -> tuple[PhasePoint, ...]:
+        """Each point where memory can peak:
         end of forward, start of backward (all activations + loss gradients), under checkpointing the last
         block's recompute (the loss buffers are freed by then), end of backward (all gradients), optimizer step."""
         a = self.acts
@@ -130,28 +143,33 @@ class MemoryModel:
         bt = wt + self.block_transient
         in_block = after_head - held - a.head_per_token * t + a.forward_transient_per_token * t  # last block's forward
         return (
-            ("forward", g_fwd, fwd_act, wt, static + g_fwd + fwd_act + wt),
-            ("forward", g_fwd, in_block, bt, static + g_fwd + in_block + bt),
-            ("backward", g_fwd, bwd_act, wt, static + g_fwd + bwd_act + wt),
-            ("backward", g_fwd, rec_act, bt, static + g_fwd + rec_act + bt),
-            ("backward", g_end, end_act, bt, static + g_end + end_act + bt),
-            ("optimizer", self.gradients, 0.0, self.optimizer_transient,
-             static + self.gradients + self.optimizer_transient),
+            PhasePoint("forward", g_fwd, fwd_act, wt, static + g_fwd + fwd_act + wt),
+            PhasePoint("forward", g_fwd, in_block, bt, static + g_fwd + in_block + bt),
+            PhasePoint("backward", g_fwd, bwd_act, wt, static + g_fwd + bwd_act + wt),
+            PhasePoint("backward", g_fwd, rec_act, bt, static + g_fwd + rec_act + bt),
+            PhasePoint("backward", g_end, end_act, bt, static + g_end + end_act + bt),
+            PhasePoint("optimizer", self.gradients, 0.0, self.optimizer_transient,
+                       static + self.gradients + self.optimizer_transient),
         )
 
-    def _overhead(self, act: float, temp: float) -> float:
+    def overhead_bytes(self, activations: float, temporary: float) -> float:
+        """Allocator overhead (reserved - allocated) at a point holding these churning bytes."""
         al = self.allocator
-        return al.workspace_gib * GIB + al.fragmentation * (act + temp)
+        return al.workspace_gib * GIB + al.fragmentation * (activations + temporary)
+
+    def reserved_bytes(self, point: PhasePoint) -> float:
+        """What the caching allocator holds at a phase point: allocated + overhead."""
+        return point.allocated + self.overhead_bytes(point.activations, point.temporary)
 
     def breakdown(self, batch: float, seq: float) -> MemoryBreakdown:
         """Memory at the phase where reserved memory (allocated + allocator overhead) peaks."""
-        phases = self._phases(batch, seq)
-        best = max(phases, key=lambda p: p[4] + self._overhead(p[2], p[3]))
+        phases = self.phase_points(batch, seq)
+        best = max(phases, key=self.reserved_bytes)
         name, grads, act, temp, allocated = best
-        overhead = self._overhead(act, temp)
+        overhead = self.overhead_bytes(act, temp)
         per_phase: dict[str, float] = {}
         for p in phases:
-            per_phase[p[0]] = max(per_phase.get(p[0], 0.0), p[4])
+            per_phase[p.phase] = max(per_phase.get(p.phase, 0.0), p.allocated)
         cats = {"weights": self.weights, "gradients": grads, "optimizer": self.optimizer, "activations": act,
                 "temporary": temp, "overhead": overhead}
         return MemoryBreakdown(peak_bytes=allocated + overhead, allocated_bytes=allocated, phase=name,
@@ -159,7 +177,7 @@ class MemoryModel:
 
     def peak_bytes(self, batch: float, seq: float) -> float:
         """breakdown(batch, seq).peak_bytes without building the breakdown (the solvers' hot path)."""
-        return max(p[4] + self._overhead(p[2], p[3]) for p in self._phases(batch, seq))
+        return max(self.reserved_bytes(p) for p in self.phase_points(batch, seq))
 
     def fits(self, batch: float, seq: float, margin: float = 0.0) -> bool:
         return self.peak_bytes(batch, seq) <= self.capacity_bytes * (1.0 - margin)

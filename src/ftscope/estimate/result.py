@@ -7,6 +7,7 @@ from typing import Any
 from ..spec.hardware import GIB
 from ..spec.scenario import Scenario
 from .memory import MemoryBreakdown, MemoryModel
+from .solvers import max_seq_len
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,6 @@ class Estimate:
         """Largest sequence length that fits at this micro-batch (solved on first use: plan rarely needs it)."""
         cached = self.__dict__.get("_max_seq_len")
         if cached is None:
-            from ..plan.solvers import max_seq_len
             cached = max_seq_len(self.model_memory, self.micro_batch_size, self.margin)
             object.__setattr__(self, "_max_seq_len", cached)
         return cached

@@ -4,8 +4,8 @@ Everything here needs the `measure` extra (torch, transformers, peft, bitsandbyt
 package import time, so `ftscope plan` and `ftscope estimate` keep starting fast on machines without torch;
 each module calls `require_torch()` first and a missing extra becomes one clear FtscopeError.
 
-    ftscope.measure.build.build_model(scn, device="meta")  -> (model, BuildInfo)
-    ftscope.measure.trace.trace(scn, batch=None, seq=None)  -> TraceResult  (exact tensor bytes and FLOPs)
+    ftscope.measure.runtime.build.build_model(scn, device="meta")  -> (model, BuildInfo)
+    ftscope.measure.trace.tracer.trace(scn, batch=None, seq=None)  -> TraceResult  (exact tensor bytes and FLOPs)
 """
 from __future__ import annotations
 

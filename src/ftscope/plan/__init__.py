@@ -1,1 +1,1 @@
-"""Search: solvers for the largest batch / context that fits, and the plan over GPUs and counts."""
+"""Search over mixes x GPUs x counts (plan, recommend) and the launch configs of the winner (emit)."""

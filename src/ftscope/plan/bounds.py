@@ -47,7 +47,7 @@ from ..estimate.efficiency import Efficiency
 from ..estimate.memory import MemoryModel, memory_model, trainable_params
 from ..estimate.time import Rates, rates, step_time
 from ..spec.scenario import Scenario
-from .solvers import BATCH_CAP, _phase_totals, max_micro_batch
+from ..estimate.solvers import BATCH_CAP, max_micro_batch, phase_totals
 
 SAFETY = 1.0 - 1e-6
 
@@ -59,7 +59,7 @@ class MemoryProbe:
         self.scenario = scn
         self.model: MemoryModel = memory_model(scn)
         self.seq = seq
-        self._at_one = _phase_totals(self.model, 1, seq)
+        self._at_one = phase_totals(self.model, 1, seq)
         self.peak_at_one = max(self._at_one)
         """The same number as MemoryModel.peak_bytes(1, seq): the max of the phases' reserved bytes."""
 
@@ -68,8 +68,8 @@ class MemoryProbe:
         length. A phase's reserved bytes grow linearly with the micro-batch (activations scale with tokens and
         tokens x length) plus terms that stop growing (a fused loss's logits tile), so they lie between the two
         lines these slopes draw from the fixed bytes."""
-        empty = _phase_totals(self.model, 0, self.seq)
-        far, farther = (_phase_totals(self.model, b, self.seq) for b in (BATCH_CAP, 2 * BATCH_CAP))
+        empty = phase_totals(self.model, 0, self.seq)
+        far, farther = (phase_totals(self.model, b, self.seq) for b in (BATCH_CAP, 2 * BATCH_CAP))
         return [(k, a - k, (f2 - f1) / BATCH_CAP) for k, a, f1, f2 in zip(empty, self._at_one, far, farther)]
 
     def max_micro_batch(self, capacity: float) -> int:

@@ -18,7 +18,7 @@ from .bounds import (MemoryProbe, hours_per_gpu_second, micro_batch_seconds, op_
                      sequence_work,
                      shortest_sequence)
 from .ranking import mix_complexity, refusal
-from .solvers import BATCH_CAP
+from ..estimate.solvers import BATCH_CAP
 from .space import Space, with_mix
 
 UNSEARCHED, UNSUPPORTED, NO_FIT, FITS, FEASIBLE, OVER_BUDGET, OVER_DEADLINE = range(7)

@@ -17,7 +17,7 @@ NOT_STACKED = ("communication_exposed", "communication_hidden")
 """Breakdown fields that split `communication` (exposed) or lie beside the step (hidden): not bars of their own."""
 
 
-def _plt():
+def pyplot():
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -40,13 +40,13 @@ def save(fig: Any, path: str | Path) -> Path:
     except OSError as exc:
         raise os_error(exc, "plot file", p, "write") from None
     finally:
-        _plt().close(fig)
+        pyplot().close(fig)
     return p
 
 
 def memory_breakdown(rows: Sequence[Mapping[str, Any]], title: str = "memory per GPU by category") -> Any:
     """Stacked bars of memory.breakdown_gib per estimate row, with each GPU's usable capacity marked."""
-    plt = _plt()
+    plt = pyplot()
     rows = [r for r in rows if r.get("memory") and r["memory"].get("breakdown_gib")]
     fig, ax = plt.subplots(figsize=(max(6, 0.55 * len(rows) + 3), 4.2))
     bottom = [0.0] * len(rows)
@@ -75,7 +75,7 @@ def _short(row: Mapping[str, Any]) -> str:
 def throughput_vs_batch(series: Sequence[Mapping[str, Any]], title: str = "throughput vs batch size") -> Any:
     """Measured points and the model's curve per series: {label, group, measured: {b: v}, predicted: {b: v}, unit};
     one panel per group (model), so a fast small model does not flatten a slow large one."""
-    plt = _plt()
+    plt = pyplot()
     groups = list(dict.fromkeys(s.get("group", "") for s in series)) or [""]
     fig, axes = plt.subplots(1, len(groups), figsize=(6 * len(groups), 4.2), squeeze=False)
     for ax, group in zip(axes[0], groups):
@@ -98,7 +98,7 @@ def throughput_vs_batch(series: Sequence[Mapping[str, Any]], title: str = "throu
 
 def time_breakdown(rows: Sequence[Mapping[str, Any]], title: str = "step time breakdown") -> Any:
     """Stacked bars of {label, breakdown_s: {forward, backward, ...}} (predicted and measured side by side)."""
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(max(6, 0.7 * len(rows) + 2), 4.2))
     keys = [k for k in TIME_KEYS if any(r["breakdown_s"].get(k) for r in rows)] or list(TIME_KEYS)
     extra = sorted({k for r in rows for k in r["breakdown_s"]} - set(TIME_KEYS) - set(NOT_STACKED))
@@ -118,7 +118,7 @@ def time_breakdown(rows: Sequence[Mapping[str, Any]], title: str = "step time br
 def expert_load(matrix: Sequence[Sequence[float]], title: str = "tokens per expert (layer x expert)",
                 after: Sequence[Sequence[float]] | None = None) -> Any:
     """Heatmap of tokens routed to each expert in each layer; two panels when a 'after fine-tuning' matrix is given."""
-    plt = _plt()
+    plt = pyplot()
     panels = [("before" if after is not None else "", matrix)] + ([("after", after)] if after is not None else [])
     fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.2), squeeze=False)
     vmax = max(max(max(row) for row in m) for _, m in panels) or 1
@@ -135,7 +135,7 @@ def expert_load(matrix: Sequence[Sequence[float]], title: str = "tokens per expe
 
 def utilization(samples: Sequence[Mapping[str, float]], title: str = "GPU utilization during steps") -> Any:
     """Line chart of NVML samples: {t, sm, mem_bw} in percent."""
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 3.5))
     if samples:
         ax.plot([s["t"] for s in samples], [s.get("sm", 0) for s in samples], label="SM %")
@@ -152,7 +152,7 @@ def utilization(samples: Sequence[Mapping[str, float]], title: str = "GPU utiliz
 
 def cost_vs_time(rows: Sequence[Mapping[str, Any]], title: str = "cost vs time across GPUs") -> Any:
     """Scatter of run.hours vs run.usd for feasible plan rows, Pareto frontier joined and labelled."""
-    plt = _plt()
+    plt = pyplot()
     pts = [r for r in rows if r.get("run") and r["run"].get("usd") is not None and r.get("memory", {}).get("fits")]
     fig, ax = plt.subplots(figsize=(7, 4.5))
     gpus = sorted({r["scenario"]["hardware"]["gpu"] for r in pts})
@@ -182,7 +182,7 @@ def cost_vs_time(rows: Sequence[Mapping[str, Any]], title: str = "cost vs time a
 
 def predicted_vs_measured(results: Sequence[Mapping[str, Any]], title: str = "predicted vs measured") -> Any:
     """Log-log scatter of validate results, one colour per metric family, with the y = x line and +-20 % band."""
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5.5, 5.5))
     fams: dict[str, list[Mapping[str, Any]]] = {}
     for r in results:

@@ -4,26 +4,22 @@ from __future__ import annotations
 import base64
 import html
 import io
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
 from ..errors import FtscopeError
+from ..estimate import estimate
+from ..validate.cases import load_cases
+from ..validate.compare import case_scenario, run_validation, summary, time_metric
 from . import charts
-
-
-@dataclass
-class Section:
-    title: str
-    text: str
-    figures: list[tuple[str, Any]] = field(default_factory=list)
-    """(file stem, matplotlib figure)."""
+from .profile_charts import sections_from_store
+from .sections import Section
 
 
 def _png(fig: Any) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
-    charts._plt().close(fig)
+    charts.pyplot().close(fig)
     return buf.getvalue()
 
 
@@ -45,41 +41,43 @@ def plan_sections(plan: dict[str, Any]) -> list[Section]:
     ]
 
 
+def _predicted_series(case: Any) -> dict[str, Any]:
+    """A published throughput series beside ftscope's curve over the same batch sizes."""
+    by_batch = case.measured["samples_per_s_by_batch"]
+    pred = {}
+    for b in range(1, max(int(b) for b in by_batch) + 1):
+        e = estimate(case_scenario(case, [f"workload.micro_batch_size={b}"]), strict=False)
+        if e.time:
+            pred[b] = e.time.samples_per_s
+    scn0 = case_scenario(case, [])
+    return {"label": case.id.replace("iiswc-", "").replace(f"-{scn0.model.name.split('-')[0]}", ""),
+            "group": f"{scn0.model.name} on {scn0.cluster.gpu.key}", "measured": by_batch,
+            "predicted": pred, "unit": "samples/s"}
+
+
+def _stage_rows(case: Any) -> list[dict[str, Any]]:
+    """Measured forward / backward / optimizer stage times and the estimate's, as a profiler would split it."""
+    rows = []
+    for key, per_batch in (case.measured.get("step_s_by_top_k_and_batch") or {}).items():
+        for b, stages in per_batch.items():
+            rows.append({"label": f"{key} b{b} measured", "breakdown_s": dict(stages)})
+            e = estimate(case_scenario(case, [f"workload.micro_batch_size={b}", f"mix.experts_top_k={key[3:]}"]),
+                         strict=False)
+            gc = e.scenario.mix.gradient_checkpointing
+            t = e.time.breakdown_s
+            rows.append({"label": f"{key} b{b} ftscope", "breakdown_s": {
+                **{stage: time_metric(e.time, f"{stage}_s", gc) for stage in ("forward", "backward", "optimizer")},
+                "other": t["other"] + t["communication"]}})
+    return rows
+
+
 def case_sections(case_paths: Sequence[str] | None) -> list[Section]:
     """Charts from published cases: throughput curves, stage times, predicted vs measured."""
-    from ..estimate import estimate
-    from ..validate.cases import load_cases
-    from ..validate.compare import run_validation, summary
-
     cases = load_cases(case_paths)
-    series = []
-    stage_rows = []
-    for case in cases:
-        by_batch = case.measured.get("samples_per_s_by_batch")
-        if by_batch:
-            from ..validate.compare import _scn
-            top = max(int(b) for b in by_batch)
-            pred = {}
-            for b in range(1, top + 1):
-                e = estimate(_scn(case, [f"workload.micro_batch_size={b}"]), strict=False)
-                if e.time:
-                    pred[b] = e.time.samples_per_s
-            scn0 = _scn(case, [])
-            series.append({"label": case.id.replace("iiswc-", "").replace(f"-{scn0.model.name.split('-')[0]}", ""),
-                           "group": f"{scn0.model.name} on {scn0.cluster.gpu.key}", "measured": by_batch,
-                           "predicted": pred, "unit": "samples/s"})
-        for key, per_batch in (case.measured.get("step_s_by_top_k_and_batch") or {}).items():
-            for b, stages in per_batch.items():
-                stage_rows.append({"label": f"{key} b{b} measured", "breakdown_s": dict(stages)})
-                e = estimate(_scn(case, [f"workload.micro_batch_size={b}", f"mix.experts_top_k={key[3:]}"]), strict=False)
-                t = e.time.breakdown_s
-                passes = 3.0 if e.scenario.mix.gradient_checkpointing else 2.0
-                stage_rows.append({"label": f"{key} b{b} ftscope", "breakdown_s": {
-                    "forward": t["forward"] + t["dequant"] / passes,
-                    "backward": t["backward"] + t["recompute"] + t["dequant"] * (passes - 1) / passes,
-                    "optimizer": t["optimizer"], "other": t["other"] + t["communication"]}})
-    results = [r.to_dict() for r in run_validation(cases)]
-    stats = summary(run_validation(cases))
+    series = [_predicted_series(case) for case in cases if case.measured.get("samples_per_s_by_batch")]
+    stage_rows = [row for case in cases for row in _stage_rows(case)]
+    results = run_validation(cases)
+    stats = summary(results)
     text = "; ".join(f"{k}: median {v['median']:.1f} %, max {v['max']:.1f} % (n={v['n']})" for k, v in stats.items())
     out = []
     if series:
@@ -89,7 +87,7 @@ def case_sections(case_paths: Sequence[str] | None) -> list[Section]:
         out.append(Section("Time breakdown", "Forward / backward / optimizer per step, measured (profiler) and predicted.",
                            [("stages", charts.time_breakdown(stage_rows))]))
     out.append(Section("Predicted vs measured", f"Every published number ftscope compares with. Absolute error: {text}.",
-                       [("validation", charts.predicted_vs_measured(results))]))
+                       [("validation", charts.predicted_vs_measured([r.to_dict() for r in results]))]))
     return out
 
 
@@ -125,3 +123,21 @@ def render(sections: Sequence[Section], title: str, out: str | Path, png_dir: st
     p.write_text("\n".join(parts))
     return p
 
+
+def write_report(out: str | Path, plan_file: str | Path | None = None, db: str | Path | None = None,
+                 cases: Sequence[str] | None = None, published: bool = True,
+                 png_dir: str | Path | None = None) -> tuple[Path, int]:
+    """The report of a plan JSON (checked by plan_file.load_plan), a profile store and the published cases:
+    (the HTML file, charts in it)."""
+    from .plan_file import load_plan
+
+    sections = []
+    if plan_file is not None:
+        sections += plan_sections(load_plan(plan_file))
+    if db is not None:
+        sections += db_sections(db)
+    if published:
+        sections += case_sections(cases)
+    if not sections:
+        raise FtscopeError("nothing to report: give --plan, --db or leave the published cases in")
+    return render(sections, "ftscope report", out, png_dir), sum(len(s.figures) for s in sections)

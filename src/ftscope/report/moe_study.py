@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ..measure.moe_study import MoEStudyResult
+    from ..studies.moe.results import MoEStudyResult
 
 
 def tables_markdown(result: MoEStudyResult) -> str:
@@ -32,7 +32,7 @@ def write_outputs(result: MoEStudyResult, out: str | Path, plot: bool = True) ->
         return written
     from . import charts
 
-    plt = charts._plt()
+    plt = charts.pyplot()
     tasks = list(result.tasks)
     fig, axes = plt.subplots(1, len(tasks), figsize=(4.8 * len(tasks), 3.6), squeeze=False)
     for ax, task in zip(axes[0], tasks):

@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import charts
-from .html import Section
+from .sections import Section
 
 
 def sections_from_store(db: Path) -> list[Section]:

@@ -1,4 +1,4 @@
-"""Rich tables for the terminal views of estimate, plan, models and gpus."""
+"""Rich tables for the terminal views of estimate, plan and recommend, and the plain table every view uses."""
 from __future__ import annotations
 
 from typing import Any, Sequence
@@ -113,26 +113,46 @@ def recommend_table(rows, title: str) -> Table:
     return t
 
 
-def profile_table(result, title: str) -> Table:
-    t = Table(title=title, title_justify="left")
-    for col in ("batch", "status", "step s", "fwd/bwd/opt s", "tokens/s", "samples/s", "peak MiB",
-                "ftscope MiB", "top layer types (s)", "experts max/mean"):
-        t.add_column(col, justify="right" if col not in ("status", "top layer types") else "left")
-    for p in result.points:
-        if p.status != "ok":
-            t.add_row(str(p.batch), f"[red]{p.status}[/red]", "-", "-", "-", "-", "-", "-", (p.error or "")[:50], "-")
-            continue
-        mem = p.memory["peak_reserved_bytes"] or p.memory["peak_allocated_bytes"]
-        est = (p.estimate or {}).get("memory", {})
-        est_mib = (est.get("peak_gib") if p.memory["peak_reserved_bytes"] else est.get("allocated_gib"))
-        layers = ""
-        if p.layer_times:
-            tot = p.layer_times.get("total_s", {})
-            layers = ", ".join(f"{k} {v:.2f}" for k, v in sorted(tot.items(), key=lambda kv: -kv[1])[:2])
-        imb = "-"
-        if p.expert_load:
-            imb = f"{p.expert_load['imbalance']['mean_max_over_mean']:.2f}"
-        t.add_row(str(p.batch), "ok", f"{p.step_s:.3f}", f"{p.forward_s:.2f}/{p.backward_s:.2f}/{p.optimizer_s:.2f}",
-                  f"{p.tokens_per_s:,.0f}", f"{p.samples_per_s:.2f}", f"{mem / 2**20:,.1f}",
-                  f"{est_mib * 1024:,.1f}" if est_mib is not None else "-", layers, imb)
-    return t
+def plan_view(result: Any, scn: Any, all_rows: bool, by: str) -> list[Any]:
+    """The plan table (one row per GPU, or every count) and the best candidate in words."""
+    from ..plan.search import one_row_per_gpu
+
+    rows = result.rows if all_rows else one_row_per_gpu(result)
+    pareto = {i for i, e in enumerate(rows) if result.rows.index(e) in set(result.pareto)}
+    title = (f"{scn.model.name} | {scn.mix.label()} | {scn.workload.samples_per_epoch():,} samples x "
+             f"{scn.workload.epochs:g} epochs | ranked by {by}"
+             + ("" if all_rows else " (best count per GPU; --all for every count)"))
+    out: list[Any] = [plan_table(rows, pareto, title)]
+    if result.best is not None:
+        b = result.best
+        out.append(f"best: {b.scenario.cluster.world_size}x {b.scenario.cluster.gpu.key}, micro-batch "
+                   f"{b.micro_batch_size}: {b.run.hours:,.1f} h, ${b.run.usd:,.2f} ({b.run.price_source}). "
+                   "* = cost/time Pareto frontier.")
+    else:
+        out.append("[red]no candidate fits[/red]: try more GPUs (--counts), QLoRA, checkpointing or ZeRO-3.")
+    return out
+
+
+_REASON_WORDS = {"does not fit": "do not fit", "over deadline": "over the deadline"}
+
+
+def recommend_view(result: Any, scn: Any, top: int, written: Sequence[Any]) -> list[Any]:
+    """The top candidates with the search's exact counts per reason, then why the winner won (or why nothing
+    fits, or how far a time budget got), and the files written."""
+    s = result.summary
+    out: list[Any] = [recommend_table(result.rows[:top], f"{scn.model.name}: {s.feasible:,} of {s.candidates:,} "
+                                                        f"configurations run; top {min(top, s.feasible)} by {result.by}")]
+    rejected = ", ".join(f"{n:,} {_REASON_WORDS.get(reason, reason)}" for reason, n in s.reasons.items() if n)
+    if rejected:
+        out.append(f"cannot run: {rejected}")
+    if not s.complete:
+        out.append(f"[yellow]time budget reached[/yellow] after {s.seconds:.1f} s: {s.covered:.1%} of the "
+                   f"configurations settled ({s.unsearched:,} not classified); the best found so far")
+    if result.best is None:
+        if s.complete:
+            out.append("[red]nothing fits[/red]: the first rejected candidates and why:")
+            out += [f"  {c.to_dict()['label']}: {c.reason}" for c in [c for c in result.rows if not c.feasible][:5]]
+        return out
+    return out + list(result.explanation) + [f"wrote {p}" for p in written]
+
+

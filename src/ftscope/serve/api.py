@@ -172,7 +172,7 @@ class Api:
         if ref:
             return self.uploads.path("tokenizer", ref)
         from .scenarios import check_model_ref
-        from ..spec.model import load_model
+        from ..spec.resolve import load_model
 
         if model:
             folder = Path(load_model(check_model_ref(model, self.uploads)).source)

@@ -11,7 +11,8 @@ from typing import Any
 
 from .. import catalog
 from ..spec.mix import Mix
-from ..spec.model import hf_hub_cache, load_model
+from ..spec.model import hf_hub_cache
+from ..spec.resolve import load_model
 from ..spec.schema import choices
 from ..spec.workload import Workload
 

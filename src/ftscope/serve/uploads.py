@@ -64,7 +64,7 @@ class Uploads:
 
     def save_config(self, data: bytes) -> dict[str, Any]:
         """Store a config.json after checking that ftscope can build the model it describes."""
-        from ..spec.model import model_from_config
+        from ..spec.resolve import model_from_config
 
         cfg = json_object(data, "malformed config.json", "config.json must be a JSON object")
         name = str(cfg.get("_name_or_path") or cfg.get("model_type") or "config.json")
@@ -95,7 +95,7 @@ def length_stats(lengths: list[int]) -> dict[str, Any]:
 
 def dataset_stats(sample: Path, tokenizer: Path, text_field: str = "text") -> dict[str, Any]:
     """Token-length statistics of a JSONL sample under a local tokenizer (no network)."""
-    from ..measure.batches import read_jsonl_lengths  # reads the tokenizers package lazily; never torch
+    from ..measure.runtime.batches import read_jsonl_lengths  # reads the tokenizers package lazily; never torch
 
     if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", text_field):
         raise FtscopeError(f"the JSONL text field must be a plain key like text or prompt; got {text_field[:40]!r}")

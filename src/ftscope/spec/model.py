@@ -225,21 +225,7 @@ def _lora_target_ids(model: ModelSpec, targets: str | tuple[str, ...]) -> frozen
 
 # ---- loading (spec/resolve.py; here because every caller imports it from this module) -----------------------
 
-def load_model(ref: str) -> ModelSpec:
-    """A ModelSpec from a preset name, an HF id (a preset alias, a model folder in the local HF cache, or a
-    fine-tuned variant of a preset by the name rule), a config.json or a model folder."""
-    from .resolve import resolve_model
-    return resolve_model(str(ref))
-
-
 def hf_hub_cache() -> Path:
     """The local Hugging Face hub cache (HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub)."""
     import os
     return Path(os.environ.get("HF_HUB_CACHE") or Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface")) / "hub")
-
-
-def model_from_config(cfg: dict[str, Any], name: str = "custom", where: str = "config.json") -> ModelSpec:
-    """A ModelSpec straight from a config dict (an inline `model:` mapping, `--shrink`, stores, tests)."""
-    from .architecture import normalize
-    from .layout import build
-    return build(normalize(cfg, where), name)

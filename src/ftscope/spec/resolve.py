@@ -172,3 +172,14 @@ def resolve_model(ref: str) -> ModelSpec:
             f"preset (give its config.json for an exact count)")
     log.info(note)
     return replace(_preset(preset), resolution=note)
+
+
+def load_model(ref: str) -> ModelSpec:
+    """A ModelSpec from a preset name, an HF id (a preset alias, a model folder in the local HF cache, or a
+    fine-tuned variant of a preset by the name rule), a config.json or a model folder."""
+    return resolve_model(str(ref))
+
+
+def model_from_config(cfg: dict[str, Any], name: str = "custom", where: str = "config.json") -> ModelSpec:
+    """A ModelSpec straight from a config dict (an inline `model:` mapping, `--shrink`, stores, tests)."""
+    return build(normalize(cfg, where), name)

@@ -17,7 +17,8 @@ from ..errors import FtscopeError
 from ..files import MAX_DEPTH, load_structured, parse_yaml
 from .hardware import Cluster, Hardware
 from .mix import Mix
-from .model import ModelSpec, load_model, model_from_config
+from .model import ModelSpec
+from .resolve import load_model, model_from_config
 from .recipe import DEFAULT_FRAMEWORK, Recipe, load_recipe
 from .rules import check_layout, mix_problem, model_problem
 from .schema import Number, Text, forbid_extra, validate
@@ -95,10 +96,14 @@ class Scenario:
     """The `framework:` recipe (default hf-trainer): what the framework's step does beyond the generic one."""
 
     def with_(self, **changes: Any) -> "Scenario":
-        """A copy with `mix`/`workload`/`cluster` fields replaced: with_(micro_batch_size=8, zero_stage=2)."""
+        """A copy with `mix`/`workload`/`cluster` fields replaced: with_(micro_batch_size=8, zero_stage=2).
+        A name that is none of their fields raises TypeError (as dataclasses.replace does), never a silent no-op."""
         mix_f = {k: v for k, v in changes.items() if k in SECTIONS["mix"]}
         wl_f = {k: v for k, v in changes.items() if k in SECTIONS["workload"]}
         cl_f = {k: v for k, v in changes.items() if k in ("gpu", "gpus_per_node", "nodes", "inter_node_gbs")}
+        unknown = sorted(set(changes) - set(mix_f) - set(wl_f) - set(cl_f))
+        if unknown:
+            raise TypeError(f"Scenario.with_: no mix, workload or cluster field named {', '.join(unknown)}")
         new = self
         if mix_f:
             new = replace(new, mix=replace(new.mix, **mix_f))
@@ -236,14 +241,8 @@ def read_scenario_file(path: str | Path) -> dict[str, Any]:
 
 
 def load_scenario(source: str | Path | Mapping[str, Any], overrides: Sequence[str] = ()) -> Scenario:
-    """A checked Scenario from a YAML/JSON path or a mapping, with `key.path=value` overrides applied. A path may
-    also be a fine-tuning framework's own config (Axolotl, LLaMA-Factory, torchtune, TRL: see spec/frameworks)."""
-    if isinstance(source, (str, Path)):
-        from .frameworks import read_config, scenario_mapping
-
-        framework_config = read_config(source)
-        if framework_config is not None:
-            return scenario_from_dict(scenario_mapping(framework_config, overrides))
+    """A checked Scenario from a YAML/JSON path or a mapping, with `key.path=value` overrides applied. (A
+    framework's own config file is read by spec/frameworks.load, and by the public `ftscope.load_scenario`.)"""
     raw = read_scenario_file(source) if isinstance(source, (str, Path)) else dict(source)
     if overrides:
         raw = apply_overrides(raw, overrides)

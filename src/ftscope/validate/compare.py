@@ -105,7 +105,8 @@ class CheckResult:
                 "measured": self.measured, "error_pct": self.error_pct, "note": self.note}
 
 
-def _scn(case: Case, overrides: Sequence[str]) -> Scenario:
+def case_scenario(case: Case, overrides: Sequence[str]) -> Scenario:
+    """The case's scenario with key.path=value overrides applied (one measured variant of it)."""
     return scenario_from_dict(apply_overrides(dict(case.scenario), list(overrides)))
 
 
@@ -120,7 +121,7 @@ def case_checks(case: Case) -> list[Check]:
         if value is None or metric in skip:
             return
         try:
-            scn = _scn(case, overrides)
+            scn = case_scenario(case, overrides)
         except FtscopeError as exc:
             raise FtscopeError(f"case '{case.id}': {exc}") from None
         out.append(Check(case.id, case.group, metric, float(value), scn, note))

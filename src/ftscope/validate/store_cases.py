@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import FtscopeError
-from ..spec.model import model_from_config
+from ..spec.resolve import model_from_config
 from ..spec.scenario import Scenario, scenario_from_dict
 from .compare import Check
 

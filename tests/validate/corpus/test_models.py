@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from ftscope.spec.model import model_from_config
+from ftscope.spec.resolve import model_from_config
 from ftscope.validate.corpus import load_corpus
 from ftscope.validate.corpus.models import mpt_config, preset
 

@@ -1,0 +1,90 @@
+"""What every `ftscope` command shares: the --json, --calibration, --show-scenario options and the overrides
+argument, reading a scenario (or a framework's config), printing one JSON document or a view (rich tables and
+lines) to the terminal."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, List, Optional
+
+import typer
+
+from . import options as opt
+
+JSON_OPT = typer.Option(False, "--json", help="Print one JSON document (the output contract) and nothing else.")
+CAL_OPT = typer.Option(None, "--calibration", help="Efficiency calibration file (default: the bundled fit).")
+SHOW_OPT = typer.Option(False, "--show-scenario", help="Print the scenario first (a framework config: as mapped).")
+
+
+def _overrides_help() -> str:
+    from .spec.mix import mix_help  # the allowed values come from Mix's field types, nowhere else
+    return f"key.path=value overrides, e.g. mix.zero_stage=3. Choices: {mix_help()}."
+
+
+OVERRIDES_ARG = typer.Argument(None, help=_overrides_help())
+
+split = opt.split
+
+
+def print_json(data: Any) -> None:
+    from .report.contract import to_json
+    sys.stdout.write(to_json(data))
+
+
+def json_lines(row: Any) -> None:
+    """One compact JSON document per line (recommend --all streams rows as the search produces them)."""
+    if hasattr(row, "to_dict"):
+        row = row.to_dict()
+    sys.stdout.write(json.dumps(row, default=str) + "\n")
+
+
+def console() -> Any:
+    from rich.console import Console
+    con = Console()
+    if not con.is_terminal:  # piped or captured: don't wrap tables at 80 columns
+        con = Console(width=160)
+    return con
+
+
+def print_view(items: List[Any]) -> None:
+    """Print a view: rich tables and lines of text."""
+    con = console()
+    for item in items:
+        con.print(item)
+
+
+def load_input(path: Path, overrides: Optional[List[str]], show: bool = False, json_out: bool = False) -> tuple[Any, Any]:
+    """(scenario, framework config or None) of a scenario file or a framework config (Axolotl, LLaMA-Factory,
+    torchtune, TRL): what a framework config's mapping left out or assumed goes to stderr, one line each."""
+    from .spec.frameworks import load
+
+    scn, cfg = load(path, overrides or [])
+    if cfg is not None:
+        sys.stderr.write(f"ftscope: {path}: read as a config of {cfg.format} (framework: {scn.recipe.name})\n")
+        for line in cfg.unmapped:
+            sys.stderr.write(f"ftscope: warning: not mapped: {line}\n")
+        for line in cfg.notes:
+            sys.stderr.write(f"ftscope: note: {line}\n")
+    if show:
+        import yaml
+        text = yaml.safe_dump(scn.to_dict(), sort_keys=False)
+        (sys.stderr if json_out else sys.stdout).write(text)
+    return scn, cfg
+
+
+def notes_to_stderr() -> None:
+    """ftscope's own notes (which preset a model reference was matched to) as one stderr line each."""
+    import logging
+    log = logging.getLogger("ftscope")
+    if not log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("ftscope: note: %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False
+
+
+def fail(message: str) -> None:
+    sys.stderr.write(f"ftscope: error: {' '.join(message.split())}\n")
+    sys.exit(2)

@@ -1,0 +1,84 @@
+"""Largest micro-batch and largest sequence length that fit.
+
+Every phase's reserved bytes are exactly K + L*t + Q*t*s (t = batch x seq: activations, logits and allocator
+overhead scale with tokens; eager attention scores with tokens x seq). Three evaluations of the memory model
+give K, L, Q per phase, so both limits have closed forms; the answer is then checked against `fits` on both
+sides, so it is exact on integers whatever the rounding.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, NamedTuple
+
+from .memory import MemoryModel
+
+SEQ_CAP = 4_194_304
+BATCH_CAP = 65_536
+
+
+def phase_totals(mem: MemoryModel, batch: float, seq: float) -> list[float]:
+    """Reserved bytes of every phase point at this batch shape (what max_micro_batch compares to the capacity)."""
+    return [mem.reserved_bytes(p) for p in mem.phase_points(batch, seq)]
+
+
+class ReservedCurve(NamedTuple):
+    """One phase point's reserved bytes as a function of the batch shape: K + L*b*s + Q*b*s^2."""
+
+    constant: float
+    """K: weights, optimizer states, gradients, fixed transients, the allocator's workspace."""
+    per_token: float
+    """L: bytes per token (b x s)."""
+    per_token_seq: float
+    """Q: bytes per token per position (eager attention's scores)."""
+
+
+def reserved_curves(mem: MemoryModel) -> list[ReservedCurve]:
+    """The curve of each phase point, from three evaluations of the memory model."""
+    p0, p1, p2 = (phase_totals(mem, b, s) for b, s in ((0, 0), (1, 1), (1, 2)))
+    out = []
+    for k, a, b in zip(p0, p1, p2):
+        q = (b - 2 * a + k) / 2
+        out.append(ReservedCurve(k, a - k - q, q))
+    return out
+
+
+def _settle(guess: int, fits: Callable[[int], bool], cap: int) -> int:
+    """Nudge a closed-form guess to the exact largest integer n in [1, cap] with fits(n) (0 if none)."""
+    n = max(0, min(guess, cap))
+    while n > 0 and not fits(n):
+        n -= 1
+    while n < cap and fits(n + 1):
+        n += 1
+    return n
+
+
+def max_micro_batch(mem: MemoryModel, seq: float, margin: float = 0.0, cap: int = BATCH_CAP) -> int:
+    """Largest micro-batch that fits at this (padded) sequence length; 0 if none."""
+    limit = mem.capacity_bytes * (1.0 - margin)
+    best = float(cap)
+    for k, lin, q in reserved_curves(mem):
+        per_sample = lin * seq + q * seq * seq
+        if k > limit:
+            return 0
+        if per_sample > 0:
+            best = min(best, (limit - k) / per_sample)
+    return _settle(int(best), lambda b: mem.fits(b, seq, margin), cap)
+
+
+def max_seq_len(mem: MemoryModel, batch: int, margin: float = 0.0, cap: int = SEQ_CAP) -> int:
+    """Largest sequence length that fits at this micro-batch; 0 if none."""
+    limit = mem.capacity_bytes * (1.0 - margin)
+    best = float(cap)
+    for k, lin, q in reserved_curves(mem):
+        room = limit - k
+        if room < 0:
+            return 0
+        a, b = q * batch, lin * batch  # a s^2 + b s <= room
+        if a > 0:
+            s = (-b + math.sqrt(b * b + 4 * a * room)) / (2 * a)
+        elif b > 0:
+            s = room / b
+        else:
+            continue
+        best = min(best, s)
+    return _settle(int(best), lambda s: mem.fits(batch, s, margin), cap)

@@ -1,0 +1,126 @@
+"""Solvers (estimate/solvers.py): the largest micro-batch / sequence length that fits, checked on both sides
+against the memory model itself."""
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import ftscope
+from ftscope.estimate.memory import memory_model
+from ftscope.estimate.solvers import BATCH_CAP, SEQ_CAP, max_micro_batch, max_seq_len
+
+
+def scn(model="llama-3.2-1b", gpu="a100-80gb", mix=None, wl=None, hw=None):
+    d = {"model": model, "hardware": {"gpu": gpu, **(hw or {})}, "mix": {"attention": "flash", **(mix or {})},
+         "workload": {"micro_batch_size": 1, "seq_len": 1024, **(wl or {})}}
+    return ftscope.load_scenario(d)
+
+
+CASES = [
+    dict(model="llama-2-7b", mix={"method": "lora"}),
+    dict(model="llama-2-7b", mix={"method": "qlora", "attention": "eager"}),
+    dict(model="llama-3.2-1b", mix={"method": "full", "gradient_checkpointing": True}),
+    dict(model="llama-3.2-1b", mix={"method": "full", "zero_stage": 3}, hw={"gpus_per_node": 8}),
+    # the IISWC stack (transformers 4.x per-expert modules, which bitsandbytes quantizes)
+    dict(model="mixtral-8x7b", gpu="a40", mix={"method": "qlora", "experts_top_k": 2, "gradient_checkpointing": True,
+                                               "experts_backend": "modules"}),
+    dict(model="mixtral-8x7b", gpu="a40", mix={"method": "qlora", "experts_top_k": 8, "experts_backend": "modules"}),
+    dict(model="blackmamba-2.8b", gpu="a40", mix={"method": "full", "precision": "bf16"}),
+    dict(model="llama-3.1-8b", gpu="rtx-4090", mix={"method": "qlora", "loss": "chunked"}),
+]
+
+
+def brute_force_largest(fits, cap):
+    n = 0
+    while n < cap and fits(n + 1):
+        n += 1
+    return n
+
+
+@pytest.mark.parametrize("kw", CASES)
+@pytest.mark.parametrize("seq", [128, 1024, 4096])
+def test_max_micro_batch_is_the_boundary(kw, seq):
+    m = memory_model(scn(**kw))
+    b = max_micro_batch(m, seq)
+    if seq == 128:
+        assert b >= 1, "every case here fits a short sample"
+    assert b == 0 or m.fits(b, seq)
+    assert not m.fits(b + 1, seq)
+
+
+@pytest.mark.parametrize("kw", CASES)
+@pytest.mark.parametrize("batch", [1, 4])
+def test_max_seq_len_is_the_boundary(kw, batch):
+    m = memory_model(scn(**kw))
+    s = max_seq_len(m, batch)
+    assert s >= 1
+    assert m.fits(batch, s)
+    assert not m.fits(batch, s + 1)
+
+
+@pytest.mark.parametrize("kw", CASES[:4])
+def test_max_micro_batch_equals_a_linear_scan(kw):
+    m = memory_model(scn(**kw))
+    assert max_micro_batch(m, 2048) == brute_force_largest(lambda b: m.fits(b, 2048), BATCH_CAP)
+
+
+@settings(max_examples=40, deadline=None)
+@given(kw=st.sampled_from(CASES), seq=st.integers(1, 16384), batch=st.integers(1, 64),
+       margin=st.floats(0.0, 0.6))
+def test_solvers_boundary_with_margin(kw, seq, batch, margin):
+    m = memory_model(scn(**kw))
+    b = max_micro_batch(m, seq, margin)
+    assert b == 0 or m.fits(b, seq, margin)
+    assert b == BATCH_CAP or not m.fits(b + 1, seq, margin)
+    s = max_seq_len(m, batch, margin)
+    assert s == 0 or m.fits(batch, s, margin)
+    assert s == SEQ_CAP or not m.fits(batch, s + 1, margin)
+
+
+def test_margin_never_raises_the_limit():
+    m = memory_model(scn("llama-2-7b", mix={"method": "lora"}))
+    limits = [max_micro_batch(m, 1024, x) for x in (0.0, 0.05, 0.1, 0.3, 0.5)]
+    assert all(b <= a for a, b in zip(limits, limits[1:]))
+    assert limits[-1] < limits[0]
+
+
+def test_limits_fall_as_the_other_dimension_grows():
+    m = memory_model(scn("llama-2-7b", mix={"method": "lora", "attention": "eager"}))
+    batches = [max_micro_batch(m, s) for s in (256, 512, 1024, 2048)]
+    assert all(b <= a for a, b in zip(batches, batches[1:])) and batches[-1] < batches[0]
+    seqs = [max_seq_len(m, b) for b in (1, 2, 4, 8)]
+    assert all(b <= a for a, b in zip(seqs, seqs[1:])) and seqs[-1] < seqs[0]
+
+
+def test_nothing_fits_gives_zero():
+    m = memory_model(scn("llama-2-70b", "l4", mix={"method": "full"}))
+    assert not m.fits(1, 1)
+    assert max_micro_batch(m, 512) == 0
+    assert max_seq_len(m, 1) == 0
+    e = ftscope.estimate(scn("llama-2-70b", "l4", mix={"method": "full"}, wl={"micro_batch_size": "max"}))
+    assert e.max_micro_batch_size == 0 and e.max_seq_len == 0 and not e.fits
+
+
+def test_tiny_model_on_huge_gpu_hits_the_cap():
+    m = memory_model(scn("llama-3.2-1b", "b200", mix={"method": "qlora", "gradient_checkpointing": True}))
+    assert max_micro_batch(m, 1, cap=64) == 64
+    assert max_seq_len(m, 1, cap=100) == 100
+
+
+def test_workload_max_uses_the_solved_batch():
+    s = scn("llama-2-7b", mix={"method": "lora"}, wl={"micro_batch_size": "max", "seq_len": 1024})
+    e = ftscope.estimate(s)
+    m = memory_model(s)
+    assert e.micro_batch_size == e.max_micro_batch_size == max_micro_batch(m, 1024)
+    assert e.fits
+    fixed = ftscope.estimate(s.with_(micro_batch_size=e.micro_batch_size))
+    assert fixed.memory.peak_bytes == e.memory.peak_bytes
+    assert not ftscope.estimate(s.with_(micro_batch_size=e.micro_batch_size + 1)).fits
+
+
+def test_solved_batch_uses_dynamic_padding_peak_length():
+    ds = {"num_samples": 1000, "mean_tokens": 187, "median_tokens": 174, "p99_tokens": 411, "max_tokens": 700}
+    s = scn("llama-2-7b", mix={"method": "lora"}, wl={"micro_batch_size": "max", "seq_len": 1024, "dataset": ds})
+    e = ftscope.estimate(s)
+    assert e.seq_len == 700
+    assert e.max_micro_batch_size == max_micro_batch(memory_model(s), 700)

@@ -1,0 +1,50 @@
+"""The caching-allocator model (measure/trace/allocator.py) on hand-made allocation streams with known answers."""
+from __future__ import annotations
+
+from ftscope.measure.trace.allocator import CachingAllocator, replay, round_size, segment_size
+
+MiB = 1 << 20
+
+
+def test_sizes_round_like_the_cuda_allocator():
+    assert round_size(1) == 512 and round_size(512) == 512 and round_size(513) == 1024
+    assert segment_size(100) == 2 * MiB and segment_size(MiB) == 2 * MiB
+    assert segment_size(MiB + 512) == 20 * MiB and segment_size(10 * MiB - 512) == 20 * MiB
+    assert segment_size(10 * MiB) == 10 * MiB and segment_size(11 * MiB + 1) == 12 * MiB
+
+
+def test_a_freed_block_serves_the_next_request_that_fits():
+    a = replay([("malloc", "a", 4 * MiB), ("free", "a", 0), ("malloc", "b", 4 * MiB), ("malloc", "c", 3 * MiB)])
+    assert a.segments == 1 and a.reserved == 20 * MiB  # one 20 MiB segment, split for b and c
+    assert a.allocated == 7 * MiB and a.peak_allocated == 7 * MiB
+
+
+def test_a_larger_request_cannot_use_smaller_free_blocks():
+    a = replay([("malloc", "x", 12 * MiB), ("malloc", "y", 12 * MiB), ("free", "x", 0), ("malloc", "z", 14 * MiB)])
+    assert a.reserved == 38 * MiB and a.allocated == 26 * MiB  # x's 12 MiB stays cached: fragmentation
+
+
+def test_freed_neighbours_merge_within_a_segment():
+    events = [("malloc", k, 3 * MiB) for k in "abc"] + [("free", "a", 0), ("free", "b", 0), ("malloc", "d", 6 * MiB)]
+    a = replay(events)
+    assert a.segments == 1 and a.allocated == 9 * MiB
+
+
+def test_small_requests_have_their_own_pool():
+    a = CachingAllocator()
+    a.malloc("big", 4 * MiB)
+    a.free("big")
+    a.malloc("small", 4096)  # the free 20 MiB large segment does not serve it
+    assert a.segments == 2 and a.reserved == 22 * MiB and a.peak_reserved == 22 * MiB
+
+
+def test_empty_cache_returns_only_entirely_free_segments():
+    a = replay([("malloc", "x", 12 * MiB), ("malloc", "y", 4 * MiB), ("malloc", "z", 4 * MiB), ("free", "x", 0),
+                ("free", "y", 0)])
+    assert a.reserved == 32 * MiB
+    a.empty_cache()  # x's 12 MiB segment goes; y's 20 MiB segment still holds z
+    assert a.reserved == 20 * MiB and a.segments == 1 and a.peak_reserved == 32 * MiB
+    a.malloc("w", 12 * MiB)  # fits the 12 MiB left at the end of z's segment
+    assert a.reserved == 20 * MiB
+    a.malloc("v", 13 * MiB)  # nothing cached is that large: a new 14 MiB segment
+    assert a.reserved == 34 * MiB and a.segments == 2

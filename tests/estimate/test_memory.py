@@ -324,7 +324,7 @@ def test_fused_linear_loss_keeps_no_logits_and_its_tile_stops_growing():
 
     mm = fused.model_memory
     uncapped = replace(mm, acts=replace(a, loss_tile_tokens=float("inf")))
-    start_of_backward = lambda model, s: model._phases(1, s)[2][4]  # noqa: E731 - (phase, ..., allocated)
+    start_of_backward = lambda model, s: model.phase_points(1, s)[2].allocated  # noqa: E731
     extra = start_of_backward(uncapped, 8192) - start_of_backward(mm, 8192)
     assert extra == pytest.approx(a.loss_tile_per_token * (8192 - 4096))
     assert start_of_backward(uncapped, 2048) == start_of_backward(mm, 2048)

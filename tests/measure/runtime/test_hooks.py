@@ -83,9 +83,11 @@ def test_exclusive_attribution_on_known_sleeps() -> None:
     r = lt.result()
     expect_f = {"attention": 2, "lora": 1, "mlp": 1, "norms": 1}
     expect_b = {"attention": 4, "lora": 2, "mlp": 3, "norms": 2}
+    # lower bounds only: a sleep never ends early, but a busy machine can wake it late by any amount. Exclusive
+    # attribution (nothing counted twice) is the sum below staying within the wall time.
     for cat in expect_f:
-        assert expect_f[cat] * U <= r.forward_s[cat] < (expect_f[cat] + 0.5) * U, (cat, r.forward_s)
-        assert expect_b[cat] * U <= r.backward_s[cat] < (expect_b[cat] + 0.5) * U, (cat, r.backward_s)
+        assert expect_f[cat] * U <= r.forward_s[cat], (cat, r.forward_s)
+        assert expect_b[cat] * U <= r.backward_s[cat], (cat, r.backward_s)
     assert r.recompute_s == {}
     assert r.calls == {"attention": 1, "lora": 1, "mlp": 1, "norms": 1}
     assert r.sum_s() <= wall

@@ -15,11 +15,8 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src" / "ftscope"
 MAX_FUNCTION_LINES = 80
 MAX_MODULE_LINES = 400
-WAIVED_FUNCTIONS = {
-    # in files other issues are rewriting while this check lands (time model, framework recipes): split it
-    # there, then drop it from this list
-    "ftscope.estimate.memory.memory_model",
-}
+WAIVED_FUNCTIONS: set[str] = set()
+"""Functions allowed over the limit while another change rewrites them (none today)."""
 
 LAYER = {"errors": 0, "catalog": 0, "data": 0, "version": 0, "files": 0, "spec": 1, "estimate": 2, "plan": 3,
          "measure": 4, "validate": 4, "studies": 4, "report": 5, "cli": 6, "cli_io": 6, "cli_measure": 6,

@@ -237,22 +237,27 @@ def usable_bytes(gpu: GpuSpec, allocator: AllocatorModel = DEFAULT_ALLOCATOR) ->
     return gpu.memory_bytes - allocator.cuda_context_gib * GIB
 
 
-def memory_model(scn: Scenario, allocator: AllocatorModel = DEFAULT_ALLOCATOR) -> MemoryModel:
-    """Build the per-GPU memory model of a scenario."""
-    m, mix, cl = scn.model, scn.mix, scn.cluster
-    n = cl.world_size // mix.model_parallel  # ZeRO / FSDP shard over the data-parallel ranks
-    stage = mix.shard_stage
-    deepspeed = mix.zero_stage > 0
-    fsdp = mix.fsdp is not None
-    mixed = mix.precision in ("bf16-mixed", "fp16-mixed")
-    fp32 = mix.precision == "fp32"
-    total = m.total_params
-    trainable = trainable_params(scn)
-    frozen = 0 if mix.method == "full" else total
+@dataclass(frozen=True)
+class StateBytes:
+    """Bytes per trainable parameter the run keeps, by role."""
 
-    # bytes per trainable parameter: working weight, gradient, optimizer (+ fp32 master)
+    weight: float
+    """The working copy of a trained weight."""
+    gradient: float
+    optimizer: float
+    """Optimizer states plus an fp32 master copy where the engine keeps one."""
+    low_states: bool
+    """AdamW states kept in bf16 (pure bf16, or a recipe's bf16 adapters)."""
+
+
+def state_bytes(scn: Scenario) -> StateBytes:
+    """Bytes per trainable parameter of the working weight, its gradient and its optimizer state, by precision,
+    engine and recipe."""
+    mix = scn.mix
+    deepspeed, fsdp = mix.zero_stage > 0, mix.fsdp is not None
+    mixed = mix.precision in ("bf16-mixed", "fp16-mixed")
     low_adapters = mixed and mix.trains_lora and not deepspeed and scn.recipe.adapter_dtype(mix.method) != "fp32"
-    if fp32:
+    if mix.precision == "fp32":
         w_b, g_b, master = 4.0, 4.0, 0.0
     elif mixed and (deepspeed or (mix.method == "full" and fsdp)):
         w_b, g_b, master = 2.0, 2.0, 4.0        # bf16 working copy, fp32 master in the optimizer
@@ -264,24 +269,72 @@ def memory_model(scn: Scenario, allocator: AllocatorModel = DEFAULT_ALLOCATOR) -
         w_b, g_b, master = 2.0, 2.0, 0.0
     low_states = (mix.precision == "bf16" or low_adapters) and mix.optimizer == "adamw"
     opt_state = OPTIMIZER_STATE_BYTES[mix.optimizer] * (0.5 if low_states else 1.0)
-    opt_b = opt_state + master
+    return StateBytes(w_b, g_b, opt_state + master, low_states)
 
-    # frozen base weights
+
+def frozen_weight_bytes(scn: Scenario) -> float:
+    """Bytes of the frozen base weights (none for full fine-tuning): NF4 for what bitsandbytes quantizes."""
+    m, mix = scn.model, scn.mix
+    total = m.total_params
     if mix.method == "qlora":
         quantized = m.quantizable_params()
         if m.is_moe and mix.fused_experts:
             # bitsandbytes replaces nn.Linear only: transformers 5's fused 3-D experts stay in bf16
             quantized -= sum(lin.params * k for lin, k in m.linears() if lin.group == "experts")
-        frozen_bytes = quantized * NF4_BYTES + (total - quantized) * 2.0 + kbit_fp32_params(scn, quantized) * 2.0
-    else:
-        frozen_bytes = frozen * (4.0 if fp32 else 2.0)
+        return quantized * NF4_BYTES + (total - quantized) * 2.0 + kbit_fp32_params(scn, quantized) * 2.0
+    frozen = 0 if mix.method == "full" else total
+    return frozen * (4.0 if mix.precision == "fp32" else 2.0)
 
-    shard_w = n if (stage == 3 or fsdp) else 1  # FSDP2 shards parameters at both strategies
+
+def forward_transients(scn: Scenario, shards: int) -> tuple[float, float]:
+    """(bytes alive through forward and backward, bytes alive while one block computes): autocast's weight cache,
+    dequantized and merged weights, ZeRO-3 / FSDP gathers."""
+    m, mix = scn.model, scn.mix
+    deepspeed, fsdp = mix.zero_stage > 0, mix.fsdp is not None
+    mixed = mix.precision in ("bf16-mixed", "fp16-mixed")
+    transient = block = 0.0
+    if mix.method == "full" and mixed and not deepspeed and not fsdp:
+        transient += m.total_params * 2.0       # autocast's bf16 weight cache, kept for backward
+    if mix.method == "qlora":
+        largest = max((lin.params for lin, _ in m.linears() if not (lin.group == "experts" and mix.fused_experts)),
+                      default=0)
+        block += largest * scn.recipe.dequant_bytes_per_weight  # the dequantized weight of the matmul in flight
+    head_copy, stack_copies = kbit_autocast_copies(scn)
+    transient += head_copy
+    if mix.gradient_checkpointing:
+        block += max(stack_copies, default=0.0)
+        block += peft_merged_expert_bytes(scn)  # one recomputed layer's
+    else:
+        transient += sum(stack_copies)
+        transient += peft_merged_expert_bytes(scn)  # every layer's, saved for backward
+    if mix.shard_stage == 3:
+        # ZeRO-3/FSDP gather the current block and prefetch the next (MoE blocks are gathered whole)
+        per_param = NF4_BYTES if mix.method == "qlora" else 2.0
+        transient += 2 * m.largest_layer_params() * per_param * (1 - 1 / shards)
+        if scn.recipe.fsdp_root_gathered and fsdp:
+            root = m.embedding_params + m.lm_head_params + m.final_norm_params
+            transient += root * (4.0 if mix.precision == "fp32" else 2.0) * (1 - 1 / shards)
+    elif fsdp and mix.method == "full":
+        transient += m.total_params * 2.0       # shard_grad_op keeps the unsharded bf16 weights until backward ends
+    return transient, block
+
+
+def memory_model(scn: Scenario, allocator: AllocatorModel = DEFAULT_ALLOCATOR) -> MemoryModel:
+    """Build the per-GPU memory model of a scenario."""
+    m, mix, cl = scn.model, scn.mix, scn.cluster
+    n = cl.world_size // mix.model_parallel  # ZeRO / FSDP shard over the data-parallel ranks
+    stage = mix.shard_stage
+    deepspeed = mix.zero_stage > 0
+    mixed = mix.precision in ("bf16-mixed", "fp16-mixed")
+    trainable = trainable_params(scn)
+    per = state_bytes(scn)
+
+    shard_w = n if (stage == 3 or mix.fsdp is not None) else 1  # FSDP2 shards parameters at both strategies
     shard_g = n if stage >= 2 else 1
     shard_o = n if stage >= 1 else 1
-    weights = (frozen_bytes + trainable * w_b) / shard_w
-    grads = trainable * g_b / shard_g
-    optimizer = trainable * opt_b / shard_o
+    weights = (frozen_weight_bytes(scn) + trainable * per.weight) / shard_w
+    grads = trainable * per.gradient / shard_g
+    optimizer = trainable * per.optimizer / shard_o
     cpu = 0.0
     if mix.offload in ("optimizer", "optimizer+params"):
         cpu += optimizer + trainable * 4.0 / shard_g  # fp32 states + fp32 grad partition live on the host
@@ -297,51 +350,22 @@ def memory_model(scn: Scenario, allocator: AllocatorModel = DEFAULT_ALLOCATOR) -
     grads_fwd = grads if (scn.workload.gradient_accumulation > 1 or deepspeed) else 0.0
     if deepspeed and stage >= 2:
         # ZeRO-2/3 reduce-scatter through a bucket of about hidden^2 elements (HF "auto"), double-buffered
-        bucket = min(trainable, m.arch.hidden_size ** 2) * g_b * 2
+        bucket = min(trainable, m.arch.hidden_size ** 2) * per.gradient * 2
         grads, grads_fwd = grads + bucket, grads_fwd + bucket
-
-    # transients alive through forward and backward
-    layer_params = m.largest_layer_params()
-    transient = 0.0
-    if mix.method == "full" and mixed and not deepspeed and not fsdp:
-        transient += total * 2.0                 # autocast's bf16 weight cache, kept for backward
-    block = 0.0
-    if mix.method == "qlora":
-        largest = max((lin.params for lin, _ in m.linears() if not (lin.group == "experts" and mix.fused_experts)),
-                      default=0)
-        block += largest * scn.recipe.dequant_bytes_per_weight  # the dequantized weight of the matmul in flight
-    head_copy, stack_copies = kbit_autocast_copies(scn)
-    transient += head_copy
-    if mix.gradient_checkpointing:
-        block += max(stack_copies, default=0.0)
-        block += peft_merged_expert_bytes(scn)  # one recomputed layer's
-    else:
-        transient += sum(stack_copies)
-        transient += peft_merged_expert_bytes(scn)  # every layer's, saved for backward
-    if stage == 3:
-        # ZeRO-3/FSDP gather the current block and prefetch the next (MoE blocks are gathered whole)
-        per_param = NF4_BYTES if mix.method == "qlora" else 2.0
-        transient += 2 * layer_params * per_param * (1 - 1 / n)
-        if scn.recipe.fsdp_root_gathered and fsdp:
-            root = m.embedding_params + m.lm_head_params + m.final_norm_params
-            transient += root * (4.0 if fp32 else 2.0) * (1 - 1 / n)
-    elif fsdp and mix.method == "full":
-        transient += total * 2.0                 # shard_grad_op keeps the unsharded bf16 weights until backward ends
+    transient, block = forward_transients(scn, n)
 
     # optimizer step transients
     opt_transient = 0.0
     if mix.offload == "none" and mix.optimizer in ("adamw",):
         # foreach AdamW: one temporary per parameter, in the optimizer state's dtype
-        opt_transient += trainable * (2.0 if low_states else 4.0) / shard_o
+        opt_transient += trainable * (2.0 if per.low_states else 4.0) / shard_o
     if deepspeed and mixed and mix.offload == "none":
         opt_transient += trainable * 4.0 / shard_o   # fp32 gradient partition fed to the optimizer
 
-    top_k = scn.top_k
-    acts, checkpointing = activation_policy(activation_coefficients(m, mix, top_k, scn.recipe), scn)
-    capacity = usable_bytes(cl.gpu, allocator)
+    acts, checkpointing = activation_policy(activation_coefficients(m, mix, scn.top_k, scn.recipe), scn)
     return split_states(MemoryModel(
         weights=weights, gradients=grads, gradients_in_forward=grads_fwd, optimizer=optimizer,
         optimizer_transient=opt_transient, weight_transient=transient, block_transient=block, acts=acts,
-        checkpointing=checkpointing, cpu_bytes=cpu, capacity_bytes=capacity,
+        checkpointing=checkpointing, cpu_bytes=cpu, capacity_bytes=usable_bytes(cl.gpu, allocator),
         trainable_params=trainable, allocator=allocator, offload_activations=mix.activation_offload,
     ), scn)

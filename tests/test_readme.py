@@ -1,4 +1,6 @@
-"""Every command the README shows runs as written (from the repo root) and exits 0 without a traceback.
+"""Every command the README shows runs as written (from the repo root), exits 0 without a traceback and prints
+the output lines the README shows under it (scripts/refresh_readme.py refreshes them; what a command measures on
+this machine, a wall-clock time, is not compared).
 
 What the commands write under /tmp goes to a folder of this test session instead (the same command with /tmp/
 replaced), so parallel checkouts do not share files and nothing lands in the repository. Commands that build or
@@ -7,7 +9,6 @@ train a real model (or read what one wrote) are marked slow.
 from __future__ import annotations
 
 import os
-import re
 import shlex
 import subprocess
 import sys
@@ -17,28 +18,28 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
+sys.path.insert(0, str(ROOT / "scripts"))
+import refresh_readme  # noqa: E402  (scripts/ is not a package)
 REAL_MODEL = ("ftscope profile", "ftscope trace", "ftscope study moe", "benchmarks/profile_overhead.py",
               "--db /tmp/ftscope-readme.sqlite")
 """Commands that run the real implementation, or read the store the profile command wrote."""
 
 
+def readme_shown() -> list[refresh_readme.Shown]:
+    return refresh_readme.shown_commands((ROOT / "README.md").read_text().splitlines())
+
+
 def readme_commands() -> list[str]:
-    text = (ROOT / "README.md").read_text()
-    cmds = []
-    for block in re.findall(r"```console\n(.*?)```", text, flags=re.S):
-        for line in block.splitlines():
-            if line.startswith("$ "):
-                cmds.append(line[2:].split("  #")[0].strip())
-    return cmds
+    return [s.command for s in readme_shown()]
 
 
-def _runnable(cmd: str) -> bool:
-    # chains into other tools (accelerate) and placeholder files (s.yaml) are illustrations, not commands
-    return "&&" not in cmd and " s.yaml" not in cmd
+_runnable = refresh_readme.runnable
+"""Chains into other tools (accelerate) and placeholder files (s.yaml) are illustrations, not commands."""
 
 
-def _param(cmd: str) -> object:
-    return pytest.param(cmd, marks=[pytest.mark.slow] if any(k in cmd for k in REAL_MODEL) else [])
+def _param(shown: refresh_readme.Shown) -> object:
+    slow = any(k in shown.command for k in REAL_MODEL)
+    return pytest.param(shown, marks=[pytest.mark.slow] if slow else [], id=shown.command)
 
 
 @pytest.fixture(scope="module")
@@ -60,17 +61,21 @@ def test_readme_commands_write_only_under_tmp():
                 assert value.startswith("/tmp/"), f"{cmd}: {opt} {value} would write into the checkout"
 
 
-@pytest.mark.parametrize("cmd", [_param(c) for c in readme_commands() if _runnable(c)])
-def test_readme_command_runs(cmd: str, private_tmp: Path):
+@pytest.mark.parametrize("shown", [_param(s) for s in readme_shown() if _runnable(s.command)])
+def test_readme_command_runs_and_prints_what_the_readme_shows(shown: refresh_readme.Shown, private_tmp: Path):
     # run as a user would type it (redirects included), with this environment's ftscope first on PATH;
     # commands run in README order, so a later one may read what an earlier one wrote to /tmp
+    cmd = shown.command
     for arg in shlex.split(cmd):
         if arg.startswith("../shared/") and not (ROOT / arg).exists():
             pytest.skip(f"{arg} is not beside this checkout")
-    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "COLUMNS": refresh_readme.WIDTH}
     line = cmd.replace(".venv/bin/python", sys.executable, 1) if cmd.startswith(".venv/bin/python") else cmd
     line = line.replace("/tmp/", f"{private_tmp}/")
     # no timeout: under load `study moe` alone took over 600 s; a hang would show as a stuck job, not a flaky fail
     proc = subprocess.run(["bash", "-c", line], cwd=ROOT, capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
+    if shown.lines and not refresh_readme.measured(cmd):
+        fresh = [x.rstrip() for x in (proc.stderr + proc.stdout).replace(f"{private_tmp}/", "/tmp/").splitlines()]
+        assert refresh_readme.differences(shown, fresh) == [], "run scripts/refresh_readme.py"

@@ -77,16 +77,17 @@ def _label(scn: Scenario) -> str:
     return f"{scn.cluster.world_size}x {scn.cluster.gpu.key} | {scn.mix.label()}"
 
 
-def parse_gpu_budget(spec: str) -> tuple[GpuSpec, int]:
-    """'a100-80gb:8' -> (A100-80GB, up to 8 GPUs); a bare name means up to 8."""
-    name, _, count = spec.partition(":")
+def parse_gpu_budget(spec: str, default_gpu: GpuSpec | None = None) -> tuple[GpuSpec | None, int]:
+    """'a100-80gb:8' -> (A100-80GB, up to 8 GPUs); a bare name means up to 8; a bare count ('8') means up to that
+    many of the scenario's GPU (`default_gpu`, None when not known yet)."""
+    name, _, count = spec.partition(":") if not spec.strip().isdigit() else ("", "", spec.strip())
     try:
         n = int(count) if count else 8
     except ValueError:
         raise FtscopeError(f"--gpus takes NAME:COUNT like a100-80gb:8; got {spec!r}") from None
     if not 1 <= n <= 4096:
         raise FtscopeError(f"GPU count in {spec!r} must be from 1 to 4096")
-    return gpu_from_catalog(name), n
+    return (gpu_from_catalog(name) if name else default_gpu), n
 
 
 def mix_reason(scn: Scenario) -> str | None:
@@ -132,7 +133,7 @@ def _targets(scn: Scenario, gpus: Sequence[str] | None, any_gpu: bool) -> list[t
     if any_gpu:
         return [(gpu_from_catalog(k), 8) for k in catalog.gpu_table() if catalog.prices_for(k)]
     if gpus:
-        return [parse_gpu_budget(g) for g in gpus]
+        return [parse_gpu_budget(g, scn.cluster.gpu) for g in gpus]
     return [(scn.cluster.gpu, scn.cluster.world_size)]
 
 

@@ -13,7 +13,7 @@ from typing import List, Optional
 import typer
 
 from . import cli_measure, cli_quick
-from .cli_quick import SCENARIO_HELP, quick_flags
+from .cli_quick import MARGIN_OPT, SCENARIO_HELP, quick_flags
 from . import options as opt
 from .cli_io import (CAL_OPT, JSON_OPT, OVERRIDES_ARG, SHOW_OPT, console, fail, json_lines, load_input,
                      notes_to_stderr, print_json, print_view, split)
@@ -45,7 +45,6 @@ def estimate(
     step time, throughput, hours and dollars. SCENARIO may also be an Axolotl, LLaMA-Factory, torchtune or TRL config."""
     from . import estimate as run_estimate
 
-    opt.number(margin, "--margin", ge=0, lt=1)
     opt.input_file(calibration, "calibration file")
     scn, _ = load_input(scenario, overrides, show_scenario, json_out)
     est = run_estimate(scn, margin=margin, calibration=str(calibration) if calibration else None)
@@ -70,6 +69,7 @@ def plan(
     by: str = typer.Option("cost", "--by", help="Rank by cost or time."),
     all_rows: bool = typer.Option(False, "--all", help="Show every GPU x count, not just the best count per GPU."),
     keep_batch: bool = typer.Option(False, "--keep-batch", help="Use the scenario's micro-batch instead of the largest that fits."),
+    margin: float = MARGIN_OPT,
     plot_file: Optional[Path] = typer.Option(None, "--plot", help="Write the cost-vs-time chart (PNG or SVG)."),
     json_out: bool = JSON_OPT,
     calibration: Optional[Path] = CAL_OPT,
@@ -89,7 +89,7 @@ def plan(
     opt.input_file(calibration, "calibration file")
     scn, _ = load_input(scenario, overrides, show_scenario, json_out)
     result = run_plan(scn, gpus=split(gpus) or None, counts=count_list, max_gpus=max_gpus, nodes=nodes, by=by,
-                      solve_batch=not keep_batch, calibration=str(calibration) if calibration else None)
+                      solve_batch=not keep_batch, calibration=str(calibration) if calibration else None, margin=margin)
     if plot_file is not None:
         from .report import charts
         charts.save(charts.cost_vs_time(result.to_dict()["rows"], f"{scn.model.name}: cost vs time"), plot_file)
@@ -116,6 +116,7 @@ def recommend(
     budget_usd: Optional[float] = typer.Option(None, "--budget-usd", help="Drop candidates whose run costs more."),
     deadline_hours: Optional[float] = typer.Option(None, "--deadline-hours", help="Drop candidates that take longer."),
     by: str = typer.Option("time", "--by", help="Rank by time, cost or memory."),
+    margin: float = MARGIN_OPT,
     top: int = typer.Option(10, "--top", help="Rows to show (and to write with --json)."),
     emit_dir: Optional[Path] = typer.Option(None, "--emit", help="Write the winner's DeepSpeed JSON, accelerate YAML "
                                                                   "and Trainer/PEFT arguments here."),
@@ -156,7 +157,7 @@ def recommend(
         result = run_recommend(scn, gpus=split(gpus) or None, any_gpu=any_gpu, budget_usd=budget_usd,
                                deadline_hours=deadline_hours, by=by, top=top, exhaustive=exhaustive,
                                time_budget_s=time_budget, progress=progress, on_row=json_lines if all_rows else None,
-                               calibration=str(calibration) if calibration else None)
+                               calibration=str(calibration) if calibration else None, margin=margin)
     if plot_file is not None:
         from .report import charts
         top_rows = [c.to_dict() for c in result.rows if c.feasible][:top]

@@ -14,10 +14,14 @@ from typing import Any, Callable, Optional
 
 import typer
 
+from . import options as opt
 from .errors import FtscopeError
 from .spec.quick import QuickFlags
 
 SCENARIO_HELP = "Scenario YAML/JSON file (or a framework config); optional with --model (flags set the keys)."
+MARGIN_OPT = typer.Option(0.05, "--margin", help="Fraction of usable GPU memory to keep free: the batch is solved to "
+                                                  "leave it, a candidate that fits only inside it is tight and ranks "
+                                                  "after the others (0: no margin).")
 
 _FLAGS: dict[str, tuple[Any, Any]] = {
     "model": (Optional[str], typer.Option(None, "--model", help="Model: a preset (ftscope models), HF id or config.json.")),
@@ -47,6 +51,8 @@ def quick_flags(count: bool = True, gpu_into: str | None = None) -> Callable[[Ca
         @functools.wraps(fn)
         def command(*args: Any, **kwargs: Any) -> Any:
             flags = QuickFlags(**{n: kwargs.pop(n) for n in names})
+            if "margin" in kwargs:
+                opt.number(kwargs["margin"], "--margin", ge=0, lt=1)
             kwargs["scenario"], kwargs["overrides"] = _inputs(kwargs.get("scenario"), kwargs.get("overrides"), flags)
             if gpu_into and flags.gpu is not None and kwargs.get(gpu_into) is None:
                 kwargs[gpu_into] = flags.gpu
@@ -89,7 +95,6 @@ def init(
 ) -> None:
     """Write a commented scenario template: every key with its value (the default unless a flag sets it), its
     unit and what it means. Edit it, then `ftscope estimate FILE`."""
-    from . import options as opt
     from .spec.template import scenario_template
 
     flags = QuickFlags(model=model, gpu=gpu, gpus=gpus, method=method, seq=seq, batch=batch,

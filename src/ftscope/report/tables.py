@@ -93,7 +93,7 @@ def plan_table(rows: Sequence[Estimate], pareto: set[int] | None = None, title: 
         t.add_column(col, justify=just)
     for i, est in enumerate(rows, 1):
         cl = est.scenario.cluster
-        mark = "*" if pareto and (i - 1) in pareto else ""
+        mark = ("*" if pareto and (i - 1) in pareto else "") + (" tight" if est.status == "tight" else "")
         if not est.fits or est.time is None or est.run is None:
             t.add_row(str(i), cl.gpu.key, str(cl.world_size), f"{cl.gpu.memory_gib:.0f}", str(est.max_micro_batch_size),
                       "-", "-", "-", "-", "-", "-", f"[red]{short_reason(est)}[/red]")
@@ -142,6 +142,13 @@ def plan_view(result: Any, scn: Any, all_rows: bool, by: str) -> list[Any]:
              f"{scn.workload.epochs:g} epochs | ranked by {by}"
              + ("" if all_rows else " (best count per GPU; --all for every count)"))
     out: list[Any] = [plan_table(rows, pareto, title)]
+    tight = sum(1 for e in rows if e.status == "tight")
+    if tight:
+        out.append(f"[yellow]tight[/yellow]: {tight} row(s) fit only inside the {rows[0].tight_margin:.0%} memory margin "
+                   "(ranked after the others; --margin 0 ranks them together)")
+    for gpu, found in result.fixes.items():
+        out.append(f"{gpu} does not fit; " + ("fits with one change: " + "; ".join(f.text() for f in found)
+                                            if found else "no single change (checkpointing, ZeRO-3, QLoRA, more GPUs) fits"))
     if result.best is not None:
         b = result.best
         out.append(f"best: {b.scenario.cluster.world_size}x {b.scenario.cluster.gpu.key}, micro-batch "

@@ -29,8 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bad_input_cases import Case, build  # noqa: E402
 
 HANG_S = 30.0
-SIGNED_KEYS = ("error_pct", "delta", "diff")
-"""JSON keys whose values may be negative (a signed prediction error)."""
+SIGNED_KEYS = ("error_pct", "delta", "diff", "headroom_gib", "headroom_pct")
+"""JSON keys whose values may be negative (a signed prediction error; memory left, below 0 when it does not fit)."""
 TEXT_NONSENSE = re.compile(r"(?<![\w.-])(nan|-?inf|infinity)(?![\w-])", re.IGNORECASE)
 
 

@@ -201,8 +201,18 @@ def test_check_exit_codes(dense):
     assert r.returncode == 1
     d = json.loads(r.stdout)
     assert d["memory"]["fits"] is False and "does not fit" in d["reason"]
-    # without --check a misfit is still a successful answer
-    assert ftscope("estimate", dense, "model=llama-2-70b", "hardware.gpu=l4", "mix.method=full").returncode == 0
+    # without --check a misfit is still a successful answer, which says so before any hours or dollars
+    r = ftscope("estimate", dense, "model=llama-2-70b", "hardware.gpu=l4", "mix.method=full")
+    assert r.returncode == 0
+    assert r.stdout.startswith("does not fit: needs") and r.stdout.index("does not fit") < r.stdout.index("GPU-h")
+    assert "short by" in r.stdout and d["memory"]["status"] == "does_not_fit" and d["memory"]["headroom_gib"] < 0
+
+
+def test_estimate_states_headroom(dense):
+    r = ftscope("estimate", dense)
+    assert r.returncode == 0 and "headroom" in r.stdout and "free at the peak" in r.stdout and "tight" not in r.stdout
+    tight = ftscope("estimate", dense, "workload.micro_batch_size=max", "--check")
+    assert tight.returncode == 0 and "tight: " in tight.stdout and "under the 5 % margin" in tight.stdout
 
 
 def test_unknown_model(dense):

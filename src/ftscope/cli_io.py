@@ -54,12 +54,15 @@ def print_view(items: List[Any]) -> None:
         con.print(item)
 
 
-def load_input(path: Path, overrides: Optional[List[str]], show: bool = False, json_out: bool = False) -> tuple[Any, Any]:
+def load_input(path: Optional[Path], overrides: Optional[List[str]], show: bool = False,
+               json_out: bool = False) -> tuple[Any, Any]:
     """(scenario, framework config or None) of a scenario file or a framework config (Axolotl, LLaMA-Factory,
-    torchtune, TRL): what a framework config's mapping left out or assumed goes to stderr, one line each."""
+    torchtune, TRL), or of the overrides alone when there is no file (flags, cli_quick.py): what a framework
+    config's mapping left out or assumed goes to stderr, one line each."""
     from .spec.frameworks import load
+    from .spec.scenario import load_scenario
 
-    scn, cfg = load(path, overrides or [])
+    scn, cfg = load(path, overrides or []) if path is not None else (load_scenario({}, overrides or []), None)
     if cfg is not None:
         sys.stderr.write(f"ftscope: {path}: read as a config of {cfg.format} (framework: {scn.recipe.name})\n")
         for line in cfg.unmapped:

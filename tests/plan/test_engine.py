@@ -39,6 +39,10 @@ GRID = {
                                                        dict(gpus=["a40:2", "h100-80gb:2"])),
     "budget and deadline": (_scn("llama-2-13b", batch="max"), dict(gpus=["a100-80gb:8"], budget_usd=40.0,
                                                                     deadline_hours=3.0)),
+    "5 % margin: tight after safe": (_scn("llama-3.1-8b", batch="max", seq=4096),
+                                     dict(gpus=["rtx-4090:2", "l40s:2"], margin=0.05)),
+    "5 % margin, fixed global batch": (_scn("llama-3.1-8b", batch=2, seq=4096),
+                                       dict(gpus=["rtx-4090:2", "a40:2"], margin=0.05)),
 }
 
 
@@ -58,6 +62,21 @@ def test_pruned_search_returns_what_the_exhaustive_one_does(case):
     assert pruned.summary.complete and pruned.summary.unsearched == 0
     if "budget_usd" not in kw:  # a budget needs the exact dollars of every candidate whose bound is within it
         assert pruned.summary.estimates < full.summary.estimates / 2, (pruned.summary, full.summary)
+
+
+@pytest.mark.parametrize("case", [c for c in GRID if "margin" in c])
+def test_the_margin_cases_hold_tight_and_safe_candidates_and_rank_tight_last(case):
+    scn, kw = GRID[case]
+    every = []
+    recommend(scn, space=SPACE, on_row=every.append, **kw)
+    status = [c.estimate.status for c in every if c.feasible]
+    assert status.count("tight") > 0 and status.count("fits") > 0
+    rec = recommend(scn, space=SPACE, top=1000, **kw)
+    ranked = [c.estimate.status for c in rec.rows if c.feasible]
+    assert ranked == sorted(ranked, key=lambda s: s == "tight")
+    no_margin = recommend(scn, space=SPACE, top=1000, **{**kw, "margin": 0.0})
+    assert all(c.estimate.status == "fits" for c in no_margin.rows if c.feasible)
+    assert len([c for c in no_margin.rows if c.feasible]) == len(ranked)  # the margin reorders, it rejects nothing
 
 
 def test_the_exhaustive_reference_is_a_full_stable_sort_of_every_candidate():

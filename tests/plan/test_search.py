@@ -156,3 +156,27 @@ def test_default_gpus_are_the_priced_ones():
     from ftscope.plan.search import candidate_gpus
     assert candidate_gpus(None) == [k for k in catalog.gpu_table() if catalog.prices_for(k)]
     assert candidate_gpus(["A100", "nvidia-a40"]) == ["a100-80gb", "a40"]
+
+
+def test_a_margin_solves_the_batch_to_leave_it_free_and_ranks_tight_rows_last():
+    s = ftscope.load_scenario({"model": "llama-3.1-8b", "mix": {"method": "lora", "gradient_checkpointing": True,
+                                                                   "optimizer": "adamw_8bit"},
+                               "workload": {"micro_batch_size": 1, "seq_len": 4096}})
+    plain = ftscope.plan(s, gpus=["rtx-4090", "l40s", "a100-80gb"], counts=[1, 2])
+    safe = ftscope.plan(s, gpus=["rtx-4090", "l40s", "a100-80gb"], counts=[1, 2], margin=0.05)
+    assert all(e.status == "fits" for e in plain.rows if e.fits)  # no margin: nothing is tight
+    by_key = {(e.scenario.cluster.gpu.key, e.scenario.cluster.world_size): e for e in plain.rows}
+    tiers = []
+    for e in safe.rows:
+        if not e.fits:
+            continue
+        tiers.append(e.status)
+        before = by_key[(e.scenario.cluster.gpu.key, e.scenario.cluster.world_size)]
+        assert e.micro_batch_size <= before.micro_batch_size
+        if e.status == "fits":
+            assert e.headroom_fraction >= 0.05
+        else:  # tight: not even micro-batch 1 leaves 5 % free, so it runs at the largest that fits at all
+            assert e.micro_batch_size == before.micro_batch_size and e.headroom_fraction < 0.05
+    assert "tight" in tiers and "fits" in tiers and tiers == sorted(tiers, key=lambda t: t == "tight")
+    with pytest.raises(FtscopeError, match="--margin"):
+        ftscope.plan(s, gpus=["l40s"], margin=1.0)

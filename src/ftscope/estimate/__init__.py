@@ -8,7 +8,7 @@ from ..errors import FtscopeError
 from ..spec.rules import problem
 from ..spec.scenario import Scenario
 from .memory import memory_model
-from .result import Estimate
+from .result import TIGHT_MARGIN, Estimate
 from .solvers import max_micro_batch
 
 DEFAULT_MARGIN = 0.0
@@ -61,11 +61,13 @@ def scn_name(scn: Scenario) -> str:
 
 
 def estimate(scn: Scenario, margin: float = DEFAULT_MARGIN, strict: bool = True, with_time: bool = True,
-             calibration=None) -> Estimate:
+             calibration=None, tight_margin: float = TIGHT_MARGIN) -> Estimate:
     """Estimate one scenario. With strict=True an unsupported mix raises FtscopeError (exit 2 in the CLI);
-    with strict=False it comes back with `reason` set and `fits` false (what plan/recommend list)."""
-    if not 0 <= margin < 1:
-        raise FtscopeError(f"margin must be in [0, 1); got {margin}")
+    with strict=False it comes back with `reason` set and `fits` false (what plan/recommend list). A fit with
+    less than `tight_margin` of usable memory left is "tight" (Estimate.status)."""
+    for name, value in (("margin", margin), ("tight_margin", tight_margin)):
+        if not 0 <= value < 1:
+            raise FtscopeError(f"{name} must be in [0, 1); got {value}")
     reason = unsupported_reason(scn)
     if reason and strict:
         raise FtscopeError(reason)
@@ -83,7 +85,7 @@ def estimate(scn: Scenario, margin: float = DEFAULT_MARGIN, strict: bool = True,
                   f"seq {seq}; {scn.cluster.gpu.key} has {mem.capacity_bytes / 2**30:.1f} GiB usable")
     result = Estimate(scenario=scn, micro_batch_size=batch, seq_len=seq, memory=breakdown, model_memory=mem,
                       max_micro_batch_size=max_b, margin=margin, reason=reason,
-                      warnings=_warnings(scn, seq))
+                      warnings=_warnings(scn, seq), tight_margin=tight_margin)
     if with_time:
         from .time import attach_time
         result = attach_time(result, calibration)

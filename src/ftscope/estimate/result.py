@@ -9,6 +9,11 @@ from ..spec.scenario import Scenario
 from .memory import MemoryBreakdown, MemoryModel
 from .solvers import max_seq_len
 
+TIGHT_MARGIN = 0.05
+"""Headroom below this fraction of usable memory is "tight": the memory model's held-out error (a few %) and the
+allocator's run-to-run spread can use it up (`--margin` on plan and recommend changes it)."""
+STATUSES = ("fits", "tight", "does_not_fit", "unsupported")
+
 
 @dataclass(frozen=True)
 class TimeEstimate:
@@ -59,6 +64,8 @@ class Estimate:
     reason: str | None = None
     """Why the scenario cannot run (unsupported combination or does not fit); None when it can."""
     warnings: tuple[str, ...] = ()
+    tight_margin: float = TIGHT_MARGIN
+    """Headroom below this fraction of usable memory makes a fit "tight"."""
 
     @property
     def max_seq_len(self) -> int:
@@ -72,6 +79,27 @@ class Estimate:
     @property
     def fits(self) -> bool:
         return self.reason is None and self.memory.peak_bytes <= self.model_memory.capacity_bytes * (1 - self.margin)
+
+    @property
+    def headroom_bytes(self) -> float:
+        """Usable memory left at the peak (negative when it does not fit)."""
+        return self.model_memory.capacity_bytes - self.memory.peak_bytes
+
+    @property
+    def headroom_fraction(self) -> float:
+        return self.headroom_bytes / self.model_memory.capacity_bytes
+
+    @property
+    def status(self) -> str:
+        """fits | tight (fits with less than `tight_margin` of usable memory left) | does_not_fit | unsupported (a
+        combination that cannot run at all)."""
+        if self.reason is not None and not self.reason.startswith("does not fit"):
+            return "unsupported"
+        if not self.fits:
+            return "does_not_fit"
+        # the product the solvers' limit computes, so a batch solved to leave the margin is never called tight
+        tight = self.memory.peak_bytes > self.model_memory.capacity_bytes * (1.0 - self.tight_margin)
+        return "tight" if tight else "fits"
 
     def to_dict(self) -> dict[str, Any]:
         mem, mm, scn = self.memory, self.model_memory, self.scenario
@@ -93,12 +121,15 @@ class Estimate:
                 "peak_phase": mem.phase,
                 "capacity_gib": gib(mm.capacity_bytes),
                 "fits": self.fits,
+                "status": self.status,
+                "headroom_gib": gib(self.headroom_bytes),
+                "headroom_pct": round(self.headroom_fraction * 100, 2),
                 "cpu_offload_gib": gib(mm.cpu_bytes),
                 "seq_len": self.seq_len,
                 "metric": "reserved (torch.cuda.max_memory_reserved); device_gib adds the CUDA context (nvidia-smi)",
             },
             "limits": {"max_micro_batch_size": self.max_micro_batch_size, "max_seq_len": self.max_seq_len,
-                       "safety_margin": self.margin},
+                       "safety_margin": self.margin, "tight_margin": self.tight_margin},
             "time": None,
             "run": None,
             "reason": self.reason,

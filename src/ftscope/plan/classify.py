@@ -44,12 +44,17 @@ class Classification:
     complexity: Any
     accept: dict[str, Any]
     """Per ranking name: which mixes may enter it."""
+    tier: Any = None
+    """int8 per candidate: 0 fits leaving the margin free, 1 tight (fits only by using the margin); the bounds of a
+    tight candidate are those of the full capacity, the way recommend's evaluate solves it."""
 
 
 def classify(np, space: Space, by: str, cal: Calibration, accepts: dict[str, Callable[[Any], bool] | None],
              global_batch: int | None, stop_at: float | None,
-             progress: Callable[[str, int, int | None], None] | None) -> tuple[Classification, bool]:
-    """The classification of every candidate; True when the clock ran out before every mix was seen."""
+             progress: Callable[[str, int, int | None], None] | None, margin: float = 0.0) -> tuple[Classification, bool]:
+    """The classification of every candidate; True when the clock ran out before every mix was seen. With a
+    `margin`, a candidate that fits only in the last `margin` of usable memory is tight (tier 1): rule 1 read at
+    capacity x (1 - margin) says which, since its memory grows with the micro-batch."""
     nb, nm = len(space.blocks), space.mixes_per_block
     gpus = list(dict.fromkeys(b.gpu.key for b in space.blocks))
     worlds = list(dict.fromkeys(b.world for b in space.blocks))
@@ -58,11 +63,13 @@ def classify(np, space: Space, by: str, cal: Calibration, accepts: dict[str, Cal
     on_gpu = [next(b.base for b in space.blocks if b.gpu.key == g) for g in gpus]
     at_world = [next(b.base for b in space.blocks if b.world == w) for w in worlds]
     caps = np.array([usable_bytes(b.gpu) for b in space.blocks], float)
+    safe_caps = caps * (1.0 - margin)  # the same product max_micro_batch's limit computes
     seq = space.scenario.workload.peak_seq_len()
     searched, valid = np.zeros(nm, bool), np.zeros(nm, bool)
     supported = np.zeros((len(gpus), nm), bool)
     peak = np.full((len(worlds), nm), np.inf)
     fixed_peak = np.full((nb, nm), np.inf) if global_batch is not None else None
+    safe_fixed_peak = np.full((nb, nm), np.inf) if global_batch is not None and margin else fixed_peak
     terms: dict[str, Any] = {}  # fixed bytes and bytes per sequence: worlds x mixes x phases
     sig = np.zeros(nm, np.int32)
     signatures: dict[tuple, int] = {}
@@ -96,27 +103,32 @@ def classify(np, space: Space, by: str, cal: Calibration, accepts: dict[str, Cal
             if not terms:
                 terms = {key: np.full((len(worlds), nm, len(phases)), np.nan) for key in ("fixed", "first", "far")}
             terms["fixed"][w, k], terms["first"][w, k], terms["far"][w, k] = zip(*phases)
-            if fixed_peak is not None:
-                _fixed_batch(np, probe, k, np.flatnonzero(w_of == w), g_of, supported, caps, fixed_peak, global_batch)
+            if fixed_peak is not None:  # at the full capacity, and less the margin when there is one
+                for cap, out in {id(fixed_peak): (caps, fixed_peak), id(safe_fixed_peak): (safe_caps, safe_fixed_peak)}.values():
+                    _fixed_batch(np, probe, k, np.flatnonzero(w_of == w), g_of, supported, cap, out, global_batch)
     if progress:
         progress("classify", int(searched.sum()) * nb, nb * nm)
     status = np.full((nb, nm), UNSEARCHED, np.int8)
     ok = valid[None, :] & supported[g_of]
     fits = (peak[w_of] <= caps[:, None]) if fixed_peak is None else (fixed_peak <= caps[:, None])
+    safe = (peak[w_of] <= safe_caps[:, None]) if fixed_peak is None else (safe_fixed_peak <= safe_caps[:, None])
     status[:, searched] = UNSUPPORTED
     status[ok & ~fits] = NO_FIT
     status[ok & fits] = FITS
-    batch, batch_max = _micro_batch_bounds(np, terms, w_of, caps, status == FITS, space, global_batch)
+    tier = np.where(ok & fits & ~safe, 1, 0).astype(np.int8)
+    batch, batch_max = _tiered_batch_bounds(np, terms, w_of, (caps, safe_caps), status == FITS, tier, space,
+                                            global_batch)
     mixes = {i: None for i in range(len(signatures))}
     for k in np.flatnonzero(valid).tolist():
         if mixes[sig[k]] is None:
             mixes[sig[k]] = space.mix(k)
     hours, usd = _time_bounds(np, space, cal, on_gpu, g_of, sig, [mixes[i] for i in range(len(signatures))], batch,
                               batch_max)
+    chosen_peak = fixed_peak if safe_fixed_peak is None else np.where(tier == 0, safe_fixed_peak, fixed_peak)
     primary = {"time": hours, "cost": np.where(np.isnan(usd), np.inf, usd),
-               "memory": peak[w_of] if fixed_peak is None else fixed_peak}[by]
+               "memory": peak[w_of] if fixed_peak is None else chosen_peak}[by]
     return Classification(status, np.where(status == FITS, primary, np.inf), hours, usd, batch, batch_max,
-                          complexity, accept), cut
+                          complexity, accept, tier), cut
 
 
 def _fixed_batch(np, probe: MemoryProbe, k: int, blocks, g_of, supported, caps, fixed_peak, global_batch: int) -> None:
@@ -129,6 +141,16 @@ def _fixed_batch(np, probe: MemoryProbe, k: int, blocks, g_of, supported, caps, 
             if cap not in memo:
                 memo[cap] = probe.fixed_batch_peak(cap, global_batch)
             fixed_peak[b, k] = memo[cap]
+
+
+def _tiered_batch_bounds(np, terms, w_of, caps: tuple[Any, Any], fits, tier, space: Space, global_batch: int | None):
+    """Micro-batch bounds at the full capacity for tight candidates and at the capacity less the margin for the
+    others (the batch recommend's evaluate solves for each)."""
+    batch, batch_max = _micro_batch_bounds(np, terms, w_of, caps[0], fits, space, global_batch)
+    if (caps[1] == caps[0]).all():
+        return batch, batch_max
+    low, high = _micro_batch_bounds(np, terms, w_of, caps[1], fits & (tier == 0), space, global_batch)
+    return np.where(tier == 0, low, batch), np.where(tier == 0, high, batch_max)
 
 
 def _micro_batch_bounds(np, terms, w_of, caps, fits, space: Space, global_batch: int | None):

@@ -132,10 +132,10 @@ class Engine:
     def __init__(self, space: Space, evaluate: Callable[[Any], Any], key: Callable[[Any], tuple],
                  rankings: Sequence[Ranking], by: str, calibration: Calibration, budget_usd: float | None = None,
                  deadline_hours: float | None = None, global_batch: int | None = None,
-                 progress: Progress | None = None, time_budget_s: float | None = None) -> None:
+                 progress: Progress | None = None, time_budget_s: float | None = None, margin: float = 0.0) -> None:
         self.space, self._evaluate, self.key, self.rankings = space, evaluate, key, list(rankings)
         self.by, self.cal, self.budget, self.deadline = by, calibration, budget_usd, deadline_hours
-        self.global_batch, self.progress = global_batch, progress
+        self.global_batch, self.progress, self.margin = global_batch, progress, margin
         self.stop_at = None if time_budget_s is None else time.perf_counter() + time_budget_s
         self.cache: dict[int, Any] = {}
         self.estimates = 0
@@ -208,7 +208,7 @@ class Engine:
         import numpy as np
 
         cls, self.cut = classify(np, self.space, self.by, self.cal, {r.name: r.accept for r in self.rankings},
-                                 self.global_batch, self.stop_at, self.progress)
+                                 self.global_batch, self.stop_at, self.progress, self.margin)
         status = cls.status
         self._settle_limits(np, cls)
         ranked = {}
@@ -260,21 +260,21 @@ class Engine:
         flat = cls.status.ravel()
         allowed = np.tile(cls.accept[ranking.name], len(self.space.blocks))
         idxs = np.flatnonzero((flat == FEASIBLE) & allowed)
-        bounds = cls.primary.ravel()[idxs]
-        order = np.argsort(bounds, kind="stable")
+        bounds, tiers = cls.primary.ravel()[idxs], cls.tier.ravel()[idxs]
+        order = np.lexsort((bounds, tiers))  # tight candidates (tier 1) after every safe one; stable within
         top = TopK(ranking.k)
         for pos, o in enumerate(order.tolist()):
-            idx, bound = int(idxs[o]), float(bounds[o])
+            idx, bound, tier = int(idxs[o]), float(bounds[o]), int(tiers[o])
             if top.full:
                 worst_key, worst_idx = top.worst
                 rounded = tie(bound)
-                if rounded > worst_key[1]:
+                if (tier, rounded) > worst_key[:2]:
                     break
                 cx = int(cls.complexity[idx % nm])
-                if ((0, rounded, cx, bound), idx) > (worst_key, worst_idx):
+                if ((tier, rounded, cx, bound), idx) > (worst_key, worst_idx):
                     continue
                 sharper = self._refine(idx, cls)[0]
-                if ((0, tie(sharper), cx, sharper), idx) > (worst_key, worst_idx):
+                if ((tier, tie(sharper), cx, sharper), idx) > (worst_key, worst_idx):
                     continue
             if self._out_of_time():
                 return top, len(order) - pos
@@ -303,7 +303,7 @@ class Engine:
 
     def _check(self, c: Any, idx: int, cls: Classification) -> None:
         """An exact estimate of a candidate classified as fitting must fit and respect its bounds."""
-        if status_of(c.reason) in (UNSUPPORTED, NO_FIT):
+        if status_of(c.reason) in (UNSUPPORTED, NO_FIT) or (c.feasible and self.key(c)[0] != cls.tier.flat[idx]):
             self.violations += 1
             return
         run = c.estimate.run

@@ -34,14 +34,14 @@ def tie(x: float) -> float:
 
 
 def rank_key(candidate: Any, by: str) -> tuple:
-    """(0, rounded primary, complexity, primary) for a feasible candidate; (1, 0, 0, 0) for one that cannot run
-    (those keep listing order)."""
+    """(tier, rounded primary, complexity, primary) for a feasible candidate, tier 0 when it leaves the margin free
+    and 1 when it is tight (Estimate.status); (2, 0, 0, 0) for one that cannot run (those keep listing order)."""
     if not candidate.feasible:
-        return (1, 0.0, 0, 0.0)
+        return (2, 0.0, 0, 0.0)
     e = candidate.estimate
     usd = e.run.usd if e.run.usd is not None else math.inf
     primary = {"memory": e.memory.peak_bytes, "cost": usd, "time": e.run.hours}[by]
-    return (0, tie(primary), complexity(candidate.scenario), primary)
+    return (1 if e.status == "tight" else 0, tie(primary), complexity(candidate.scenario), primary)
 
 
 def refusal(model: ModelSpec, mix: Mix) -> str | None:

@@ -77,16 +77,17 @@ def _label(scn: Scenario) -> str:
     return f"{scn.cluster.world_size}x {scn.cluster.gpu.key} | {scn.mix.label()}"
 
 
-def parse_gpu_budget(spec: str) -> tuple[GpuSpec, int]:
-    """'a100-80gb:8' -> (A100-80GB, up to 8 GPUs); a bare name means up to 8."""
-    name, _, count = spec.partition(":")
+def parse_gpu_budget(spec: str, default_gpu: GpuSpec | None = None) -> tuple[GpuSpec | None, int]:
+    """'a100-80gb:8' -> (A100-80GB, up to 8 GPUs); a bare name means up to 8; a bare count ('8') means up to that
+    many of the scenario's GPU (`default_gpu`, None when not known yet)."""
+    name, _, count = spec.partition(":") if not spec.strip().isdigit() else ("", "", spec.strip())
     try:
         n = int(count) if count else 8
     except ValueError:
         raise FtscopeError(f"--gpus takes NAME:COUNT like a100-80gb:8; got {spec!r}") from None
     if not 1 <= n <= 4096:
         raise FtscopeError(f"GPU count in {spec!r} must be from 1 to 4096")
-    return gpu_from_catalog(name), n
+    return (gpu_from_catalog(name) if name else default_gpu), n
 
 
 def mix_reason(scn: Scenario) -> str | None:
@@ -98,28 +99,32 @@ def mix_reason(scn: Scenario) -> str | None:
     return f"unsupported: {reason}" if reason else None
 
 
-def _estimate(cand: Scenario, global_batch: int | None, cal: Calibration) -> Candidate:
+def _estimate(cand: Scenario, global_batch: int | None, cal: Calibration, margin: float = 0.0) -> Candidate:
+    """The candidate at the largest micro-batch that leaves `margin` of usable memory free, or, when none does,
+    at the largest that fits at all (then it is tight)."""
     reason = mix_reason(cand)
     if reason:
         return Candidate(cand, None, reason)
     mem = memory_model(cand)
-    mb_max = max_micro_batch(mem, cand.workload.peak_seq_len())
+    seq = cand.workload.peak_seq_len()
+    mb_max = (margin and max_micro_batch(mem, seq, margin)) or max_micro_batch(mem, seq)
     if mb_max == 0:
-        est = estimate(cand.with_(micro_batch_size=1), strict=False, calibration=cal)
+        est = estimate(cand.with_(micro_batch_size=1), strict=False, calibration=cal, tight_margin=margin)
         return Candidate(cand, est, est.reason)
     if global_batch is None:
         mb, ga = mb_max, cand.workload.gradient_accumulation
     else:  # keep the scenario's global batch: same optimization, different layout
         mb, ga = keep_global_batch(mb_max, global_batch, cand.cluster.world_size)
-    est = estimate(cand.with_(micro_batch_size=mb, gradient_accumulation=ga), strict=False, calibration=cal)
+    est = estimate(cand.with_(micro_batch_size=mb, gradient_accumulation=ga), strict=False, calibration=cal,
+                   tight_margin=margin)
     return Candidate(est.scenario, est, est.reason)
 
 
 def evaluator(global_batch: int | None, cal: Calibration, budget_usd: float | None,
-              deadline_hours: float | None) -> Callable[[Scenario], Candidate]:
+              deadline_hours: float | None, margin: float = 0.0) -> Callable[[Scenario], Candidate]:
     """The exact evaluation of one candidate: estimate it, then hold it to the budget and the deadline."""
     def evaluate(cand: Scenario) -> Candidate:
-        c = _estimate(cand, global_batch, cal)
+        c = _estimate(cand, global_batch, cal, margin)
         if c.feasible and budget_usd is not None and c.estimate.run.usd is not None and c.estimate.run.usd > budget_usd:
             c = replace(c, reason=f"over budget: ${c.estimate.run.usd:,.2f} > ${budget_usd:,.2f}")
         if c.feasible and deadline_hours is not None and c.estimate.run.hours > deadline_hours:
@@ -132,7 +137,7 @@ def _targets(scn: Scenario, gpus: Sequence[str] | None, any_gpu: bool) -> list[t
     if any_gpu:
         return [(gpu_from_catalog(k), 8) for k in catalog.gpu_table() if catalog.prices_for(k)]
     if gpus:
-        return [parse_gpu_budget(g) for g in gpus]
+        return [parse_gpu_budget(g, scn.cluster.gpu) for g in gpus]
     return [(scn.cluster.gpu, scn.cluster.world_size)]
 
 
@@ -140,27 +145,31 @@ def recommend(scn: Scenario, gpus: Sequence[str] | None = None, any_gpu: bool = 
               budget_usd: float | None = None, deadline_hours: float | None = None, by: str = "time",
               space: SearchSpace = SearchSpace(), calibration: Calibration | str | None = None, top: int = 10,
               exhaustive: bool = False, time_budget_s: float | None = None, progress: Progress | None = None,
-              on_row: Callable[[Candidate], None] | None = None) -> Recommendation:
+              on_row: Callable[[Candidate], None] | None = None, margin: float = 0.0) -> Recommendation:
     """Search every mix x GPU count (x GPU type); return the `top` feasible ones ranked by time, cost or memory,
     the first rejected ones, exact counts per reason and an explanation of the winner. `exhaustive` estimates
     every candidate (same answer, slower); `on_row` receives every candidate in listing order (implies it).
-    `time_budget_s` stops early with the best found so far and says how much of the space it covered."""
+    `time_budget_s` stops early with the best found so far and says how much of the space it covered. A candidate
+    runs at the largest micro-batch that leaves `margin` of usable memory free; one that fits only inside the
+    margin is tight and ranks after every one that does not."""
     started = time.perf_counter()
     if by not in RANK_BY:
         raise FtscopeError(f"--by must be one of {', '.join(RANK_BY)}; got {by!r}")
     for name, v in (("--budget-usd", budget_usd), ("--deadline-hours", deadline_hours), ("--time-budget", time_budget_s)):
         if v is not None and not v > 0:
             raise FtscopeError(f"{name} must be above 0; got {v}")
+    if not 0 <= margin < 1:
+        raise FtscopeError(f"--margin must be from 0 to below 1; got {margin}")
     if isinstance(top, bool) or not isinstance(top, int) or top < 1:
         raise FtscopeError(f"--top must be a positive integer; got {top!r}")
     cal = calibration if isinstance(calibration, Calibration) else load_calibration(calibration)
     wl = scn.workload
     global_batch = None if wl.solve_batch else int(wl.micro_batch_size) * wl.gradient_accumulation * scn.cluster.world_size
     engine = Engine(Space(scn, _targets(scn, gpus, any_gpu), space),
-                    evaluator(global_batch, cal, budget_usd, deadline_hours), lambda c: rank_key(c, by),
+                    evaluator(global_batch, cal, budget_usd, deadline_hours, margin), lambda c: rank_key(c, by),
                     [Ranking("top", top), Ranking("deepspeed", 1, lambda mix: mix.zero_stage > 0)], by, cal,
                     budget_usd=budget_usd, deadline_hours=deadline_hours, global_batch=global_batch,
-                    progress=progress, time_budget_s=time_budget_s)
+                    progress=progress, time_budget_s=time_budget_s, margin=margin)
     out = engine.exhaustive(on_row) if (exhaustive or on_row is not None) else engine.run()
     ranked = out.ranked["top"]
     best = ranked[0] if ranked else None

@@ -15,6 +15,7 @@ from ..estimate.efficiency import Calibration, load_calibration
 from ..estimate.result import Estimate
 from ..spec.hardware import gpu_from_catalog
 from ..spec.scenario import Scenario
+from .fixes import Fix, fixes_per_gpu
 
 DEFAULT_COUNTS = (1, 2, 4, 8)
 RANK_KEYS = ("cost", "time")
@@ -29,6 +30,8 @@ class Plan:
     pareto: list[int] = field(default_factory=list)
     """Indices into rows of candidates no other candidate beats on both hours and dollars."""
     by: str = "cost"
+    fixes: dict[str, list[Fix]] = field(default_factory=dict)
+    """Per GPU type on which nothing fits: the single changes (checkpointing, ZeRO-3, QLoRA, more GPUs) that fit."""
 
     def to_dict(self) -> dict[str, Any]:
         rows = []
@@ -36,15 +39,28 @@ class Plan:
             d = est.to_dict()
             d["pareto"] = i in self.pareto
             rows.append(d)
-        return {"rows": rows, "best": self.best.to_dict() if self.best else None, "by": self.by}
+        return {"rows": rows, "best": self.best.to_dict() if self.best else None, "by": self.by,
+                "fixes": {gpu: [f.to_dict() for f in found] for gpu, found in self.fixes.items()}}
 
 
 def _rank_key(est: Estimate, by: str) -> tuple:
+    """(tier, primary, secondary): tier 0 fits with the margin free, 1 tight, 2 cannot run."""
     if not est.fits or est.time is None:
-        return (1, float("inf"), float("inf"))
+        return (2, float("inf"), float("inf"))
     hours = est.run.hours if est.run else float("inf")
     usd = est.run.usd if (est.run and est.run.usd is not None) else float("inf")
-    return (0, usd, hours) if by == "cost" else (0, hours, usd)
+    tier = 1 if est.status == "tight" else 0
+    return (tier, usd, hours) if by == "cost" else (tier, hours, usd)
+
+
+def estimate_with_margin(cand: Scenario, margin: float, cal: Calibration) -> Estimate:
+    """The candidate at the largest micro-batch that leaves `margin` of usable memory free; when none does (or the
+    batch is fixed), as it is, tight when it eats into the margin (Estimate.status)."""
+    if margin and cand.workload.solve_batch:
+        est = estimate(cand, margin=margin, strict=False, calibration=cal, tight_margin=margin)
+        if est.fits or not (est.reason or "").startswith("does not fit"):
+            return est
+    return estimate(cand, strict=False, calibration=cal, tight_margin=margin)
 
 
 def pareto_front(rows: Sequence[Estimate]) -> list[int]:
@@ -68,8 +84,11 @@ def candidate_gpus(gpus: Sequence[str] | None) -> list[str]:
 def plan(scn: Scenario, gpus: Sequence[str] | None = None, counts: Sequence[int] = DEFAULT_COUNTS,
          max_gpus: int | None = None, nodes: int = 1, by: str = "cost", solve_batch: bool = True,
          calibration: Calibration | str | None = None, margin: float = 0.0) -> Plan:
-    """Estimate the scenario on each GPU type and count; the micro-batch is solved (largest that fits)
-    unless solve_batch is False. Unsupported mixes and misfits stay in the rows with their reason."""
+    """Estimate the scenario on each GPU type and count; the micro-batch is solved (the largest that leaves
+    `margin` of usable memory free) unless solve_batch is False. Tight candidates (inside the margin) rank after
+    the others; unsupported mixes and misfits stay in the rows, last, with their reason."""
+    if not 0 <= margin < 1:
+        raise FtscopeError(f"--margin must be from 0 to below 1; got {margin}")
     if by not in RANK_KEYS:
         raise FtscopeError(f"--by must be one of {', '.join(RANK_KEYS)}; got {by!r}")
     counts = [c for c in counts if max_gpus is None or c * nodes <= max_gpus]
@@ -83,10 +102,10 @@ def plan(scn: Scenario, gpus: Sequence[str] | None = None, counts: Sequence[int]
             cand = scn.with_(gpu=gpu, gpus_per_node=count, nodes=nodes)
             if solve_batch:
                 cand = cand.with_(micro_batch_size="max")
-            rows.append(estimate(cand, margin=margin, strict=False, calibration=cal))
+            rows.append(estimate_with_margin(cand, margin, cal))
     rows.sort(key=lambda e: _rank_key(e, by))
     best = rows[0] if rows and rows[0].fits and rows[0].time is not None else None
-    return Plan(rows=rows, best=best, pareto=pareto_front(rows), by=by)
+    return Plan(rows=rows, best=best, pareto=pareto_front(rows), by=by, fixes=fixes_per_gpu(rows, margin))
 
 
 def one_row_per_gpu(p: Plan) -> list[Estimate]:

@@ -16,16 +16,30 @@ def _fmt_hours(h: float) -> str:
     return f"{h * 60:.1f} min" if h < 1 else f"{h:,.1f} h"
 
 
-def estimate_tables(est: Estimate) -> list[Table]:
+def headroom_text(est: Estimate) -> str:
+    """'43.06 GiB (54.2 %) free at the peak' / 'tight: ...' / 'short by 3.10 GiB (-3.9 %)'."""
+    gib, pct, limit = est.headroom_bytes / 2**30, est.headroom_fraction * 100, est.tight_margin * 100
+    if est.headroom_bytes < 0:
+        return f"[red]short by {-gib:.2f} GiB ({pct:+.1f} %)[/red]"
+    text = f"{gib:.2f} GiB ({pct:.1f} %) free at the peak"
+    if est.status == "tight":
+        return (f"[yellow]tight[/yellow]: {text}, under the {limit:g} % margin (the estimate's error or the "
+                "allocator can use it up)")
+    return text
+
+
+def estimate_tables(est: Estimate) -> list[Any]:
     d = est.to_dict()
     scn = est.scenario
     mem = d["memory"]
     head = Table(title=d["label"], show_header=False, title_justify="left")
     head.add_column("what", style="bold")
     head.add_column("value")
-    status = "[green]fits[/green]" if est.fits else f"[red]does not run[/red]: {est.reason}"
+    status = {"fits": "[green]fits[/green]", "tight": "[yellow]tight[/yellow]",
+              "does_not_fit": "[red]does not fit[/red]"}.get(est.status, f"[red]does not run[/red]: {est.reason}")
     head.add_row("peak memory / GPU", f"{mem['peak_gib']:.2f} GiB reserved ({mem['device_gib']:.2f} GiB in nvidia-smi) "
                  f"of {mem['capacity_gib']:.2f} GiB usable, at {mem['peak_phase']}: {status}")
+    head.add_row("headroom", headroom_text(est))
     head.add_row("params", f"{d['model']['total_params']:,} total, {d['model']['active_params']:,} active/token, "
                  f"{d['model']['trainable_params']:,} trainable")
     head.add_row("batch shape", f"micro-batch {est.micro_batch_size} x seq {est.seq_len} (peak), "
@@ -49,7 +63,12 @@ def estimate_tables(est: Estimate) -> list[Table]:
         mem_t.add_column(k, justify="right")
     mem_t.add_column("peak", justify="right", style="bold")
     mem_t.add_row(*[f"{v:.2f}" for v in mem["breakdown_gib"].values()], f"{mem['peak_gib']:.2f}")
-    tables = [head, mem_t]
+    tables: list[Any] = [head, mem_t]
+    if not est.fits:  # said before any hours or dollars, so nobody rents GPUs on the strength of a cost line
+        words = (est.reason or "").removeprefix("does not fit").lstrip(": ")
+        verdict = "does not fit" if est.status == "does_not_fit" else "cannot run"
+        tables.insert(0, f"[red]{verdict}[/red]: {words}" + (
+            "; the step time and cost below are for a run that cannot start" if d["run"] else ""))
     if d["time"]:
         tt = Table(title="step time breakdown (s)", title_justify="left")
         for k in d["time"]["breakdown_s"]:
@@ -74,7 +93,7 @@ def plan_table(rows: Sequence[Estimate], pareto: set[int] | None = None, title: 
         t.add_column(col, justify=just)
     for i, est in enumerate(rows, 1):
         cl = est.scenario.cluster
-        mark = "*" if pareto and (i - 1) in pareto else ""
+        mark = ("*" if pareto and (i - 1) in pareto else "") + (" tight" if est.status == "tight" else "")
         if not est.fits or est.time is None or est.run is None:
             t.add_row(str(i), cl.gpu.key, str(cl.world_size), f"{cl.gpu.memory_gib:.0f}", str(est.max_micro_batch_size),
                       "-", "-", "-", "-", "-", "-", f"[red]{short_reason(est)}[/red]")
@@ -123,6 +142,13 @@ def plan_view(result: Any, scn: Any, all_rows: bool, by: str) -> list[Any]:
              f"{scn.workload.epochs:g} epochs | ranked by {by}"
              + ("" if all_rows else " (best count per GPU; --all for every count)"))
     out: list[Any] = [plan_table(rows, pareto, title)]
+    tight = sum(1 for e in rows if e.status == "tight")
+    if tight:
+        out.append(f"[yellow]tight[/yellow]: {tight} row(s) fit only inside the {rows[0].tight_margin:.0%} memory margin "
+                   "(ranked after the others; --margin 0 ranks them together)")
+    for gpu, found in result.fixes.items():
+        out.append(f"{gpu} does not fit; " + ("fits with one change: " + "; ".join(f.text() for f in found)
+                                            if found else "no single change (checkpointing, ZeRO-3, QLoRA, more GPUs) fits"))
     if result.best is not None:
         b = result.best
         out.append(f"best: {b.scenario.cluster.world_size}x {b.scenario.cluster.gpu.key}, micro-batch "

@@ -154,9 +154,13 @@ class Hardware:
     """The scenario's `hardware:` keys, as given (`to_cluster` resolves the GPU)."""
 
     gpu: GpuRef = "a100-80gb"
+    """A catalog name (ftscope gpus) or an inline mapping ({base: a100-80gb, memory_gib: 96} or every rate)."""
     gpus_per_node: Int(1, 64) = 1
+    """GPUs per node (the data-parallel world is gpus_per_node x nodes)."""
     nodes: Int(1, 4096) = 1
+    """Machines of gpus_per_node GPUs each."""
     inter_node_gbs: Rate = 25.0
+    """Per-GPU network bandwidth between nodes, GB/s per direction (25 = one 200 Gb/s NIC per GPU)."""
 
     def to_cluster(self) -> Cluster:
         gpu = gpu_from_catalog(self.gpu) if isinstance(self.gpu, str) else gpu_from_inline(self.gpu)

@@ -39,6 +39,7 @@ class Mix:
     method: Literal["full", "lora", "qlora"] = "lora"
     """full | lora | qlora (LoRA over an NF4 double-quantized frozen base)."""
     lora_rank: Rank = 16
+    """LoRA rank r: adapter matrices of r x hidden per adapted linear (also QLoRA's)."""
     lora_targets: LoraTargets = "all-linear"
     """all-linear | attention | mlp | list of module names (q_proj, w1, ...)."""
     gradient_checkpointing: Flag() = False

@@ -42,8 +42,9 @@ class Price:
     """The scenario's `price:` keys."""
 
     usd_per_gpu_hour: Number(gt=0, le=10_000) | None = None
-    """Override the catalog's dated price."""
+    """US dollars per GPU-hour, instead of the catalog's cheapest dated price (null: the catalog's)."""
     provider: Label | None = None
+    """The provider the price is from (a label)."""
 
 
 ModelRef = Annotated[
@@ -58,9 +59,11 @@ class ScenarioInput:
     """A scenario as written: the shape `validate` checks every key against."""
 
     model: ModelRef
+    """A preset (ftscope models), an HF id, a path to config.json (or its folder), or an inline config.json mapping."""
     framework: Text(description="a framework recipe (hf-trainer, trl-sft, ...)") | None = None
     """The framework whose training step the run uses (its recipe's mix/workload defaults apply)."""
     name: Label = ""
+    """A label shown in outputs."""
     description: Label = ""
     hardware: Hardware = Hardware()
     mix: Mix = Mix()

@@ -8,6 +8,8 @@ from typing import Literal
 from ..errors import FtscopeError
 from .schema import Int, Number, forbid_extra, validate
 
+DEFAULT_NUM_SAMPLES = 10_000
+"""Samples per epoch when neither num_samples nor a dataset says."""
 MAX_SEQ = 4_194_304  # beyond any model's context: a larger number is a typo
 Tokens = Number(gt=0, le=MAX_SEQ)
 
@@ -19,7 +21,9 @@ class DatasetStats:
 
     num_samples: Int(1, 10**12)
     mean_tokens: Tokens
+    """Mean tokens per sample."""
     max_tokens: Int(1, MAX_SEQ)
+    """Longest sample, tokens."""
     median_tokens: Tokens | None = None
     p95_tokens: Tokens | None = None
     p99_tokens: Tokens | None = None
@@ -93,14 +97,17 @@ class Workload:
     micro_batch_size: Int(1, 65536) | Literal["max"] = 1
     """Samples per GPU per forward; "max" solves for the largest that fits."""
     seq_len: Int(1, MAX_SEQ) | None = None
-    """Fixed length (max_length / packed) or the truncation cutoff for a dataset."""
+    """Tokens per sequence: fixed length (max_length / packed) or the truncation cutoff for a dataset."""
     dataset: DatasetStats | None = None
+    """Token-length statistics of the training set (tokens), instead of a fixed seq_len or with it as the cutoff."""
     padding: Literal["dynamic", "max_length", "packed"] = "dynamic"
     """dynamic (pad to the longest in the batch) | max_length (pad to seq_len) | packed (concatenate to seq_len)."""
     gradient_accumulation: Int(1, 100_000) = 1
+    """Micro-batches per optimizer step."""
     epochs: Number(gt=0, le=10_000) = 1.0
+    """Passes over the data (fractions allowed)."""
     num_samples: Int(1, 10**12) | None = None
-    """Samples per epoch when no dataset is given."""
+    """Samples per epoch when no dataset is given (null: 10,000)."""
 
     @property
     def solve_batch(self) -> bool:
@@ -127,7 +134,7 @@ class Workload:
     def samples_per_epoch(self) -> int:
         if self.dataset is not None:
             return self.dataset.num_samples
-        return int(self.num_samples or 10_000)
+        return int(self.num_samples or DEFAULT_NUM_SAMPLES)
 
     def samples_per_sequence(self) -> float:
         """Samples per packed sequence (1 unless packed)."""

@@ -21,7 +21,7 @@ from ..estimate.memory import NF4_BYTES, memory_model
 from ..estimate.result import Estimate
 from ..spec.hardware import GpuSpec, gpu_from_catalog
 from ..spec.scenario import Scenario
-from .bounds import keep_global_batch
+from .layouts import keep_global_batch, layout_reason, replicas
 from .engine import Engine, Progress, Ranking, SearchSummary
 from .ranking import RANK_BY, complexity, rank_key, refusal
 from ..estimate.solvers import max_micro_batch
@@ -99,7 +99,7 @@ def mix_reason(scn: Scenario) -> str | None:
 
 
 def _estimate(cand: Scenario, global_batch: int | None, cal: Calibration) -> Candidate:
-    reason = mix_reason(cand)
+    reason = mix_reason(cand) or layout_reason(cand, global_batch)
     if reason:
         return Candidate(cand, None, reason)
     mem = memory_model(cand)
@@ -110,7 +110,7 @@ def _estimate(cand: Scenario, global_batch: int | None, cal: Calibration) -> Can
     if global_batch is None:
         mb, ga = mb_max, cand.workload.gradient_accumulation
     else:  # keep the scenario's global batch: same optimization, different layout
-        mb, ga = keep_global_batch(mb_max, global_batch, cand.cluster.world_size)
+        mb, ga = keep_global_batch(mb_max, global_batch, replicas(cand), cand.mix.pipeline_parallel)
     est = estimate(cand.with_(micro_batch_size=mb, gradient_accumulation=ga), strict=False, calibration=cal)
     return Candidate(est.scenario, est, est.reason)
 
@@ -155,7 +155,7 @@ def recommend(scn: Scenario, gpus: Sequence[str] | None = None, any_gpu: bool = 
         raise FtscopeError(f"--top must be a positive integer; got {top!r}")
     cal = calibration if isinstance(calibration, Calibration) else load_calibration(calibration)
     wl = scn.workload
-    global_batch = None if wl.solve_batch else int(wl.micro_batch_size) * wl.gradient_accumulation * scn.cluster.world_size
+    global_batch = None if wl.solve_batch else int(wl.micro_batch_size) * wl.gradient_accumulation * replicas(scn)
     engine = Engine(Space(scn, _targets(scn, gpus, any_gpu), space),
                     evaluator(global_batch, cal, budget_usd, deadline_hours), lambda c: rank_key(c, by),
                     [Ranking("top", top), Ranking("deepspeed", 1, lambda mix: mix.zero_stage > 0)], by, cal,

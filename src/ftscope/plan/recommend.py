@@ -25,7 +25,7 @@ from .layouts import keep_global_batch, layout_reason, replicas
 from .engine import Engine, Progress, Ranking, SearchSummary
 from .ranking import RANK_BY, complexity, rank_key, refusal
 from ..estimate.solvers import max_micro_batch
-from .space import MIX_DIMENSIONS, SHARDING, SearchSpace, Space
+from .space import LAYOUTS, MIX_DIMENSIONS, SHARDING, SearchSpace, Space
 
 __all__ = ["Candidate", "Recommendation", "SearchSpace", "SHARDING", "RANK_BY", "complexity", "recommend",
            "mix_reason", "explain", "best_deepspeed", "parse_gpu_budget"]
@@ -128,23 +128,24 @@ def evaluator(global_batch: int | None, cal: Calibration, budget_usd: float | No
     return evaluate
 
 
-def _targets(scn: Scenario, gpus: Sequence[str] | None, any_gpu: bool) -> list[tuple[GpuSpec, int]]:
+def _targets(scn: Scenario, gpus: Sequence[str] | None, any_gpu: bool, max_gpus: int = 8) -> list[tuple[GpuSpec, int]]:
     if any_gpu:
-        return [(gpu_from_catalog(k), 8) for k in catalog.gpu_table() if catalog.prices_for(k)]
+        return [(gpu_from_catalog(k), max_gpus) for k in catalog.gpu_table() if catalog.prices_for(k)]
     if gpus:
         return [parse_gpu_budget(g) for g in gpus]
     return [(scn.cluster.gpu, scn.cluster.world_size)]
 
 
-def recommend(scn: Scenario, gpus: Sequence[str] | None = None, any_gpu: bool = False,
-              budget_usd: float | None = None, deadline_hours: float | None = None, by: str = "time",
+def recommend(scn: Scenario, gpus: Sequence[str] | None = None, any_gpu: bool = False, max_gpus: int = 8,
+              layouts: bool = False, budget_usd: float | None = None, deadline_hours: float | None = None, by: str = "time",
               space: SearchSpace = SearchSpace(), calibration: Calibration | str | None = None, top: int = 10,
               exhaustive: bool = False, time_budget_s: float | None = None, progress: Progress | None = None,
               on_row: Callable[[Candidate], None] | None = None) -> Recommendation:
     """Search every mix x GPU count (x GPU type); return the `top` feasible ones ranked by time, cost or memory,
     the first rejected ones, exact counts per reason and an explanation of the winner. `exhaustive` estimates
     every candidate (same answer, slower); `on_row` receives every candidate in listing order (implies it).
-    `time_budget_s` stops early with the best found so far and says how much of the space it covered."""
+    `time_budget_s` stops early with the best found so far and says how much of the space it covered.
+    `max_gpus` is --any-gpu's largest count; `layouts` adds the parallel layouts of space.LAYOUTS to `space`."""
     started = time.perf_counter()
     if by not in RANK_BY:
         raise FtscopeError(f"--by must be one of {', '.join(RANK_BY)}; got {by!r}")
@@ -153,10 +154,12 @@ def recommend(scn: Scenario, gpus: Sequence[str] | None = None, any_gpu: bool = 
             raise FtscopeError(f"{name} must be above 0; got {v}")
     if isinstance(top, bool) or not isinstance(top, int) or top < 1:
         raise FtscopeError(f"--top must be a positive integer; got {top!r}")
+    if layouts:
+        space = replace(space, **LAYOUTS)
     cal = calibration if isinstance(calibration, Calibration) else load_calibration(calibration)
     wl = scn.workload
     global_batch = None if wl.solve_batch else int(wl.micro_batch_size) * wl.gradient_accumulation * replicas(scn)
-    engine = Engine(Space(scn, _targets(scn, gpus, any_gpu), space),
+    engine = Engine(Space(scn, _targets(scn, gpus, any_gpu, max_gpus), space),
                     evaluator(global_batch, cal, budget_usd, deadline_hours), lambda c: rank_key(c, by),
                     [Ranking("top", top), Ranking("deepspeed", 1, lambda mix: mix.zero_stage > 0)], by, cal,
                     budget_usd=budget_usd, deadline_hours=deadline_hours, global_batch=global_batch,

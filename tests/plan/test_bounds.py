@@ -148,6 +148,14 @@ def test_parallel_layouts_respect_their_bounds(model, batch):
         assert cls.hours.flat[idx] <= e.run.hours and sharp <= e.run.hours, cand.mix.label()
 
 
+def test_memory_reads_the_accumulation_only_as_accumulating_or_not():
+    """MemoryProbe.fixed_batch_peak keeps one memory model for every accumulation above 1."""
+    for mix in MIXES[::4]:
+        scn = _scn("olmoe-1b-7b", **mix)
+        models = [memory_model(scn.with_(gradient_accumulation=ga)) for ga in (1, 2, 3, 64)]
+        assert models[1] == models[2] == models[3], mix
+
+
 def test_the_probes_peak_is_the_memory_models():
     from ftscope.plan.bounds import MemoryProbe
     for mix in MIXES[::3]:

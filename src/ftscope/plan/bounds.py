@@ -50,7 +50,7 @@ from ..estimate.layout import layout
 from ..estimate.memory import MemoryModel, memory_model, trainable_params
 from ..estimate.time import Rates, rates, step_time
 from ..spec.scenario import Scenario
-from ..estimate.solvers import BATCH_CAP, max_micro_batch, phase_totals
+from ..estimate.solvers import BATCH_CAP, ReservedCurve, max_micro_batch, phase_totals, reserved_curves
 from .layouts import keep_global_batch, replicas
 
 SAFETY = 1.0 - 1e-6
@@ -66,6 +66,9 @@ class MemoryProbe:
         self._at_one = phase_totals(self.model, 1, seq)
         self.peak_at_one = max(self._at_one)
         """The same number as MemoryModel.peak_bytes(1, seq): the max of the phases' reserved bytes."""
+        self._peaks: dict[int, float] = {}
+        self._curves: list[ReservedCurve] | None = None
+        self._by_accumulation: dict[bool, MemoryModel] = {}
 
     def batch_terms(self) -> list[tuple[float, float, float]]:
         """(fixed bytes, bytes the first sequence adds, bytes per sequence at the cap) of every phase at this
@@ -77,18 +80,29 @@ class MemoryProbe:
         return [(k, a - k, (f2 - f1) / BATCH_CAP) for k, a, f1, f2 in zip(empty, self._at_one, far, farther)]
 
     def max_micro_batch(self, capacity: float) -> int:
-        """The solver's answer on a GPU with this capacity."""
-        return max_micro_batch(replace(self.model, capacity_bytes=capacity), self.seq)
+        """The solver's answer on a GPU with this capacity (the capacity-free curves solved once per probe)."""
+        if self._curves is None:
+            self._curves = reserved_curves(self.model)
+        return max_micro_batch(replace(self.model, capacity_bytes=capacity), self.seq, curves=self._curves)
 
     def fixed_batch_peak(self, capacity: float, global_batch: int) -> float:
         """Peak bytes of the layout recommend picks to keep the global batch (micro-batch as large as fits up to
-        the global batch over the GPUs, accumulation for the rest), the way recommend's evaluate picks it."""
+        the global batch over the replicas and stages, accumulation for the rest), the way recommend's evaluate
+        picks it. When the capped micro-batch itself fits, the solver's larger answer would be capped to it
+        (reserved bytes grow with the micro-batch), so no solve is needed."""
         scn = self.scenario
-        mb, ga = keep_global_batch(self.max_micro_batch(capacity), global_batch, replicas(scn),
-                                   scn.mix.pipeline_parallel)
-        model = self.model if ga == scn.workload.gradient_accumulation else memory_model(
-            scn.with_(gradient_accumulation=ga))
-        return model.peak_bytes(mb, self.seq)
+        reps, stages = replicas(scn), scn.mix.pipeline_parallel
+        cap = max(1, global_batch // (reps * stages))
+        if cap not in self._peaks:
+            self._peaks[cap] = self.model.peak_bytes(cap, self.seq) if cap <= BATCH_CAP else math.inf
+        fitting = cap if self._peaks[cap] <= capacity else self.max_micro_batch(capacity)
+        mb, ga = keep_global_batch(fitting, global_batch, reps, stages)
+        accumulates = ga > 1  # all the memory model reads of the accumulation (tests/plan/test_bounds.py)
+        if accumulates not in self._by_accumulation:
+            same = accumulates == (scn.workload.gradient_accumulation > 1)
+            self._by_accumulation[accumulates] = self.model if same else memory_model(
+                scn.with_(gradient_accumulation=ga))
+        return self._by_accumulation[accumulates].peak_bytes(mb, self.seq)
 
 
 LARGE = 4096

@@ -113,6 +113,10 @@ def recommend(
     gpus: Optional[str] = typer.Option(None, "--gpus", help="GPU budget(s) NAME:MAX_COUNT, e.g. a100-80gb:8,h100-80gb:4, "
                                                             "or a count N: up to N of the scenario's GPU (default: its GPU and count)."),
     any_gpu: bool = typer.Option(False, "--any-gpu", help="Search every GPU type with a price, 1-8 GPUs."),
+    max_gpus: int = typer.Option(8, "--max-gpus", help="With --any-gpu: GPU counts up to this (whole 8-GPU nodes "
+                                                       "above 8)."),
+    layouts: bool = typer.Option(False, "--layouts", help="Also search parallel layouts: tensor (with sequence) "
+                                                          "parallel 1-8, pipeline 1-16, context 1-2, expert 1-64."),
     budget_usd: Optional[float] = typer.Option(None, "--budget-usd", help="Drop candidates whose run costs more."),
     deadline_hours: Optional[float] = typer.Option(None, "--deadline-hours", help="Drop candidates that take longer."),
     by: str = typer.Option("time", "--by", help="Rank by time, cost or memory."),
@@ -147,6 +151,7 @@ def recommend(
     opt.number(time_budget, "--time-budget", gt=0)
     opt.choice(by, "--by", RANK_BY)
     opt.integer(top, "--top", 1, 1_000_000)
+    opt.integer(max_gpus, "--max-gpus", 1, 4096)
     for g in split(gpus):
         parse_gpu_budget(g)
     opt.out_dir(emit_dir, "--emit folder")
@@ -154,7 +159,8 @@ def recommend(
     opt.input_file(calibration, "calibration file")
     scn, fw = load_input(scenario, overrides, show_scenario, json_out or all_rows)
     with SearchProgress() as progress:
-        result = run_recommend(scn, gpus=split(gpus) or None, any_gpu=any_gpu, budget_usd=budget_usd,
+        result = run_recommend(scn, gpus=split(gpus) or None, any_gpu=any_gpu, max_gpus=max_gpus, layouts=layouts,
+                               budget_usd=budget_usd,
                                deadline_hours=deadline_hours, by=by, top=top, exhaustive=exhaustive,
                                time_budget_s=time_budget, progress=progress, on_row=json_lines if all_rows else None,
                                calibration=str(calibration) if calibration else None, margin=margin)

@@ -88,3 +88,15 @@ def test_data_parallel_splits_the_steps():
     assert eight.steps == one.steps // 8
     assert eight.hours < one.hours
     assert eight.gpu_hours >= one.gpu_hours * 0.99  # same work, plus communication
+
+
+@pytest.mark.parametrize("layout", [{"tensor_parallel": 4, "sequence_parallel": True}, {"pipeline_parallel": 2},
+                                    {"context_parallel": 2, "tensor_parallel": 2}])
+def test_model_parallel_ranks_share_a_micro_batch(layout):
+    """A tensor, pipeline or context group runs one micro-batch: 8 GPUs at model-parallel degree m are 8 / m
+    data-parallel replicas, and a step covers micro-batch x accumulation x replicas samples."""
+    s = scn(wl={"num_samples": 8000, "gradient_accumulation": 2}, hw={"gpus_per_node": 8}, mix=layout)
+    e, r = run(s)
+    replicas = 8 // s.mix.model_parallel
+    assert r.steps == math.ceil(8000 / (2 * 2 * replicas))
+    assert e.time.samples_per_s == pytest.approx(2 * 2 * replicas / e.time.step_s, rel=1e-12)

@@ -117,6 +117,45 @@ def test_every_fitting_candidate_respects_its_bounds(model, batch, gpus, framewo
         assert cls.hours.flat[idx] * 0.5 < sharp <= e.run.hours
 
 
+LAYOUT_SPACE = SearchSpace(methods=("full", "lora"), sharding=((0, None), (1, None), (3, None)), offload=("none",),
+                           attention=("flash",), optimizer=("adamw",), experts_backend=("grouped_mm",),
+                           tensor_parallel=((1, False), (2, True), (4, True)), pipeline_parallel=(1, 2),
+                           context_parallel=(1, 2), expert_parallel=(1, 2, 4))
+
+
+@pytest.mark.parametrize("model,batch", [("llama-2-7b", 8), ("olmoe-1b-7b", "max")])
+def test_parallel_layouts_respect_their_bounds(model, batch):
+    """Tensor, pipeline, context and expert parallel candidates: the bounds hold with hours over the data-parallel
+    replicas (a model-parallel group shares each micro-batch) and the pipeline's capped micro-batch."""
+    from ftscope.plan.recommend import _targets
+    scn = _scn(model, batch=batch).with_(gradient_accumulation=2)
+    space = Space(scn, _targets(scn, ["h100-80gb:16"], False), LAYOUT_SPACE)
+    cal = load_calibration()
+    gb = None if batch == "max" else 64
+    cls, _ = classify(np, space, "time", cal, {"top": None}, gb, None, None)
+    evaluate = evaluator(gb, cal, None, None)
+    fits = np.flatnonzero(cls.status.ravel() == FITS)
+    layouts = {space.candidate(i).mix.model_parallel for i in fits.tolist()}
+    assert len(fits) > 20 and layouts >= {1, 2, 4, 8}
+    for idx in fits.tolist()[::3]:
+        cand = space.candidate(idx)
+        c = evaluate(cand)
+        assert c.feasible, c.reason
+        e = c.estimate
+        assert cls.micro_batch.flat[idx] <= e.micro_batch_size <= cls.micro_batch_max.flat[idx]
+        eff, _ = cal.for_gpu(cand.cluster.gpu.key)
+        sharp = refined_hours(cand, int(cls.micro_batch.flat[idx]), int(cls.micro_batch_max.flat[idx]), gb, eff)
+        assert cls.hours.flat[idx] <= e.run.hours and sharp <= e.run.hours, cand.mix.label()
+
+
+def test_memory_reads_the_accumulation_only_as_accumulating_or_not():
+    """MemoryProbe.fixed_batch_peak keeps one memory model for every accumulation above 1."""
+    for mix in MIXES[::4]:
+        scn = _scn("olmoe-1b-7b", **mix)
+        models = [memory_model(scn.with_(gradient_accumulation=ga)) for ga in (1, 2, 3, 64)]
+        assert models[1] == models[2] == models[3], mix
+
+
 def test_the_probes_peak_is_the_memory_models():
     from ftscope.plan.bounds import MemoryProbe
     for mix in MIXES[::3]:

@@ -79,6 +79,30 @@ def test_the_margin_cases_hold_tight_and_safe_candidates_and_rank_tight_last(cas
     assert len([c for c in no_margin.rows if c.feasible]) == len(ranked)  # the margin reorders, it rejects nothing
 
 
+LAYOUT_SPACE = SearchSpace(methods=("full", "lora"), sharding=((0, None), (1, None), (3, None)), offload=("none",),
+                           attention=("flash",), optimizer=("adamw",), experts_backend=("grouped_mm",),
+                           tensor_parallel=((1, False), (2, True), (4, True)), pipeline_parallel=(1, 2, 4),
+                           context_parallel=(1, 2), expert_parallel=(1, 4))
+LAYOUT_GRID = {
+    "dense layouts, fixed global batch, multi-node": (_scn("llama-2-13b", batch=4, gradient_accumulation=4),
+                                                      dict(gpus=["h100-80gb:16", "a100-40gb:4"])),
+    "MoE layouts, solved batch, by cost": (_scn("olmoe-1b-7b", batch="max", gradient_accumulation=4),
+                                           dict(gpus=["h100-80gb:8", "a40:4"], by="cost")),
+}
+
+
+@pytest.mark.parametrize("case", list(LAYOUT_GRID))
+def test_pruned_search_over_parallel_layouts_returns_what_the_exhaustive_one_does(case):
+    scn, kw = LAYOUT_GRID[case]
+    pruned = recommend(scn, space=LAYOUT_SPACE, **kw)
+    full = recommend(scn, space=LAYOUT_SPACE, exhaustive=True, **kw)
+    assert _visible(pruned) == _visible(full)
+    assert pruned.summary.bound_violations == 0 and not pruned.summary.exhaustive
+    assert pruned.summary.estimates < full.summary.estimates / 2, (pruned.summary, full.summary)
+    ranked = [c.scenario.mix for c in full.rows if c.feasible]
+    assert any(m.model_parallel > 1 for m in ranked), "a layout case whose top-10 holds no layout tests little"
+
+
 def test_the_exhaustive_reference_is_a_full_stable_sort_of_every_candidate():
     scn, kw = GRID["MoE, dynamic padding"]
     every = []

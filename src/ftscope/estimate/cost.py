@@ -24,7 +24,8 @@ def price_of(scn: Scenario) -> tuple[float | None, str]:
 def run_cost(scn: Scenario, t: TimeEstimate, batch: int) -> RunCost:
     wl = scn.workload
     world = scn.cluster.world_size
-    samples_per_step = batch * wl.gradient_accumulation * world * wl.samples_per_sequence()
+    replicas = max(world // scn.mix.model_parallel, 1)  # a tensor / pipeline / context group runs one micro-batch
+    samples_per_step = batch * wl.gradient_accumulation * replicas * wl.samples_per_sequence()
     steps = math.ceil(wl.samples_per_epoch() * wl.epochs / samples_per_step)
     hours = steps * t.step_s / 3600.0
     gpu_hours = hours * world

@@ -52,17 +52,19 @@ def _settle(guess: int, fits: Callable[[int], bool], cap: int) -> int:
     return n
 
 
-def max_micro_batch(mem: MemoryModel, seq: float, margin: float = 0.0, cap: int = BATCH_CAP) -> int:
-    """Largest micro-batch that fits at this (padded) sequence length; 0 if none."""
+def max_micro_batch(mem: MemoryModel, seq: float, margin: float = 0.0, cap: int = BATCH_CAP,
+                    curves: list[ReservedCurve] | None = None) -> int:
+    """Largest micro-batch that fits at this (padded) sequence length; 0 if none. `curves`: reserved_curves(mem),
+    when already known (they do not depend on the capacity: a search solves one model for many GPUs)."""
     limit = mem.capacity_bytes * (1.0 - margin)
     best = float(cap)
-    for k, lin, q in reserved_curves(mem):
+    for k, lin, q in curves if curves is not None else reserved_curves(mem):
         per_sample = lin * seq + q * seq * seq
         if k > limit:
             return 0
         if per_sample > 0:
             best = min(best, (limit - k) / per_sample)
-    return _settle(int(best), lambda b: mem.fits(b, seq, margin), cap)
+    return _settle(int(best), lambda b: mem.peak_bytes(b, seq) <= limit, cap)
 
 
 def max_seq_len(mem: MemoryModel, batch: int, margin: float = 0.0, cap: int = SEQ_CAP) -> int:

@@ -21,7 +21,9 @@ estimates every candidate whose bound could still enter a top-k, and checks ever
    (mean_padded_len grows with the micro-batch), and hours = steps x step seconds with steps >= sequences /
    (micro-batch x accumulation x GPUs). Also, a micro-batch takes at least what one sequence of the shortest
    length takes (`micro_batch_seconds`, the estimator's step time: a micro-batch's time grows with its size and
-   length), so per sequence at least that over the largest micro-batch the candidate may run.
+   length), so per sequence at least that over the largest micro-batch the candidate may run. Under a parallel
+   layout the ops are one GPU's share (micro_batch_ops applies the layout) and every GPU of a tensor, pipeline or
+   context group runs each of its group's sequences: hours divide by the data-parallel replicas, not the GPUs.
 4. Time, for a candidate rule 3 cannot rule out (`refined_hours`): the least of the estimator's own step
    times over the micro-batches the candidate may run (when they are at most REFINE_SPAN apart), at the
    shortest length it may pad to. A micro-batch's compute never shrinks with the length (GEMM time is a
@@ -44,10 +46,12 @@ from dataclasses import dataclass, replace
 
 from ..estimate.compute import Op, micro_batch_ops, recomputed
 from ..estimate.efficiency import Efficiency
+from ..estimate.layout import layout
 from ..estimate.memory import MemoryModel, memory_model, trainable_params
 from ..estimate.time import Rates, rates, step_time
 from ..spec.scenario import Scenario
-from ..estimate.solvers import BATCH_CAP, max_micro_batch, phase_totals
+from ..estimate.solvers import BATCH_CAP, ReservedCurve, max_micro_batch, phase_totals, reserved_curves
+from .layouts import keep_global_batch, replicas
 
 SAFETY = 1.0 - 1e-6
 
@@ -62,6 +66,9 @@ class MemoryProbe:
         self._at_one = phase_totals(self.model, 1, seq)
         self.peak_at_one = max(self._at_one)
         """The same number as MemoryModel.peak_bytes(1, seq): the max of the phases' reserved bytes."""
+        self._peaks: dict[int, float] = {}
+        self._curves: list[ReservedCurve] | None = None
+        self._by_accumulation: dict[bool, MemoryModel] = {}
 
     def batch_terms(self) -> list[tuple[float, float, float]]:
         """(fixed bytes, bytes the first sequence adds, bytes per sequence at the cap) of every phase at this
@@ -73,24 +80,29 @@ class MemoryProbe:
         return [(k, a - k, (f2 - f1) / BATCH_CAP) for k, a, f1, f2 in zip(empty, self._at_one, far, farther)]
 
     def max_micro_batch(self, capacity: float) -> int:
-        """The solver's answer on a GPU with this capacity."""
-        return max_micro_batch(replace(self.model, capacity_bytes=capacity), self.seq)
+        """The solver's answer on a GPU with this capacity (the capacity-free curves solved once per probe)."""
+        if self._curves is None:
+            self._curves = reserved_curves(self.model)
+        return max_micro_batch(replace(self.model, capacity_bytes=capacity), self.seq, curves=self._curves)
 
     def fixed_batch_peak(self, capacity: float, global_batch: int) -> float:
         """Peak bytes of the layout recommend picks to keep the global batch (micro-batch as large as fits up to
-        the global batch over the GPUs, accumulation for the rest), the way recommend's evaluate picks it."""
+        the global batch over the replicas and stages, accumulation for the rest), the way recommend's evaluate
+        picks it. When the capped micro-batch itself fits, the solver's larger answer would be capped to it
+        (reserved bytes grow with the micro-batch), so no solve is needed."""
         scn = self.scenario
-        mb, ga = keep_global_batch(self.max_micro_batch(capacity), global_batch, scn.cluster.world_size)
-        model = self.model if ga == scn.workload.gradient_accumulation else memory_model(
-            scn.with_(gradient_accumulation=ga))
-        return model.peak_bytes(mb, self.seq)
-
-
-def keep_global_batch(max_batch: int, global_batch: int, world: int) -> tuple[int, int]:
-    """(micro-batch, accumulation) that keep a global batch on `world` GPUs: the largest micro-batch that fits,
-    up to the global batch over the GPUs, and accumulation for the rest."""
-    mb = max(1, min(max_batch, global_batch // world))
-    return mb, max(1, math.ceil(global_batch / (mb * world)))
+        reps, stages = replicas(scn), scn.mix.pipeline_parallel
+        cap = max(1, global_batch // (reps * stages))
+        if cap not in self._peaks:
+            self._peaks[cap] = self.model.peak_bytes(cap, self.seq) if cap <= BATCH_CAP else math.inf
+        fitting = cap if self._peaks[cap] <= capacity else self.max_micro_batch(capacity)
+        mb, ga = keep_global_batch(fitting, global_batch, reps, stages)
+        accumulates = ga > 1  # all the memory model reads of the accumulation (tests/plan/test_bounds.py)
+        if accumulates not in self._by_accumulation:
+            same = accumulates == (scn.workload.gradient_accumulation > 1)
+            self._by_accumulation[accumulates] = self.model if same else memory_model(
+                scn.with_(gradient_accumulation=ga))
+        return self._by_accumulation[accumulates].peak_bytes(mb, self.seq)
 
 
 LARGE = 4096
@@ -208,11 +220,12 @@ def shortest_sequence(scn: Scenario) -> float:
 
 def micro_batch_seconds(scn: Scenario, batch: int, length: float, eff: Efficiency) -> float:
     """GPU seconds of one micro-batch's forward, backward, recompute and dequantization at a fixed padded length,
-    from the estimator's own step time (the accumulation steps divided out)."""
-    ga = scn.workload.gradient_accumulation
+    from the estimator's own step time (divided by the micro-batches it runs: the accumulation, plus a pipeline's
+    bubble, which a candidate with more accumulation spreads thinner)."""
+    runs = scn.workload.gradient_accumulation + layout(scn).bubble
     fixed = scn.with_(padding="max_length", seq_len=max(1, math.floor(length)))
     parts = step_time(fixed, batch, eff, 0).breakdown_s
-    return (parts["forward"] + parts["backward"] + parts["recompute"] + parts["dequant"]) / ga
+    return (parts["forward"] + parts["backward"] + parts["recompute"] + parts["dequant"]) / runs
 
 
 REFINE_SPAN = 16
@@ -228,7 +241,7 @@ def refined_hours(scn: Scenario, batch_low: int, batch_high: int, global_batch: 
     Per sequence, compute may grow with the micro-batch (a partly filled last tile), hence one per batch."""
     if batch_high - batch_low > REFINE_SPAN:
         return 0.0
-    wl, world = scn.workload, scn.cluster.world_size
+    wl, world = scn.workload, replicas(scn)  # a model-parallel group runs one micro-batch
     length = max(1, math.floor(max(wl.mean_padded_len(batch_low), shortest_sequence(scn))))
     sequences = wl.samples_per_epoch() * wl.epochs / wl.samples_per_sequence()
     trainable = trainable_params(scn)
@@ -250,6 +263,7 @@ def refined_hours(scn: Scenario, batch_low: int, batch_high: int, global_batch: 
 
 
 def hours_per_gpu_second(scn: Scenario) -> float:
-    """Hours of a run per GPU-second of per-sequence compute, before dividing by the GPU count."""
+    """Hours of a run per GPU-second of per-sequence compute, before dividing by the data-parallel replicas (each
+    GPU of a model-parallel group computes its share of every sequence its group runs)."""
     wl = scn.workload
     return wl.samples_per_epoch() * wl.epochs / (wl.samples_per_sequence() * 3600.0) * SAFETY

@@ -17,6 +17,7 @@ from ..estimate.memory import usable_bytes
 from .bounds import (MemoryProbe, hours_per_gpu_second, micro_batch_seconds, op_rates, seconds_per_sequence,
                      sequence_work,
                      shortest_sequence)
+from .layouts import layout_reason
 from .ranking import mix_complexity, refusal
 from ..estimate.solvers import BATCH_CAP
 from .space import Space, with_mix
@@ -49,6 +50,75 @@ class Classification:
     tight candidate are those of the full capacity, the way recommend's evaluate solves it."""
 
 
+class _Scan:
+    """What the pass over every mix gathers: per mix (refusal, ranking facts, compute signature, layout degrees),
+    per mix and GPU type (support), per mix and GPU count (layout validity, one memory probe)."""
+
+    def __init__(self, np, space: Space, accepts: dict[str, Callable[[Any], bool] | None],
+                 global_batch: int | None, margin: float = 0.0) -> None:
+        nb, nm = len(space.blocks), space.mixes_per_block
+        self.np, self.space, self.accepts, self.global_batch = np, space, accepts, global_batch
+        gpus = list(dict.fromkeys(b.gpu.key for b in space.blocks))
+        worlds = list(dict.fromkeys(b.world for b in space.blocks))
+        self.g_of = np.array([gpus.index(b.gpu.key) for b in space.blocks])
+        self.w_of = np.array([worlds.index(b.world) for b in space.blocks])
+        self.on_gpu = [next(b.base for b in space.blocks if b.gpu.key == g) for g in gpus]
+        self.at_world = [next(b.base for b in space.blocks if b.world == w) for w in worlds]
+        self.caps = np.array([usable_bytes(b.gpu) for b in space.blocks], float)
+        self.safe_caps = self.caps * (1.0 - margin)  # the same product max_micro_batch's limit computes
+        self.seq = space.scenario.workload.peak_seq_len()
+        self.searched, self.valid = np.zeros(nm, bool), np.zeros(nm, bool)
+        self.supported = np.zeros((len(gpus), nm), bool)
+        self.layout_ok = np.zeros((len(worlds), nm), bool)  # the layout runs on this GPU count (plan/layouts.py)
+        self.split = np.ones((2, nm), np.int64)  # model-parallel group size and pipeline stages of each mix
+        self.peak = np.full((len(worlds), nm), np.inf)
+        self.fixed_peak = np.full((nb, nm), np.inf) if global_batch is not None else None
+        self.safe_fixed_peak = (np.full((nb, nm), np.inf) if global_batch is not None and margin
+                                else self.fixed_peak)  # the fixed-batch peak solved leaving the margin free
+        self.terms: dict[str, Any] = {}  # fixed bytes and bytes per sequence: worlds x mixes x phases
+        self.sig = np.zeros(nm, np.int32)
+        self.signatures: dict[tuple, int] = {}
+        self.accept = {name: np.zeros(nm, bool) for name in accepts}
+        self.complexity = np.zeros(nm, np.int16)
+        self.compute_dims = [d for d in space.dimensions if d.affects_compute]
+
+    def mix(self, k: int, mix: Any) -> None:
+        np = self.np
+        self.searched[k] = True
+        if refusal(self.space.scenario.model, mix):
+            return
+        self.valid[k] = True
+        self.complexity[k] = mix_complexity(mix)
+        for name, f in self.accepts.items():
+            self.accept[name][k] = f is None or f(mix)
+        self.sig[k] = self.signatures.setdefault(tuple(d.get(mix) for d in self.compute_dims), len(self.signatures))
+        self.split[:, k] = mix.model_parallel, mix.pipeline_parallel
+        for g, base in enumerate(self.on_gpu):
+            self.supported[g, k] = unsupported_reason(with_mix(base, mix)) is None
+        if not self.supported[:, k].any():
+            return
+        for w, base in enumerate(self.at_world):
+            scn = with_mix(base, mix)
+            self.layout_ok[w, k] = layout_reason(scn, self.global_batch) is None
+            if self.layout_ok[w, k]:
+                self._probe(k, w, MemoryProbe(scn, self.seq))
+
+    def _probe(self, k: int, w: int, probe: MemoryProbe) -> None:
+        np = self.np
+        self.peak[w, k] = probe.peak_at_one
+        phases = probe.batch_terms()
+        if not self.terms:
+            shape = (len(self.at_world), self.space.mixes_per_block, len(phases))
+            self.terms = {key: np.full(shape, np.nan) for key in ("fixed", "first", "far")}
+        self.terms["fixed"][w, k], self.terms["first"][w, k], self.terms["far"][w, k] = zip(*phases)
+        if self.fixed_peak is not None:  # at the full capacity, and less the margin when there is one
+            blocks = np.flatnonzero(self.w_of == w)
+            _fixed_batch(np, probe, k, blocks, self.g_of, self.supported, self.caps, self.fixed_peak, self.global_batch)
+            if self.safe_fixed_peak is not self.fixed_peak:
+                _fixed_batch(np, probe, k, blocks, self.g_of, self.supported, self.safe_caps, self.safe_fixed_peak,
+                             self.global_batch)
+
+
 def classify(np, space: Space, by: str, cal: Calibration, accepts: dict[str, Callable[[Any], bool] | None],
              global_batch: int | None, stop_at: float | None,
              progress: Callable[[str, int, int | None], None] | None, margin: float = 0.0) -> tuple[Classification, bool]:
@@ -56,26 +126,7 @@ def classify(np, space: Space, by: str, cal: Calibration, accepts: dict[str, Cal
     `margin`, a candidate that fits only in the last `margin` of usable memory is tight (tier 1): rule 1 read at
     capacity x (1 - margin) says which, since its memory grows with the micro-batch."""
     nb, nm = len(space.blocks), space.mixes_per_block
-    gpus = list(dict.fromkeys(b.gpu.key for b in space.blocks))
-    worlds = list(dict.fromkeys(b.world for b in space.blocks))
-    g_of = np.array([gpus.index(b.gpu.key) for b in space.blocks])
-    w_of = np.array([worlds.index(b.world) for b in space.blocks])
-    on_gpu = [next(b.base for b in space.blocks if b.gpu.key == g) for g in gpus]
-    at_world = [next(b.base for b in space.blocks if b.world == w) for w in worlds]
-    caps = np.array([usable_bytes(b.gpu) for b in space.blocks], float)
-    safe_caps = caps * (1.0 - margin)  # the same product max_micro_batch's limit computes
-    seq = space.scenario.workload.peak_seq_len()
-    searched, valid = np.zeros(nm, bool), np.zeros(nm, bool)
-    supported = np.zeros((len(gpus), nm), bool)
-    peak = np.full((len(worlds), nm), np.inf)
-    fixed_peak = np.full((nb, nm), np.inf) if global_batch is not None else None
-    safe_fixed_peak = np.full((nb, nm), np.inf) if global_batch is not None and margin else fixed_peak
-    terms: dict[str, Any] = {}  # fixed bytes and bytes per sequence: worlds x mixes x phases
-    sig = np.zeros(nm, np.int32)
-    signatures: dict[tuple, int] = {}
-    accept = {name: np.zeros(nm, bool) for name in accepts}
-    complexity = np.zeros(nm, np.int16)
-    compute_dims = [d for d in space.dimensions if d.affects_compute]
+    scan = _Scan(np, space, accepts, global_batch, margin)
     cut = False
     for k, mix in enumerate(space.mixes()):
         if k % MIX_CHUNK == 0:
@@ -84,51 +135,37 @@ def classify(np, space: Space, by: str, cal: Calibration, accepts: dict[str, Cal
             if stop_at is not None and time.perf_counter() > stop_at:
                 cut = True
                 break
-        searched[k] = True
-        if refusal(space.scenario.model, mix):
-            continue
-        valid[k] = True
-        complexity[k] = mix_complexity(mix)
-        for name, f in accepts.items():
-            accept[name][k] = f is None or f(mix)
-        sig[k] = signatures.setdefault(tuple(d.get(mix) for d in compute_dims), len(signatures))
-        for g, base in enumerate(on_gpu):
-            supported[g, k] = unsupported_reason(with_mix(base, mix)) is None
-        if not supported[:, k].any():
-            continue
-        for w, base in enumerate(at_world):
-            probe = MemoryProbe(with_mix(base, mix), seq)
-            peak[w, k] = probe.peak_at_one
-            phases = probe.batch_terms()
-            if not terms:
-                terms = {key: np.full((len(worlds), nm, len(phases)), np.nan) for key in ("fixed", "first", "far")}
-            terms["fixed"][w, k], terms["first"][w, k], terms["far"][w, k] = zip(*phases)
-            if fixed_peak is not None:  # at the full capacity, and less the margin when there is one
-                for cap, out in {id(fixed_peak): (caps, fixed_peak), id(safe_fixed_peak): (safe_caps, safe_fixed_peak)}.values():
-                    _fixed_batch(np, probe, k, np.flatnonzero(w_of == w), g_of, supported, cap, out, global_batch)
+        scan.mix(k, mix)
     if progress:
-        progress("classify", int(searched.sum()) * nb, nb * nm)
+        progress("classify", int(scan.searched.sum()) * nb, nb * nm)
+    g_of, w_of, caps, fixed_peak = scan.g_of, scan.w_of, scan.caps, scan.fixed_peak
+    safe_caps, safe_fixed_peak = scan.safe_caps, scan.safe_fixed_peak
     status = np.full((nb, nm), UNSEARCHED, np.int8)
-    ok = valid[None, :] & supported[g_of]
-    fits = (peak[w_of] <= caps[:, None]) if fixed_peak is None else (fixed_peak <= caps[:, None])
-    safe = (peak[w_of] <= safe_caps[:, None]) if fixed_peak is None else (safe_fixed_peak <= safe_caps[:, None])
-    status[:, searched] = UNSUPPORTED
+    ok = scan.valid[None, :] & scan.supported[g_of] & scan.layout_ok[w_of]
+    world = np.array([b.world for b in space.blocks])[:, None]
+    replicas = np.maximum(world // scan.split[0], 1)  # data-parallel replicas per candidate (plan/layouts.replicas)
+    fits = (scan.peak[w_of] <= caps[:, None]) if fixed_peak is None else (fixed_peak <= caps[:, None])
+    safe = (scan.peak[w_of] <= safe_caps[:, None]) if fixed_peak is None else (safe_fixed_peak <= safe_caps[:, None])
+    status[:, scan.searched] = UNSUPPORTED
     status[ok & ~fits] = NO_FIT
     status[ok & fits] = FITS
     tier = np.where(ok & fits & ~safe, 1, 0).astype(np.int8)
-    batch, batch_max = _tiered_batch_bounds(np, terms, w_of, (caps, safe_caps), status == FITS, tier, space,
-                                            global_batch)
-    mixes = {i: None for i in range(len(signatures))}
-    for k in np.flatnonzero(valid).tolist():
-        if mixes[sig[k]] is None:
-            mixes[sig[k]] = space.mix(k)
-    hours, usd = _time_bounds(np, space, cal, on_gpu, g_of, sig, [mixes[i] for i in range(len(signatures))], batch,
-                              batch_max)
-    chosen_peak = fixed_peak if safe_fixed_peak is None else np.where(tier == 0, safe_fixed_peak, fixed_peak)
+    per_replica = None if global_batch is None else np.maximum(global_batch // (replicas * scan.split[1]), 1)
+    batch, batch_max = _micro_batch_bounds(np, scan.terms, w_of, caps, status == FITS, per_replica)
+    if margin:  # a safe candidate runs the batch that leaves the margin free, a tight one the full capacity's
+        low, high = _micro_batch_bounds(np, scan.terms, w_of, safe_caps, (status == FITS) & (tier == 0), per_replica)
+        batch, batch_max = np.where(tier == 0, low, batch), np.where(tier == 0, high, batch_max)
+    # one representative mix per compute signature that has a candidate to rank
+    mixes: dict[int, Any] = {}
+    for k in np.flatnonzero((status == FITS).any(axis=0)).tolist():
+        if scan.sig[k] not in mixes:
+            mixes[scan.sig[k]] = space.mix(k)
+    hours, usd = _time_bounds(np, space, cal, scan.on_gpu, g_of, scan.sig, mixes, batch, batch_max, replicas)
+    chosen_peak = fixed_peak if fixed_peak is None else np.where(tier == 0, safe_fixed_peak, fixed_peak)
     primary = {"time": hours, "cost": np.where(np.isnan(usd), np.inf, usd),
-               "memory": peak[w_of] if fixed_peak is None else chosen_peak}[by]
+               "memory": scan.peak[w_of] if fixed_peak is None else chosen_peak}[by]
     return Classification(status, np.where(status == FITS, primary, np.inf), hours, usd, batch, batch_max,
-                          complexity, accept, tier), cut
+                          scan.complexity, scan.accept, tier), cut
 
 
 def _fixed_batch(np, probe: MemoryProbe, k: int, blocks, g_of, supported, caps, fixed_peak, global_batch: int) -> None:
@@ -143,22 +180,12 @@ def _fixed_batch(np, probe: MemoryProbe, k: int, blocks, g_of, supported, caps, 
             fixed_peak[b, k] = memo[cap]
 
 
-def _tiered_batch_bounds(np, terms, w_of, caps: tuple[Any, Any], fits, tier, space: Space, global_batch: int | None):
-    """Micro-batch bounds at the full capacity for tight candidates and at the capacity less the margin for the
-    others (the batch recommend's evaluate solves for each)."""
-    batch, batch_max = _micro_batch_bounds(np, terms, w_of, caps[0], fits, space, global_batch)
-    if (caps[1] == caps[0]).all():
-        return batch, batch_max
-    low, high = _micro_batch_bounds(np, terms, w_of, caps[1], fits & (tier == 0), space, global_batch)
-    return np.where(tier == 0, low, batch), np.where(tier == 0, high, batch_max)
-
-
-def _micro_batch_bounds(np, terms, w_of, caps, fits, space: Space, global_batch: int | None):
+def _micro_batch_bounds(np, terms, w_of, caps, fits, per_replica):
     """Bounds on the micro-batch each fitting candidate will run (bounds.py, rule 2): the floor of min over
     phases of (capacity - fixed bytes) / slope, with the first sequence's slope for the lower bound and the
     slope at the cap for the upper; 1e-6 either side covers rounding (the engine checks the solver's answer
-    against both). Clipped to [1, the solver's cap]; with a fixed global batch, to the global batch per GPU, as
-    recommend picks it."""
+    against both). Clipped to [1, the solver's cap]; with a fixed global batch, to the global batch per replica
+    (and pipeline stage), as recommend picks it (`per_replica`: that cap per candidate, None without one)."""
     low, high = np.ones(fits.shape), np.ones(fits.shape)
     if not terms:
         return low, high
@@ -171,15 +198,14 @@ def _micro_batch_bounds(np, terms, w_of, caps, fits, space: Space, global_batch:
         w = w_of[b]
         lo = np.clip(np.floor(largest(terms["fixed"][w], terms["first"][w], caps[b]) * (1 - 1e-6)), 1, BATCH_CAP)
         hi = np.clip(np.floor(largest(terms["fixed"][w], terms["far"][w], caps[b]) * (1 + 1e-6)), 1, BATCH_CAP)
-        if global_batch is not None:
-            per_gpu = max(1, global_batch // space.blocks[b].world)
-            lo, hi = np.minimum(lo, per_gpu), np.minimum(hi, per_gpu)
+        if per_replica is not None:
+            lo, hi = np.minimum(lo, per_replica[b]), np.minimum(hi, per_replica[b])
         low[b], high[b] = np.where(fits[b], lo, 1), np.where(fits[b], hi, BATCH_CAP)
     return low, high
 
 
 def _time_bounds(np, space: Space, cal: Calibration, on_gpu: Sequence[Any], g_of, sig, representative, batch,
-                 batch_max):
+                 batch_max, replicas):
     """Lower bounds of hours and dollars per candidate: per compute signature and GPU type, the per-op
     seconds per sequence (bounds.op_rates) at the shortest padded length its micro-batch bound can have."""
     wl = space.scenario.workload
@@ -187,7 +213,7 @@ def _time_bounds(np, space: Space, cal: Calibration, on_gpu: Sequence[Any], g_of
     lengths = {b: wl.mean_padded_len(int(b)) for b in np.unique(batch).tolist()}
     seq = np.maximum(np.vectorize(lengths.__getitem__, otypes=[float])(batch), shortest)
     per_seq = np.zeros(batch.shape)
-    for s, mix in enumerate(representative):
+    for s, mix in representative.items():
         work = sequence_work(with_mix(on_gpu[0], mix), shortest)
         columns = np.flatnonzero(sig == s)
         if not work or not len(columns):
@@ -203,5 +229,5 @@ def _time_bounds(np, space: Space, cal: Calibration, on_gpu: Sequence[Any], g_of
     world = np.array([b.world for b in space.blocks], float)[:, None]
     prices = [price_of(b.base)[0] for b in space.blocks]
     price = np.array([np.nan if p is None else p for p in prices])[:, None]
-    hours = per_seq * hours_per_gpu_second(space.scenario) / world
+    hours = per_seq * hours_per_gpu_second(space.scenario) / replicas
     return hours, hours * world * price

@@ -19,7 +19,9 @@ def mix_complexity(mix: Mix) -> int:
     """How much machinery a mix needs; among equally good candidates the simpler one wins."""
     return (mix.shard_stage + (1 if mix.fsdp else 0) + _OFFLOAD_WEIGHT[mix.offload]
             + (1 if mix.optimizer != "adamw" else 0) + (1 if mix.attention == "flash" else 0)
-            + (1 if mix.method == "qlora" else 0) + (1 if mix.gradient_checkpointing else 0))
+            + (1 if mix.method == "qlora" else 0) + (1 if mix.gradient_checkpointing else 0)
+            + sum(1 for degree in (mix.tensor_parallel, mix.pipeline_parallel, mix.context_parallel,
+                                   mix.expert_parallel) if degree > 1))
 
 
 def complexity(scn: Scenario) -> int:

@@ -21,11 +21,11 @@ from ..estimate.memory import NF4_BYTES, memory_model
 from ..estimate.result import Estimate
 from ..spec.hardware import GpuSpec, gpu_from_catalog
 from ..spec.scenario import Scenario
-from .bounds import keep_global_batch
+from .layouts import keep_global_batch, layout_reason, replicas
 from .engine import Engine, Progress, Ranking, SearchSummary
 from .ranking import RANK_BY, complexity, rank_key, refusal
 from ..estimate.solvers import max_micro_batch
-from .space import MIX_DIMENSIONS, SHARDING, SearchSpace, Space
+from .space import LAYOUTS, MIX_DIMENSIONS, SHARDING, SearchSpace, Space
 
 __all__ = ["Candidate", "Recommendation", "SearchSpace", "SHARDING", "RANK_BY", "complexity", "recommend",
            "mix_reason", "explain", "best_deepspeed", "parse_gpu_budget"]
@@ -102,7 +102,7 @@ def mix_reason(scn: Scenario) -> str | None:
 def _estimate(cand: Scenario, global_batch: int | None, cal: Calibration, margin: float = 0.0) -> Candidate:
     """The candidate at the largest micro-batch that leaves `margin` of usable memory free, or, when none does,
     at the largest that fits at all (then it is tight)."""
-    reason = mix_reason(cand)
+    reason = mix_reason(cand) or layout_reason(cand, global_batch)
     if reason:
         return Candidate(cand, None, reason)
     mem = memory_model(cand)
@@ -114,7 +114,7 @@ def _estimate(cand: Scenario, global_batch: int | None, cal: Calibration, margin
     if global_batch is None:
         mb, ga = mb_max, cand.workload.gradient_accumulation
     else:  # keep the scenario's global batch: same optimization, different layout
-        mb, ga = keep_global_batch(mb_max, global_batch, cand.cluster.world_size)
+        mb, ga = keep_global_batch(mb_max, global_batch, replicas(cand), cand.mix.pipeline_parallel)
     est = estimate(cand.with_(micro_batch_size=mb, gradient_accumulation=ga), strict=False, calibration=cal,
                    tight_margin=margin)
     return Candidate(est.scenario, est, est.reason)
@@ -133,16 +133,16 @@ def evaluator(global_batch: int | None, cal: Calibration, budget_usd: float | No
     return evaluate
 
 
-def _targets(scn: Scenario, gpus: Sequence[str] | None, any_gpu: bool) -> list[tuple[GpuSpec, int]]:
+def _targets(scn: Scenario, gpus: Sequence[str] | None, any_gpu: bool, max_gpus: int = 8) -> list[tuple[GpuSpec, int]]:
     if any_gpu:
-        return [(gpu_from_catalog(k), 8) for k in catalog.gpu_table() if catalog.prices_for(k)]
+        return [(gpu_from_catalog(k), max_gpus) for k in catalog.gpu_table() if catalog.prices_for(k)]
     if gpus:
         return [parse_gpu_budget(g, scn.cluster.gpu) for g in gpus]
     return [(scn.cluster.gpu, scn.cluster.world_size)]
 
 
-def recommend(scn: Scenario, gpus: Sequence[str] | None = None, any_gpu: bool = False,
-              budget_usd: float | None = None, deadline_hours: float | None = None, by: str = "time",
+def recommend(scn: Scenario, gpus: Sequence[str] | None = None, any_gpu: bool = False, max_gpus: int = 8,
+              layouts: bool = False, budget_usd: float | None = None, deadline_hours: float | None = None, by: str = "time",
               space: SearchSpace = SearchSpace(), calibration: Calibration | str | None = None, top: int = 10,
               exhaustive: bool = False, time_budget_s: float | None = None, progress: Progress | None = None,
               on_row: Callable[[Candidate], None] | None = None, margin: float = 0.0) -> Recommendation:
@@ -151,7 +151,8 @@ def recommend(scn: Scenario, gpus: Sequence[str] | None = None, any_gpu: bool = 
     every candidate (same answer, slower); `on_row` receives every candidate in listing order (implies it).
     `time_budget_s` stops early with the best found so far and says how much of the space it covered. A candidate
     runs at the largest micro-batch that leaves `margin` of usable memory free; one that fits only inside the
-    margin is tight and ranks after every one that does not."""
+    margin is tight and ranks after every one that does not. `max_gpus` is --any-gpu's largest count; `layouts`
+    adds the parallel layouts of space.LAYOUTS to `space`."""
     started = time.perf_counter()
     if by not in RANK_BY:
         raise FtscopeError(f"--by must be one of {', '.join(RANK_BY)}; got {by!r}")
@@ -162,10 +163,12 @@ def recommend(scn: Scenario, gpus: Sequence[str] | None = None, any_gpu: bool = 
         raise FtscopeError(f"--margin must be from 0 to below 1; got {margin}")
     if isinstance(top, bool) or not isinstance(top, int) or top < 1:
         raise FtscopeError(f"--top must be a positive integer; got {top!r}")
+    if layouts:
+        space = replace(space, **LAYOUTS)
     cal = calibration if isinstance(calibration, Calibration) else load_calibration(calibration)
     wl = scn.workload
-    global_batch = None if wl.solve_batch else int(wl.micro_batch_size) * wl.gradient_accumulation * scn.cluster.world_size
-    engine = Engine(Space(scn, _targets(scn, gpus, any_gpu), space),
+    global_batch = None if wl.solve_batch else int(wl.micro_batch_size) * wl.gradient_accumulation * replicas(scn)
+    engine = Engine(Space(scn, _targets(scn, gpus, any_gpu, max_gpus), space),
                     evaluator(global_batch, cal, budget_usd, deadline_hours, margin), lambda c: rank_key(c, by),
                     [Ranking("top", top), Ranking("deepspeed", 1, lambda mix: mix.zero_stage > 0)], by, cal,
                     budget_usd=budget_usd, deadline_hours=deadline_hours, global_batch=global_batch,

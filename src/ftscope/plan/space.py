@@ -7,8 +7,9 @@ numbered block-major, then by mix in `itertools.product` order of the dimensions
 listed in, which breaks ties between equal ranking keys.
 
 What a new dimension must declare: `affects_compute=False` only if micro_batch_ops ignores it. If its validity
-depends on the GPU count (a tensor x pipeline degree that must divide it), classify.py's per-GPU-type support
-check has to run per block instead: tests/plan/test_bounds.py fails until it does.
+depends on the GPU count (a tensor x pipeline degree that must divide it), it goes into plan/layouts.py's check,
+which classify.py runs per GPU count (tests/plan/test_bounds.py fails until it does). An empty SearchSpace tuple
+keeps the scenario's value.
 """
 from __future__ import annotations
 
@@ -39,6 +40,15 @@ class SearchSpace:
     optimizer: tuple[str, ...] = ("adamw", "adamw_8bit")
     experts_backend: tuple[str, ...] = ("eager", "batched_mm", "grouped_mm", "modules")
     """Searched for MoE models only; dense models keep the scenario's value."""
+    tensor_parallel: tuple[tuple[int, bool], ...] = ()
+    """(tensor_parallel, sequence_parallel) pairs. Empty (the default): the scenario's layout is kept; LAYOUTS
+    searches 1, 2, 4, 8 with sequence parallelism on."""
+    pipeline_parallel: tuple[int, ...] = ()
+    """Pipeline stages (1F1B); empty: the scenario's."""
+    context_parallel: tuple[int, ...] = ()
+    """Context-parallel degrees (the scenario's implementation); empty: the scenario's."""
+    expert_parallel: tuple[int, ...] = ()
+    """Expert-parallel degrees, MoE models only; empty: the scenario's."""
 
 
 @dataclass(frozen=True)
@@ -80,8 +90,23 @@ MIX_DIMENSIONS: tuple[MixDimension, ...] = (
     MixDimension("attention", ("attention",), "attention", lambda v: f"{v} attention"),
     MixDimension("optimizer", ("optimizer",), "optimizer", lambda v: v, affects_compute=False),
     MixDimension("experts_backend", ("experts_backend",), "experts backend", lambda v: f"experts {v}", moe_only=True),
+    MixDimension("tensor_parallel", ("tensor_parallel", "sequence_parallel"), "tensor parallelism",
+                 lambda v: f"tensor parallel {v[0]}" + (" + sequence parallel" if v[1] else "") if v[0] > 1
+                 else "no tensor parallelism"),
+    MixDimension("pipeline_parallel", ("pipeline_parallel",), "pipeline parallelism",
+                 lambda v: f"{v} pipeline stages" if v > 1 else "no pipeline"),
+    MixDimension("context_parallel", ("context_parallel",), "context parallelism",
+                 lambda v: f"context parallel {v}" if v > 1 else "no context parallelism"),
+    MixDimension("expert_parallel", ("expert_parallel",), "expert parallelism",
+                 lambda v: f"expert parallel {v}" if v > 1 else "no expert parallelism", moe_only=True),
 )
 assert {d.space_field for d in MIX_DIMENSIONS} == {f.name for f in fields(SearchSpace)}, "declare every dimension"
+
+LAYOUTS = dict(tensor_parallel=((1, False), (2, True), (4, True), (8, True)), pipeline_parallel=(1, 2, 4, 8, 16),
+               context_parallel=(1, 2), expert_parallel=(1, 2, 4, 8, 16, 32, 64))
+"""The parallel layouts `recommend --layouts` searches (SearchSpace(**LAYOUTS)): tensor parallelism within a node
+with sequence parallelism on, 1F1B pipelines, context and expert parallelism. Which ones a block can run (degrees
+that divide its GPUs, the heads, the layers, the experts) plan/layouts.py decides per GPU count."""
 
 
 def with_mix(base: Scenario, mix: Mix) -> Scenario:
@@ -141,7 +166,8 @@ class Space:
         self.dimensions = tuple(d for d in MIX_DIMENSIONS if scn.model.is_moe or not d.moe_only)
         fixed = {d.space_field: (d.get(scn.mix),) for d in MIX_DIMENSIONS if d not in self.dimensions}
         self.values: tuple[tuple[Any, ...], ...] = tuple(
-            fixed.get(d.space_field) or tuple(getattr(space, d.space_field)) for d in MIX_DIMENSIONS)
+            fixed.get(d.space_field) or tuple(getattr(space, d.space_field)) or (d.get(scn.mix),)
+            for d in MIX_DIMENSIONS)
         self.radix = [len(v) for v in self.values]
         self.mixes_per_block = 1
         for r in self.radix:

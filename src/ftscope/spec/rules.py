@@ -182,33 +182,43 @@ def problem(mix: Mix, model: ModelSpec, gpu: GpuSpec) -> str | None:
 def check_layout(mix: Mix, *, heads: int, kv_heads: int, layers: int, experts: int, world: int, gpus_per_node: int,
                  gradient_accumulation: int, seq_len: int | None) -> None:
     """The parallel layout against the model and the GPUs it runs on (one-line errors, saying why)."""
+    reason = layout_problem(mix, heads=heads, kv_heads=kv_heads, layers=layers, experts=experts, world=world,
+                            gpus_per_node=gpus_per_node, gradient_accumulation=gradient_accumulation, seq_len=seq_len)
+    if reason:
+        raise FtscopeError(reason)
+
+
+def layout_problem(mix: Mix, *, heads: int, kv_heads: int, layers: int, experts: int, world: int,
+                   gpus_per_node: int, gradient_accumulation: int | None, seq_len: int | None) -> str | None:
+    """Why this parallel layout cannot run this model on these GPUs, or None. `gradient_accumulation` None: not
+    known yet (recommend picks it per candidate and checks the pipeline's micro-batches itself)."""
     tp, pp, cp, ep = mix.tensor_parallel, mix.pipeline_parallel, mix.context_parallel, mix.expert_parallel
     if world % mix.model_parallel:
-        raise FtscopeError(f"tensor_parallel x pipeline_parallel x context_parallel = {mix.model_parallel} must divide "
-                           f"the {world} GPUs")
+        return (f"tensor_parallel x pipeline_parallel x context_parallel = {mix.model_parallel} must divide the {world} "
+                "GPUs")
     if tp > 1 and (heads % tp or kv_heads % tp and tp % kv_heads):
-        raise FtscopeError(f"mix.tensor_parallel ({tp}) must divide the model's {heads} attention heads "
-                           f"(and its {kv_heads} key/value heads, or be a multiple of them)")
+        return (f"mix.tensor_parallel ({tp}) must divide the model's {heads} attention heads (and its {kv_heads} "
+                "key/value heads, or be a multiple of them)")
     if tp > gpus_per_node:
-        raise FtscopeError(f"mix.tensor_parallel ({tp}) exceeds the {gpus_per_node} GPUs of a node: its per-layer "
-                           "collectives need NVLink, not the network")
+        return (f"mix.tensor_parallel ({tp}) exceeds the {gpus_per_node} GPUs of a node: its per-layer collectives "
+                "need NVLink, not the network")
     if pp * mix.virtual_stages > layers:
-        raise FtscopeError(f"pipeline_parallel x virtual_stages ({pp * mix.virtual_stages}) exceeds the model's "
-                           f"{layers} layers")
-    if pp > 1 and gradient_accumulation < pp:
-        raise FtscopeError(f"pipeline_parallel {pp} needs at least {pp} micro-batches per step "
-                           f"(workload.gradient_accumulation is {gradient_accumulation}): the pipeline would never fill")
+        return f"pipeline_parallel x virtual_stages ({pp * mix.virtual_stages}) exceeds the model's {layers} layers"
+    if pp > 1 and gradient_accumulation is not None and gradient_accumulation < pp:
+        return (f"pipeline_parallel {pp} needs at least {pp} micro-batches per step (workload.gradient_accumulation "
+                f"is {gradient_accumulation}): the pipeline would never fill")
     if cp > 1 and seq_len is not None and seq_len % (2 * cp if mix.context_parallel_impl == "ring" else cp):
-        raise FtscopeError(f"workload.seq_len ({seq_len}) must split evenly over context_parallel {cp}"
-                           + (" x 2 (ring attention balances causal chunks)" if mix.context_parallel_impl == "ring" else ""))
+        return (f"workload.seq_len ({seq_len}) must split evenly over context_parallel {cp}"
+                + (" x 2 (ring attention balances causal chunks)" if mix.context_parallel_impl == "ring" else ""))
     if cp > 1 and mix.context_parallel_impl == "all_to_all" and heads % (cp * tp):
-        raise FtscopeError(f"all_to_all context parallelism exchanges heads: {heads} heads must split over "
-                           f"context_parallel x tensor_parallel = {cp * tp}")
+        return (f"all_to_all context parallelism exchanges heads: {heads} heads must split over context_parallel x "
+                f"tensor_parallel = {cp * tp}")
     if ep > 1 and not experts:
-        raise FtscopeError("mix.expert_parallel is for MoE models; this model has no experts")
+        return "mix.expert_parallel is for MoE models; this model has no experts"
     if ep > 1 and (experts % ep or (world // mix.model_parallel) % ep):
-        raise FtscopeError(f"mix.expert_parallel ({ep}) must divide the {experts} experts and the "
-                           f"{world // mix.model_parallel} data-parallel ranks")
-    if mix.optimizer_in_backward and gradient_accumulation > 1:
-        raise FtscopeError("mix.optimizer_in_backward steps during backward: it cannot accumulate gradients "
-                           "(gradient_accumulation must be 1)")
+        return (f"mix.expert_parallel ({ep}) must divide the {experts} experts and the {world // mix.model_parallel} "
+                "data-parallel ranks")
+    if mix.optimizer_in_backward and gradient_accumulation is not None and gradient_accumulation > 1:
+        return ("mix.optimizer_in_backward steps during backward: it cannot accumulate gradients "
+                "(gradient_accumulation must be 1)")
+    return None

@@ -58,7 +58,8 @@ def test_verbose_logs_them_on_stderr(isolated, capsys):
         _warn_all()
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 2 and all(line.startswith("ftscope: third-party: ") for line in err)
-    assert "FutureWarning: `is_gradient_checkpointing` is deprecated" in err[0]
+    assert err[0] == ("ftscope: third-party: FutureWarning: `is_gradient_checkpointing` is deprecated "
+                      "(transformers/modeling_utils.py:3312)")
     assert "bitsandbytes.backends.cpu.ops: Failed to load CPU gemm_4bit_forward" in err[1]
     assert [str(w.message) for w in seen] == ["ftscope's own warning"] and hidden_note() is None
 

@@ -51,8 +51,8 @@ class _Sink(logging.Handler):
         if not self.verbose:
             self.hidden += 1
             return
-        stream = self.stream or sys.stderr
-        stream.write(f"ftscope: third-party: {record.name}: {record.getMessage()}\n")
+        who = "" if record.name == LOGGER else f"{record.name}: "  # a Python warning names its file instead
+        (self.stream or sys.stderr).write(f"ftscope: third-party: {who}{record.getMessage()}\n")
 
 
 SINK = _Sink()
@@ -61,7 +61,8 @@ SINK = _Sink()
 def _show(message: Any, category: type[Warning], filename: str, lineno: int, file: Any = None,
           line: str | None = None) -> None:
     if third_party(filename) or third_party(_raiser()):
-        logging.getLogger(LOGGER).warning("%s: %s (%s:%s)", category.__name__, message, filename, lineno)
+        where = "/".join(PurePath(filename).parts[-2:])  # transformers/modeling_utils.py
+        logging.getLogger(LOGGER).warning("%s: %s (%s:%s)", category.__name__, message, where, lineno)
         return
     _shown_by(message, category, filename, lineno, file, line)
 

@@ -86,15 +86,19 @@ def _minimum(col: Col, header: str, cells: Sequence[str]) -> int:
 
 
 def _squeeze(natural: list[int], minimum: list[int], room: int) -> list[int] | None:
-    """Widths within room: narrow the columns with the most slack first, never below their minimum."""
+    """Widths within room: each column gives up a share of the excess in proportion to its slack (what it can
+    lose before a word breaks), never going below its minimum."""
     if sum(minimum) > room:
         return None
-    widths = list(natural)
-    excess = sum(widths) - room
-    while excess > 0:
-        i = max(range(len(widths)), key=lambda j: (widths[j] - minimum[j], j))
-        widths[i] -= 1
-        excess -= 1
+    excess = sum(natural) - room
+    if excess <= 0:
+        return list(natural)
+    slack = [n - m for n, m in zip(natural, minimum)]
+    widths = [n - excess * s // sum(slack) for n, s in zip(natural, slack)]
+    for i in sorted(range(len(widths)), key=lambda j: -(widths[j] - minimum[j])):  # the rounding's remainder
+        if sum(widths) <= room:
+            break
+        widths[i] -= min(sum(widths) - room, widths[i] - minimum[i])
     return widths
 
 

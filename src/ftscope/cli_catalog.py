@@ -2,40 +2,39 @@
 model's parameters by component). cli.py registers them on the app."""
 from __future__ import annotations
 
+from typing import Any
+
 import typer
 
 from . import options as opt
 from .cli_io import CSV_OPT, JSON_OPT, WIDE_OPT, one_format, print_csv, print_json, print_view
 
 
+def _print(rows: list, csv_rows: list, table: Any, json_out: bool, csv_out: bool, wide: bool) -> None:
+    """A catalog listing as JSON, CSV or a table that fits the terminal."""
+    one_format(json_out, csv_out)
+    if json_out:
+        print_json(rows)
+    elif csv_out:
+        print_csv(csv_rows)
+    else:
+        print_view([table], wide)
+
+
 def models(json_out: bool = JSON_OPT, csv_out: bool = CSV_OPT, wide: bool = WIDE_OPT) -> None:
     """Bundled model presets (real HF config.json files) with parameter counts."""
     from .report.catalog_views import model_rows, models_table
 
-    one_format(json_out, csv_out)
     rows = model_rows()
-    if json_out:
-        print_json(rows)
-        return
-    if csv_out:
-        print_csv(rows)
-        return
-    print_view([models_table(rows)], wide)
+    _print(rows, rows, models_table(rows), json_out, csv_out, wide)
 
 
 def gpus(json_out: bool = JSON_OPT, csv_out: bool = CSV_OPT, wide: bool = WIDE_OPT) -> None:
     """GPU catalog: memory, peak rates, bandwidths and the cheapest dated price."""
     from .report.catalog_views import gpu_csv_rows, gpu_rows, gpus_table
 
-    one_format(json_out, csv_out)
     rows = gpu_rows()
-    if json_out:
-        print_json(rows)
-        return
-    if csv_out:
-        print_csv(gpu_csv_rows(rows))
-        return
-    print_view([gpus_table(rows)], wide)
+    _print(rows, gpu_csv_rows(rows), gpus_table(rows), json_out, csv_out, wide)
 
 
 def show(

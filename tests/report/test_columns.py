@@ -119,3 +119,13 @@ def test_breakdown_goes_one_per_line_when_it_does_not_fit_across():
     down = render(Breakdown("step (s)", values, ("part", "s")), 40)
     assert all(len(line) <= 40 for line in down.splitlines()) and "…" not in down
     assert all(any(k in line and v in line for line in down.splitlines()) for k, v in values.items())
+
+
+def test_text_wraps_at_spaces_before_any_long_word_breaks():
+    cols = plain_columns(["point", "why"])
+    rows = [{"0": "hfblog-fsdp-llama2-70b-chat-16xa100", "1": "one wall time including evaluation every 100 steps "
+             "and two checkpoint saves (the source's own caveat: a ceiling, not a step time)"}]
+    text = render(FitTable("t", cols, rows), 80)
+    assert "hfblog-fsdp-llama2-70b-chat-16xa100" in text  # the id whole; the reason wraps
+    narrow = render(FitTable("t", cols, rows), 40)  # no room for the id whole: it breaks, nothing is lost
+    assert "…" not in narrow and "hfblog" in narrow and "16xa100" in " ".join(narrow.split()).replace("│", "")

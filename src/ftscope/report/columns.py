@@ -75,11 +75,11 @@ def _natural(header: str, cells: Sequence[str]) -> int:
     return max([_length(header), *map(_length, cells)])
 
 
-def _minimum(col: Col, header: str, cells: Sequence[str]) -> int:
+def _minimum(col: Col, header: str, cells: Sequence[str], fold: bool = True) -> int:
     """The narrowest the column can be with nothing cut: the header may wrap at spaces; a wrapping column's text
-    too (a word past FOLD_AT may break); any other cell keeps its full length."""
+    too (with fold, a word past FOLD_AT may break); any other cell keeps its full length."""
     if col.wrap:
-        text = max([_longest_word(c, fold=True) for c in cells], default=1)
+        text = max([_longest_word(c, fold=fold) for c in cells], default=1)
     else:
         text = max(map(_length, cells), default=1)
     return max(_longest_word(header), text, 1)
@@ -102,6 +102,18 @@ def _squeeze(natural: list[int], minimum: list[int], room: int) -> list[int] | N
     return widths
 
 
+def _fold(widths: list[int], minimum: list[int], room: int) -> list[int] | None:
+    """Widths within room when long words must break: the widest column gives way first, so that the fewest
+    words break (a URL in one column rather than every id in every column)."""
+    if sum(minimum) > room:
+        return None
+    widths = list(widths)
+    while sum(widths) > room:
+        i = max(range(len(widths)), key=lambda j: (widths[j] - minimum[j], widths[j]))
+        widths[i] -= 1
+    return widths
+
+
 def fit(cols: Sequence[Col], cells: Sequence[Sequence[str]], width: int) -> Layout:
     """The columns and widths of the widest table that fits `width`: full headers, then short ones, then the
     lowest-priority column left out, and again (cells[i] are column i's texts)."""
@@ -111,8 +123,12 @@ def fit(cols: Sequence[Col], cells: Sequence[Sequence[str]], width: int) -> Layo
         for short in (False, True):
             headers = [(cols[i].short if short and cols[i].short else cols[i].header) for i in keep]
             natural = [_natural(h, cells[i]) for h, i in zip(headers, keep)]
+            room = width - BORDER * len(keep) - 1
+            whole = [_minimum(cols[i], h, cells[i], fold=False) for h, i in zip(headers, keep)]
             minimum = [_minimum(cols[i], h, cells[i]) for h, i in zip(headers, keep)]
-            widths = _squeeze(natural, minimum, width - BORDER * len(keep) - 1)
+            # wrapping at spaces first; breaking a long word (a URL, an id) only when that is not enough
+            widths = _squeeze(natural, whole, room) or _fold(
+                [max(n, w) for n, w in zip(whole, minimum)], minimum, room)
             if widths is not None:
                 return Layout(keep, widths, headers, dropped)
         droppable = [i for i in keep if cols[i].priority > 0]

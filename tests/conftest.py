@@ -16,6 +16,13 @@ settings.register_profile("ci", derandomize=True, database=None, print_blob=True
 settings.register_profile("fuzz", derandomize=False, database=None, print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
+# GNU readline, imported by pytest's machinery, writes COLUMNS=80 and LINES into the C environment (not into
+# os.environ); every `ftscope` subprocess would inherit them and, since ftscope honours COLUMNS when piped, print
+# 80-column tables. Tests run ftscope as a user's pipe does (COLUMNS unset) unless they set COLUMNS themselves.
+for _name in ("COLUMNS", "LINES"):
+    if _name not in os.environ:
+        os.unsetenv(_name)
+
 BASE_SCENARIO = {
     "model": "llama-2-7b",
     "hardware": {"gpu": "a100-80gb", "gpus_per_node": 1},

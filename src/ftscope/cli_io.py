@@ -15,6 +15,8 @@ from . import options as opt
 JSON_OPT = typer.Option(False, "--json", help="Print one JSON document (the output contract) and nothing else.")
 CAL_OPT = typer.Option(None, "--calibration", help="Efficiency calibration file (default: the bundled fit).")
 SHOW_OPT = typer.Option(False, "--show-scenario", help="Print the scenario first (a framework config: as mapped).")
+CSV_OPT = typer.Option(False, "--csv", help="Print the table's rows as CSV (a header line, raw numbers) and nothing else.")
+WIDE_OPT = typer.Option(False, "--wide", help="Show every column however wide (default: fit the terminal, or COLUMNS).")
 
 
 def _overrides_help() -> str:
@@ -32,6 +34,18 @@ def print_json(data: Any) -> None:
     sys.stdout.write(to_json(data))
 
 
+def print_csv(rows: Any) -> None:
+    """The rows as CSV on stdout (report/csv_out.py)."""
+    from .report.csv_out import write_csv
+    write_csv(rows, sys.stdout)
+
+
+def one_format(json_out: bool, csv_out: bool) -> None:
+    if json_out and csv_out:
+        from .errors import FtscopeError
+        raise FtscopeError("--json and --csv: choose one output format")
+
+
 def json_lines(row: Any) -> None:
     """One compact JSON document per line (recommend --all streams rows as the search produces them)."""
     if hasattr(row, "to_dict"):
@@ -39,19 +53,32 @@ def json_lines(row: Any) -> None:
     sys.stdout.write(json.dumps(row, default=str) + "\n")
 
 
-def console() -> Any:
+PIPED_WIDTH = 160
+"""Columns when stdout is not a terminal and COLUMNS is unset (a log or a file: don't squeeze tables to 80)."""
+
+
+WIDE_WIDTH = 10_000
+"""The console's width under --wide: every table at its natural width (the terminal wraps what is longer)."""
+
+
+def console(wide: bool = False) -> Any:
+    """The stdout console: as wide as COLUMNS says (piped or not), else the terminal, else PIPED_WIDTH."""
+    import os
+
     from rich.console import Console
+    if wide:
+        return Console(width=WIDE_WIDTH)
     con = Console()
-    if not con.is_terminal:  # piped or captured: don't wrap tables at 80 columns
-        con = Console(width=160)
+    if not con.is_terminal and not os.environ.get("COLUMNS", "").strip().isdigit():
+        con = Console(width=PIPED_WIDTH)
     return con
 
 
-def print_view(items: List[Any]) -> None:
-    """Print a view: rich tables and lines of text."""
-    con = console()
+def print_view(items: List[Any], wide: bool = False) -> None:
+    """Print a view: rich tables and lines of text (tables fit the console's width unless wide)."""
+    con = console(wide)
     for item in items:
-        con.print(item)
+        con.print(item, crop=False)  # a table narrower than its essentials grows: the terminal wraps it, nothing is cut
 
 
 def load_input(path: Optional[Path], overrides: Optional[List[str]], show: bool = False,

@@ -14,10 +14,11 @@ from .errors import FtscopeError
 
 
 def _with_progress(run: Any, first: str) -> Any:
-    """run(progress=...) under a spinner that shows the latest progress message."""
+    """run(progress=...) under a spinner on stderr that shows the latest progress message (on a terminal only)."""
+    from rich.console import Console
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console(),
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=Console(stderr=True),
                   transient=True) as bar:
         task = bar.add_task(first, total=None)
         return run(progress=lambda m: bar.update(task, description=m))
@@ -151,7 +152,9 @@ def trace(
     scn, _ = load_input(scenario, overrides)
     from .measure.trace.tracer import trace as run_trace
 
-    result = run_trace(scn, batch=batch, seq=seq, shrink=shrink_map)
+    from .report.progress import Spinner
+    with Spinner("tracing one training step under fake tensors", enabled=not json_out):
+        result = run_trace(scn, batch=batch, seq=seq, shrink=shrink_map)
     data = result.to_dict()
     est = None
     if shrink is None:

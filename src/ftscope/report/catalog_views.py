@@ -6,6 +6,7 @@ from typing import Any
 
 from .. import catalog
 from ..spec.resolve import load_model
+from .columns import Col, FitTable
 from .tables import simple_table
 
 
@@ -20,14 +21,18 @@ def model_rows() -> list[dict[str, Any]]:
     return rows
 
 
+MODEL_COLUMNS = (
+    Col("name", "name", justify="left"), Col("family", "family", justify="left", priority=2),
+    Col("params", cell=lambda r: f"{r['total_params'] / 1e9:.2f}B"),
+    Col("active", cell=lambda r: f"{r['active_params'] / 1e9:.2f}B", priority=1),
+    Col("experts", cell=lambda r: f"{r['top_k']}/{r['experts']}" if r["experts"] else "-", priority=1),
+    Col("HF id", "hf_id", justify="left", wrap=True, priority=3),
+)
+"""`ftscope models`; on a narrow terminal the HF id goes first, then the family."""
+
+
 def models_table(rows: list[dict[str, Any]]) -> Any:
-    table = simple_table("bundled models (ftscope show NAME for details)",
-                         ["name", "family", "params", "active", "experts", "HF id"],
-                         [[r["name"], r["family"], f"{r['total_params'] / 1e9:.2f}B", f"{r['active_params'] / 1e9:.2f}B",
-                           f"{r['top_k']}/{r['experts']}" if r["experts"] else "-", r["hf_id"]] for r in rows])
-    for column in table.columns[:-1]:  # at 80 columns only the HF id (last) gives way
-        column.no_wrap = True
-    return table
+    return FitTable("bundled models (ftscope show NAME for details)", MODEL_COLUMNS, rows)
 
 
 GPU_FIELDS = ("name", "memory_mib", "bf16_tflops", "fp16_tflops", "fp32_tflops", "memory_bandwidth_gbs",
@@ -43,14 +48,34 @@ def gpu_rows() -> list[dict[str, Any]]:
     return rows
 
 
+def _price(row: dict[str, Any]) -> str:
+    p = row["prices"][0] if row["prices"] else None
+    return f"{p['usd_per_gpu_hour']:.2f} ({p['provider']})" if p else "-"
+
+
+GPU_COLUMNS = (
+    Col("GPU", "key", justify="left"), Col("memory GiB", cell=lambda r: f"{r['memory_mib'] / 1024:.1f}"),
+    Col("bf16 TF/s", "bf16_tflops", priority=1), Col("HBM GB/s", "memory_bandwidth_gbs", priority=2),
+    Col("link", cell=lambda r: f"{r['intra_node_link']} {r['intra_node_gbs']} GB/s", justify="left", wrap=True,
+        priority=3),
+    Col("flash", cell=lambda r: "yes" if r["flash_attention"] else "no", justify="left", priority=4),
+    Col("$/GPU-h", cell=_price, justify="left", wrap=True),
+)
+"""`ftscope gpus`; on a narrow terminal flash support goes first, then the link, the bandwidth, the peak."""
+
+
+def gpu_csv_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`gpus --csv`: one row per GPU with its cheapest newest price (--json has every provider's)."""
+    out = []
+    for r in rows:
+        p = r["prices"][0] if r["prices"] else {}
+        out.append({**{k: v for k, v in r.items() if k != "prices"}, "usd_per_gpu_hour": p.get("usd_per_gpu_hour"),
+                    "price_provider": p.get("provider"), "price_date": p.get("date")})
+    return out
+
+
 def gpus_table(rows: list[dict[str, Any]]) -> Any:
-    return simple_table("GPU catalog (dense peaks; prices: cheapest newest per provider)",
-                        ["GPU", "memory GiB", "bf16 TF/s", "HBM GB/s", "link", "flash", "$/GPU-h"],
-                        [[r["key"], f"{r['memory_mib'] / 1024:.1f}", r["bf16_tflops"] or "-",
-                          r["memory_bandwidth_gbs"], f"{r['intra_node_link']} {r['intra_node_gbs']} GB/s",
-                          "yes" if r["flash_attention"] else "no",
-                          f"{r['prices'][0]['usd_per_gpu_hour']:.2f} ({r['prices'][0]['provider']})"
-                          if r["prices"] else "-"] for r in rows])
+    return FitTable("GPU catalog (dense peaks; prices: cheapest newest per provider)", GPU_COLUMNS, rows)
 
 
 def model_details(model: str, lora_rank: int) -> dict[str, Any]:

@@ -1,6 +1,8 @@
-"""A progress bar for long searches: on stderr, only on a terminal, only once a search has run for a while."""
+"""Progress on stderr for anything that runs longer than SHOW_AFTER_S: a bar for searches, a spinner for one long
+call (calibrate's fit). Only on a terminal, so --json and --csv output and logs never see it."""
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -41,3 +43,40 @@ class SearchProgress:
         if stage not in self.tasks:
             self.tasks[stage] = self.bar.add_task(STAGES.get(stage, stage), total=total)
         self.bar.update(self.tasks[stage], completed=done, total=total)
+
+
+class Spinner:
+    """A spinner with a message on stderr while a long call runs: only on a terminal, only after SHOW_AFTER_S
+    (a quick call shows nothing), gone when the call returns."""
+
+    def __init__(self, message: str, enabled: bool = True, show_after_s: float = SHOW_AFTER_S) -> None:
+        from rich.console import Console
+        self.console = Console(stderr=True)
+        self.message = message
+        self.enabled = enabled and self.console.is_terminal
+        self.show_after_s = show_after_s
+        self.status: Any = None
+        self.timer: Any = None
+        self.lock = threading.Lock()
+
+    def _start(self) -> None:
+        with self.lock:
+            if self.timer is not None:  # not stopped meanwhile
+                self.status = self.console.status(self.message)
+                self.status.start()
+
+    def __enter__(self) -> "Spinner":
+        if self.enabled:
+            self.timer = threading.Timer(self.show_after_s, self._start)
+            self.timer.daemon = True
+            self.timer.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with self.lock:
+            if self.timer is not None:
+                self.timer.cancel()
+                self.timer = None
+            if self.status is not None:
+                self.status.stop()
+                self.status = None

@@ -1,11 +1,12 @@
 """Rich tables for the terminal views of estimate, plan and recommend, and the plain table every view uses."""
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from rich.table import Table
 
 from ..estimate.result import Estimate
+from .columns import Breakdown, Col, FitTable, plain_columns
 
 
 def _fmt_usd(v: float | None) -> str:
@@ -58,11 +59,9 @@ def estimate_tables(est: Estimate) -> list[Any]:
                      f"{_fmt_usd(r['usd'])} at {_fmt_usd(r['usd_per_gpu_hour'])}/GPU-h ({r['price_source']})")
     for w in d["warnings"]:
         head.add_row("[yellow]warning[/yellow]", w)
-    mem_t = Table(title="memory per GPU at the peak phase (GiB)", title_justify="left")
-    for k in mem["breakdown_gib"]:
-        mem_t.add_column(k, justify="right")
-    mem_t.add_column("peak", justify="right", style="bold")
-    mem_t.add_row(*[f"{v:.2f}" for v in mem["breakdown_gib"].values()], f"{mem['peak_gib']:.2f}")
+    mem_t = Breakdown("memory per GPU at the peak phase (GiB)",
+                      {**{k: f"{v:.2f}" for k, v in mem["breakdown_gib"].items()}, "peak": f"[bold]{mem['peak_gib']:.2f}[/bold]"},
+                      ("category", "GiB"))
     tables: list[Any] = [head, mem_t]
     if not est.fits:  # said before any hours or dollars, so nobody rents GPUs on the strength of a cost line
         words = (est.reason or "").removeprefix("does not fit").lstrip(": ")
@@ -70,11 +69,8 @@ def estimate_tables(est: Estimate) -> list[Any]:
         tables.insert(0, f"[red]{verdict}[/red]: {words}" + (
             "; the step time and cost below are for a run that cannot start" if d["run"] else ""))
     if d["time"]:
-        tt = Table(title="step time breakdown (s)", title_justify="left")
-        for k in d["time"]["breakdown_s"]:
-            tt.add_column(k, justify="right")
-        tt.add_row(*[f"{v:.3f}" for v in d["time"]["breakdown_s"].values()])
-        tables.append(tt)
+        tables.append(Breakdown("step time breakdown (s)", {k: f"{v:.3f}" for k, v in d["time"]["breakdown_s"].items()},
+                                ("part", "s")))
     return tables
 
 
@@ -85,59 +81,112 @@ def short_reason(est: Estimate) -> str:
     return (est.reason or "no fit").split(";")[0].split(" (")[0]
 
 
-def plan_table(rows: Sequence[Estimate], pareto: set[int] | None = None, title: str = "") -> Table:
-    t = Table(title=title, title_justify="left")
-    for col, just in (("#", "right"), ("GPU", "left"), ("GPUs", "right"), ("mem GiB", "right"), ("max batch", "right"),
-                      ("peak GiB", "right"), ("samples/s", "right"), ("tokens/s", "right"), ("$/GPU-h", "right"),
-                      ("hours", "right"), ("$", "right"), ("", "left")):
-        t.add_column(col, justify=just)
+def plan_rows(rows: Sequence[Estimate], pareto: set[int] | None = None) -> list[dict[str, Any]]:
+    """One flat row per candidate: the numbers of the plan table as the JSON has them (what --csv writes)."""
+    out = []
     for i, est in enumerate(rows, 1):
         cl = est.scenario.cluster
-        mark = ("*" if pareto and (i - 1) in pareto else "") + (" tight" if est.status == "tight" else "")
-        if not est.fits or est.time is None or est.run is None:
-            t.add_row(str(i), cl.gpu.key, str(cl.world_size), f"{cl.gpu.memory_gib:.0f}", str(est.max_micro_batch_size),
-                      "-", "-", "-", "-", "-", "-", f"[red]{short_reason(est)}[/red]")
-            continue
-        r = est.run
-        t.add_row(str(i), cl.gpu.key, str(cl.world_size), f"{cl.gpu.memory_gib:.0f}", str(est.micro_batch_size),
-                  f"{est.memory.peak_bytes / 2**30:.1f}", f"{est.time.samples_per_s:.2f}", f"{est.time.tokens_per_s:,.0f}",
-                  _fmt_usd(r.usd_per_gpu_hour), _fmt_hours(r.hours), _fmt_usd(r.usd), mark)
-    return t
+        d = est.to_dict()
+        ok = est.fits and d["time"] is not None and d["run"] is not None
+        t, r = (d["time"], d["run"]) if ok else ({}, {})
+        out.append({"rank": i, "gpu": cl.gpu.key, "gpus": cl.world_size, "gpu_memory_gib": round(cl.gpu.memory_gib, 1),
+                    "micro_batch": est.micro_batch_size if ok else None,
+                    "max_micro_batch": est.max_micro_batch_size,
+                    "peak_gib": d["memory"]["peak_gib"] if ok else None, "samples_per_s": t.get("samples_per_s"),
+                    "tokens_per_s": t.get("tokens_per_s"), "usd_per_gpu_hour": r.get("usd_per_gpu_hour"),
+                    "hours": r.get("hours"), "usd": r.get("usd"), "pareto": bool(pareto and (i - 1) in pareto),
+                    "tight": est.status == "tight",
+                    "fits": ok, "reason": None if ok else short_reason(est)})
+    return out
 
 
-def simple_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> Table:
-    t = Table(title=title, title_justify="left")
-    for c in columns:
-        t.add_column(c)
-    for r in rows:
-        t.add_row(*[str(x) for x in r])
-    return t
+def _num(key: str, fmt: str) -> Callable[[Mapping[str, Any]], str]:
+    return lambda row: "-" if row.get(key) is None else format(row[key], fmt)
 
 
-def recommend_table(rows, title: str) -> Table:
-    t = Table(title=title, title_justify="left")
-    for col, just in (("#", "right"), ("GPUs", "left"), ("mix", "left"), ("batch x GA", "right"), ("peak GiB", "right"),
-                      ("tokens/s", "right"), ("hours", "right"), ("$", "right")):
-        t.add_column(col, justify=just)
+def _plan_note(row: Mapping[str, Any]) -> str:
+    if row["reason"]:
+        return f"[red]{row['reason']}[/red]"
+    return " ".join(x for x in ("*" if row["pareto"] else "", "tight" if row.get("tight") else "") if x)
+
+
+def _hours(row: Mapping[str, Any]) -> str:
+    return "-" if row["hours"] is None else _fmt_hours(row["hours"])
+
+
+PLAN_COLUMNS = (
+    Col("#", "rank"), Col("GPU", "gpu", justify="left"), Col("GPUs", "gpus"),
+    Col("mem GiB", cell=_num("gpu_memory_gib", ".0f"), priority=4),
+    Col("max batch", cell=lambda r: str(r["micro_batch"] if r["fits"] else r["max_micro_batch"]), priority=1),
+    Col("peak GiB", cell=_num("peak_gib", ".1f"), priority=2),
+    Col("samples/s", cell=_num("samples_per_s", ".2f"), priority=5),
+    Col("tokens/s", cell=_num("tokens_per_s", ",.0f"), short="tok/s", priority=1),
+    Col("$/GPU-h", cell=lambda r: _fmt_usd(r["usd_per_gpu_hour"]), priority=3),
+    Col("hours", cell=_hours), Col("$", cell=lambda r: _fmt_usd(r["usd"])),
+    Col("note", cell=_plan_note, justify="left", wrap=True, optional=True),
+)
+"""The plan table; on a narrow terminal samples/s goes first, then the GPU's memory, its price, the peak."""
+
+
+def plan_table(rows: Sequence[Estimate], pareto: set[int] | None = None, title: str = "") -> FitTable:
+    return FitTable(title, PLAN_COLUMNS, plan_rows(rows, pareto))
+
+
+def simple_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> FitTable:
+    return FitTable(title, plain_columns(columns), [{str(i): x for i, x in enumerate(r)} for r in rows])
+
+
+def recommend_rows(rows: Sequence[Any]) -> list[dict[str, Any]]:
+    """One flat row per candidate of the recommend table (what --csv writes)."""
+    out = []
     for i, c in enumerate(rows, 1):
-        s = c.scenario
-        if not c.feasible:
-            t.add_row(str(i), f"{s.cluster.world_size}x {s.cluster.gpu.key}", s.mix.label(), "-", "-", "-", "-",
-                      f"[red]{(c.reason or '')[:60]}[/red]")
-            continue
-        e = c.estimate
-        t.add_row(str(i), f"{s.cluster.world_size}x {s.cluster.gpu.key}", s.mix.label(),
-                  f"{e.micro_batch_size} x {s.workload.gradient_accumulation}", f"{e.memory.peak_bytes / 2**30:.1f}",
-                  f"{e.time.tokens_per_s:,.0f}", _fmt_hours(e.run.hours), _fmt_usd(e.run.usd))
-    return t
+        s, d = c.scenario, c.to_dict()
+        ok = c.feasible
+        out.append({"rank": i, "gpus": s.cluster.world_size, "gpu": s.cluster.gpu.key, "mix": s.mix.label(),
+                    "micro_batch": c.estimate.micro_batch_size if ok else None,
+                    "gradient_accumulation": s.workload.gradient_accumulation,
+                    "peak_gib": d["memory"]["peak_gib"] if ok else None,
+                    "tokens_per_s": d["time"]["tokens_per_s"] if ok else None,
+                    "hours": d["run"]["hours"] if ok else None, "usd": d["run"]["usd"] if ok else None,
+                    "feasible": ok, "reason": None if ok else c.reason})
+    return out
+
+
+RECOMMEND_COLUMNS = (
+    Col("#", "rank"), Col("GPUs", cell=lambda r: f"{r['gpus']}x {r['gpu']}", justify="left"),
+    Col("mix", "mix", justify="left", wrap=True),
+    Col("batch x GA", cell=lambda r: "-" if r["micro_batch"] is None
+        else f"{r['micro_batch']} x {r['gradient_accumulation']}", priority=2),
+    Col("peak GiB", cell=_num("peak_gib", ".1f"), priority=1),
+    Col("tokens/s", cell=_num("tokens_per_s", ",.0f"), short="tok/s", priority=3),
+    Col("hours", cell=_hours), Col("$", cell=lambda r: _fmt_usd(r["usd"])),
+    Col("why not", cell=lambda r: f"[red]{r['reason']}[/red]" if r["reason"] else "", justify="left", wrap=True,
+        optional=True),
+)
+"""The recommend table; on a narrow terminal tokens/s goes first, then batch x GA, then the peak."""
+
+
+def recommend_table(rows: Sequence[Any], title: str) -> FitTable:
+    return FitTable(title, RECOMMEND_COLUMNS, recommend_rows(rows))
+
+
+def _plan_selection(result: Any, all_rows: bool) -> tuple[list[Estimate], set[int]]:
+    """The rows the plan shows (every GPU x count, or the best count per GPU) and which of them are Pareto."""
+    from ..plan.search import one_row_per_gpu
+
+    rows = result.rows if all_rows else one_row_per_gpu(result)
+    frontier = set(result.pareto)
+    return rows, {i for i, e in enumerate(rows) if result.rows.index(e) in frontier}
+
+
+def plan_csv_rows(result: Any, all_rows: bool) -> list[dict[str, Any]]:
+    """`plan --csv`: the rows the table shows, with their raw numbers."""
+    return plan_rows(*_plan_selection(result, all_rows))
 
 
 def plan_view(result: Any, scn: Any, all_rows: bool, by: str) -> list[Any]:
     """The plan table (one row per GPU, or every count) and the best candidate in words."""
-    from ..plan.search import one_row_per_gpu
-
-    rows = result.rows if all_rows else one_row_per_gpu(result)
-    pareto = {i for i, e in enumerate(rows) if result.rows.index(e) in set(result.pareto)}
+    rows, pareto = _plan_selection(result, all_rows)
     title = (f"{scn.model.name} | {scn.mix.label()} | {scn.workload.samples_per_epoch():,} samples x "
              f"{scn.workload.epochs:g} epochs | ranked by {by}"
              + ("" if all_rows else " (best count per GPU; --all for every count)"))

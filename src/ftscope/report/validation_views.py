@@ -6,9 +6,20 @@ from pathlib import Path
 from typing import Any
 
 from ..estimate.efficiency import Calibration
-from ..validate.compare import summary
+from ..validate.compare import CheckResult, summary
 from ..validate.reports import Validation
+from .columns import Col, FitTable
 from .tables import simple_table
+
+
+VALIDATION_COLUMNS = (
+    Col("case", "case", justify="left", wrap=True), Col("metric", "metric", justify="left", wrap=True),
+    Col("predicted", cell=lambda r: CheckResult.fmt(r["predicted"]), short="pred."),
+    Col("measured", cell=lambda r: CheckResult.fmt(r["measured"]), short="meas."),
+    Col("error", cell=lambda r: f"{r['error_pct']:+.1f}%"),
+    Col("compared as", "note", justify="left", wrap=True, priority=1),
+)
+"""`ftscope validate`: one row per case and metric (the rows of --csv)."""
 
 
 def validation_view(v: Validation) -> list[Any]:
@@ -16,9 +27,7 @@ def validation_view(v: Validation) -> list[Any]:
     title = (f"predicted vs measured ({len(v.cases)} published cases"
              + (f", {len(v.extra)} profile points" if v.extra else "") + ")")
     out: list[Any] = [
-        simple_table(title, ["case", "metric", "predicted", "measured", "error", "compared as"],
-                     [[r.case_id, r.metric, r.fmt(r.predicted), r.fmt(r.measured), f"{r.error_pct:+.1f}%", r.note]
-                      for r in results]),
+        FitTable(title, VALIDATION_COLUMNS, [r.to_dict() for r in results]),
         simple_table("absolute % error by metric", ["metric", "n", "median", "max"],
                      [[k, v["n"], f"{v['median']:.1f}%", f"{v['max']:.1f}%"] for k, v in summary(results).items()]),
     ]
@@ -26,9 +35,14 @@ def validation_view(v: Validation) -> list[Any]:
     return out
 
 
+def _value(v: Any) -> str:
+    """A fitted value in 4 significant digits, large ones with thousands separators."""
+    return f"{v:,.0f}" if isinstance(v, float) and abs(v) >= 1e5 else (f"{v:.4g}" if isinstance(v, float) else str(v))
+
+
 def calibration_view(cal: Calibration, data: dict[str, Any], out: Path | None) -> list[Any]:
-    lines: list[Any] = [simple_table(f"fitted efficiencies -> {out}", ["parameter", "value"],
-                                     [[k, v] for k, v in data["shared"].items()]),
+    lines: list[Any] = [simple_table("fitted efficiencies" + (f" -> {out}" if out else " (--out FILE writes them)"),
+                                     ["parameter", "value"], [[k, _value(v)] for k, v in data["shared"].items()]),
                         f"in-sample median abs error {cal.provenance['in_sample_median_abs_pct_error']}% over "
                         f"{cal.provenance['points']} points"]
     for gpu, v in cal.provenance.get("per_gpu", {}).items():
@@ -46,6 +60,14 @@ def calibration_view(cal: Calibration, data: dict[str, Any], out: Path | None) -
                                   ["held out", "n", "median", "max"],
                                   [[g, v["n"], f"{v['median']:.1f}%", f"{v['max']:.1f}%"] for g, v in groups.items()]))
     return lines
+
+
+def corpus_csv_rows(rep: dict[str, Any], listed: list[Any] | None = None) -> list[dict[str, Any]]:
+    """`validate --corpus --csv`: one row per source (coverage, then n / median / max absolute % error per
+    metric); with `listed` (--reasons), one row per point not compared instead."""
+    if listed is not None:
+        return [{"source": x.source, "point": x.id, "what": x.what, "why": x.reason} for x in listed]
+    return [{"source": src, **cov, "errors": rep["errors"].get(src, {})} for src, cov in rep["coverage"].items()]
 
 
 def corpus_view(rep: dict[str, Any], listed: list[Any] | None = None) -> list[Any]:

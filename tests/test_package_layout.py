@@ -22,7 +22,7 @@ WAIVED_FUNCTIONS = {
 }
 
 LAYER = {"errors": 0, "catalog": 0, "data": 0, "version": 0, "files": 0, "spec": 1, "estimate": 2, "plan": 3,
-         "measure": 4, "validate": 4, "studies": 4, "report": 5, "cli": 6, "cli_io": 6, "cli_measure": 6,
+         "measure": 4, "validate": 4, "studies": 4, "integrations": 4, "report": 5, "cli": 6, "cli_io": 6, "cli_measure": 6,
          "options": 6, "serve": 6, "": 7}
 """Rank of each top-level part of the package (""; the root __init__). A module may import its own rank or
 below; the three parts at rank 4 sit beside each other, and so do the CLI, its option checks and the web page."""

@@ -65,19 +65,23 @@ def _main_dtype(params: list[Any]) -> str | None:
     return counts.most_common(1)[0][0] if counts else None
 
 
-def gpu_key(device: str) -> tuple[str | None, str]:
-    """(catalog key, note) of the CUDA device the run is on: torch's device name ('NVIDIA H100 80GB HBM3') read
-    against the catalog's names and aliases; (None, why) off CUDA or for a GPU the catalog does not have."""
-    if not device.startswith("cuda"):
-        return None, ""
-    import torch
-
-    name = torch.cuda.get_device_name(torch.device(device))
+def catalog_gpu(name: str) -> tuple[str | None, str]:
+    """(catalog key, note) of a GPU as torch names it ('NVIDIA H100 80GB HBM3', 'Tesla T4'), read against the
+    catalog's names and aliases; (None, why) for a GPU the catalog does not have."""
     word = re.sub(r"^(nvidia|amd)\s+", "", name.strip().lower()).replace(" ", "-")
     try:
         return catalog.resolve_gpu_name(word), ""
     except FtscopeError:
         return None, f"GPU '{name}' is not in ftscope's catalog: pass gpu= to the callback"
+
+
+def gpu_key(device: str) -> tuple[str | None, str]:
+    """catalog_gpu of the CUDA device the run is on; (None, '') off CUDA."""
+    if not device.startswith("cuda"):
+        return None, ""
+    import torch
+
+    return catalog_gpu(torch.cuda.get_device_name(torch.device(device)))
 
 
 def world() -> tuple[int, int]:
@@ -111,4 +115,4 @@ def run_config(model: Any, training_args: dict[str, Any], framework: str = "hf-t
         gpu=gpu, world_size=size, gpus_per_node=per_node)
 
 
-__all__ = ["base_model", "find_hf_model", "gpu_key", "quantization", "run_config", "world"]
+__all__ = ["base_model", "catalog_gpu", "find_hf_model", "gpu_key", "quantization", "run_config", "world"]

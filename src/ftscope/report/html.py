@@ -63,10 +63,9 @@ def _stage_rows(case: Any) -> list[dict[str, Any]]:
             rows.append({"label": f"{key} b{b} measured", "breakdown_s": dict(stages)})
             e = estimate(case_scenario(case, [f"workload.micro_batch_size={b}", f"mix.experts_top_k={key[3:]}"]),
                          strict=False)
-            gc = e.scenario.mix.gradient_checkpointing
             t = e.time.breakdown_s
             rows.append({"label": f"{key} b{b} ftscope", "breakdown_s": {
-                **{stage: time_metric(e.time, f"{stage}_s", gc) for stage in ("forward", "backward", "optimizer")},
+                **{stage: time_metric(e.time, f"{stage}_s", e.scenario) for stage in ("forward", "backward", "optimizer")},
                 "other": t["other"] + t["communication"]}})
     return rows
 

@@ -11,7 +11,6 @@ hooks. Importing this module imports lightning (the `lightning` extra).
 from __future__ import annotations
 
 import importlib.util
-import os
 from typing import Any, Mapping
 
 from ..errors import FtscopeError
@@ -21,8 +20,8 @@ if importlib.util.find_spec("lightning") is None:
 
 from lightning.pytorch import Callback  # noqa: E402
 
-from .model_facts import find_hf_model, gpu_key, run_config  # noqa: E402
-from .recorder import RunRecorder, StepRecord, guarded, resolve_store  # noqa: E402
+from .model_facts import find_hf_model, run_config  # noqa: E402
+from .recorder import RecordingCallback, guarded  # noqa: E402
 
 OPTIMIZERS = {"adamw": "adamw_torch", "adam": "adamw_torch", "sgd": "sgd", "adamw8bit": "adamw_bnb_8bit",
               "pagedadamw8bit": "paged_adamw_8bit"}
@@ -52,33 +51,18 @@ def lightning_args(trainer: Any) -> dict[str, Any]:
     return keys
 
 
-class FtscopeLightningCallback(Callback):
+class FtscopeLightningCallback(RecordingCallback, Callback):
     """FtscopeCallback for Lightning: the same measurements, store and one warning (see trainer_callback.py).
 
-    db: the store ('auto': ftscope-runs.sqlite in the Trainer's default_root_dir; None: keep nothing). every:
-    record every n-th optimizer step (default: the Trainer's log_every_n_steps)."""
+    Options: RecordingCallback (the store goes in the Trainer's default_root_dir; `every` defaults to its
+    log_every_n_steps)."""
 
-    def __init__(self, db: str | os.PathLike[str] | None = "auto", every: int | None = None, warmup_steps: int = 1,
-                 gpu: str | None = None) -> None:
-        self.db, self.every, self.warmup_steps, self.gpu = db, every, warmup_steps, gpu
-        self.recorder: RunRecorder | None = None
-        self._record = False
-        self._open = False
-
-    @property
-    def records(self) -> list[StepRecord]:
-        return self.recorder.records if self.recorder else []
-
-    @property
-    def store_path(self) -> str | None:
-        return self.recorder.db if self.recorder else None
+    _open = False
+    """A step window is open (its first micro-batch started, its optimizer step not yet done)."""
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
-        device = str(pl_module.device)
-        db = resolve_store(self.db, trainer.default_root_dir)
-        gpu, note = (self.gpu, "") if self.gpu else gpu_key(device)
-        every = self.every or int(getattr(trainer, "log_every_n_steps", 1) or 1)
-        self.recorder = RunRecorder(device, db, "lightning", every, self.warmup_steps, write=trainer.is_global_zero)
+        gpu, note = self._new_recorder(str(pl_module.device), trainer.default_root_dir, "lightning",
+                                       int(getattr(trainer, "log_every_n_steps", 1) or 1), bool(trainer.is_global_zero))
         model = find_hf_model(pl_module)
         try:
             if model is None:

@@ -226,4 +226,36 @@ class RunRecorder:
         self.run_id = self._store.start_run(row, environment(self.device))
 
 
-__all__ = ["RunRecorder", "StepRecord", "batch_inputs", "guarded", "resolve_store", "STORE_NAME"]
+class RecordingCallback:
+    """What both callbacks hold: their options and the recorder of the run in progress.
+
+    db: the store ('auto': ftscope-runs.sqlite in the run's own folder; None: keep nothing, still compare). every:
+    record every n-th optimizer step (default: the loop's logging interval). warmup_steps: steps measured but not
+    recorded (the allocator's warm-up and the optimizer's first state). gpu: the catalog GPU when ftscope does not
+    know the device's name."""
+
+    def __init__(self, db: str | os.PathLike[str] | None = "auto", every: int | None = None, warmup_steps: int = 1,
+                 gpu: str | None = None) -> None:
+        self.db, self.every, self.warmup_steps, self.gpu = db, every, warmup_steps, gpu
+        self.recorder: RunRecorder | None = None
+        self._record = False
+
+    @property
+    def records(self) -> list[StepRecord]:
+        """Every recorded step: its measurement, the estimate beside it and their deviations."""
+        return self.recorder.records if self.recorder else []
+
+    @property
+    def store_path(self) -> str | None:
+        return self.recorder.db if self.recorder else None
+
+    def _new_recorder(self, device: str, folder: str, source: str, every: int, write: bool) -> tuple[str | None, str]:
+        """Start measuring a run on `device`: its recorder, and (catalog GPU, note why none) for its scenario."""
+        from .model_facts import gpu_key
+
+        self.recorder = RunRecorder(device, resolve_store(self.db, folder), source, self.every or every,
+                                    self.warmup_steps, write=write)
+        return (self.gpu, "") if self.gpu else gpu_key(device)
+
+
+__all__ = ["RecordingCallback", "RunRecorder", "StepRecord", "batch_inputs", "guarded", "resolve_store", "STORE_NAME"]

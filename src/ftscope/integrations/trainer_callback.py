@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib.util
 import math
-import os
 from typing import Any
 
 from ..errors import FtscopeError
@@ -19,9 +18,8 @@ if importlib.util.find_spec("transformers") is None:
 
 from transformers import TrainerCallback  # noqa: E402
 
-from .model_facts import gpu_key, run_config  # noqa: E402
-from .recorder import RunRecorder, StepRecord, guarded, resolve_store  # noqa: E402
-
+from .model_facts import run_config  # noqa: E402
+from .recorder import RecordingCallback, guarded  # noqa: E402
 
 
 def training_args_keys(args: Any) -> dict[str, Any]:
@@ -42,39 +40,19 @@ def record_every(args: Any, max_steps: int) -> int:
     return max(1, math.ceil(steps * max_steps) if steps < 1 else int(steps))
 
 
-class FtscopeCallback(TrainerCallback):
+class FtscopeCallback(RecordingCallback, TrainerCallback):
     """Per optimizer step: step time, tokens/s and peak memory; per logged step a point in an ftscope results store
     (`validate --db` and, for CUDA runs, `calibrate --db` read it) with the estimate for the run's own config beside
-    it; one logged warning when they differ by more than ftscope's published error.
+    it; one logged warning when they differ by more than ftscope's published error. Options: RecordingCallback
+    (the store goes in the run's output_dir; `every` defaults to the Trainer's logging_steps)."""
 
-    db: the store ('auto': ftscope-runs.sqlite in the run's output_dir; None: keep nothing, still compare).
-    every: record every n-th step (default: the Trainer's logging_steps). warmup_steps: steps measured but not
-    recorded (the allocator's warm-up and the optimizer's first state). gpu: the catalog GPU when ftscope does not
-    know the device's name."""
-
-    def __init__(self, db: str | os.PathLike[str] | None = "auto", every: int | None = None, warmup_steps: int = 1,
-                 gpu: str | None = None) -> None:
-        self.db, self.every, self.warmup_steps, self.gpu = db, every, warmup_steps, gpu
-        self.recorder: RunRecorder | None = None
-        self._hook: Any = None
-        self._in_step = False
-        self._record = False
-
-    @property
-    def records(self) -> list[StepRecord]:
-        """Every recorded step: its measurement, the estimate beside it and their deviations."""
-        return self.recorder.records if self.recorder else []
-
-    @property
-    def store_path(self) -> str | None:
-        return self.recorder.db if self.recorder else None
+    _hook: Any = None
+    """The forward pre-hook counting micro-batches, while a run is measured."""
+    _in_step = False
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
-        device = str(getattr(args, "device", "cpu"))
-        db = resolve_store(self.db, args.output_dir)
-        gpu, note = (self.gpu, "") if self.gpu else gpu_key(device)
-        self.recorder = RunRecorder(device, db, "trainer", self.every or record_every(args, state.max_steps),
-                                    self.warmup_steps, write=bool(state.is_world_process_zero))
+        gpu, note = self._new_recorder(str(getattr(args, "device", "cpu")), args.output_dir, "trainer",
+                                       record_every(args, state.max_steps), bool(state.is_world_process_zero))
         framework = "trl-sft" if type(args).__name__ == "SFTConfig" else "hf-trainer"
         try:
             self.recorder.start(run_config(model, training_args_keys(args), framework, gpu), note or None)

@@ -19,7 +19,7 @@ $(VENV)/.core: $(BIN)/python pyproject.toml
 
 $(VENV)/.test: $(VENV)/.core
 	$(BIN)/pip install -q $(TORCH)
-	$(BIN)/pip install -q -e '.[measure,report,serve,test]'
+	$(BIN)/pip install -q -e '.[measure,report,serve,test,lightning]'
 	touch $@
 
 # The report test opens the HTML in headless Chromium (Debian's package); it skips, saying why, if this fails.

@@ -36,3 +36,12 @@ def test_a_run_reads_its_scenario_build_and_options():
     assert run_of(run).options.device == "cuda:0"
     with pytest.raises(FtscopeError, match="run 1: scenario must be a mapping"):
         run_of(Run(**{**run.to_dict(), "scenario": {"scenario": "x"}}))
+
+
+def test_a_training_runs_step_reads_its_own_shape():
+    m = point_of(point({"batch": 2, "seq_len": 48, "micro_batches": 3, "uniform_shape": False,
+                        "hooks_in_timed_steps": False}))
+    assert (m.seq_len, m.micro_batches, m.uniform_shape, m.hooks_in_timed_steps) == (48, 3, False, False)
+    assert point_of(point({"batch": 1})).seq_len is None
+    with pytest.raises(FtscopeError, match="seq_len must be"):
+        point_of(point({"batch": 1, "seq_len": 0}))

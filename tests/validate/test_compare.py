@@ -101,8 +101,17 @@ def test_memory_compared_in_the_measured_metric(metric_name):
     (chk,) = case_checks(case({"peak_gib": 30.0, "memory_metric": metric_name}))
     assert chk.metric == f"peak_gib:{metric_name}"
     mem = ftscope.estimate(chk.scenario, strict=False).to_dict()["memory"]
-    assert chk.predict() == mem[MEMORY_FIELD[metric_name]]
+    assert chk.predict() == pytest.approx(mem[MEMORY_FIELD[metric_name]], abs=0.0005)  # the JSON rounds to 3 decimals
     assert mem["allocated_gib"] <= mem["peak_gib"] < mem["device_gib"]
+
+
+def test_memory_is_compared_unrounded():
+    """Exactly the estimate's bytes, not the JSON's three decimals (a tiny CPU model's few MiB read as 0.001 GiB)."""
+    (chk,) = case_checks(case({"peak_gib": 0.001, "memory_metric": "allocated"},
+                              {"model": "llama-3.2-1b", "mix": {"method": "lora"},
+                               "workload": {"micro_batch_size": 1, "seq_len": 8}}))
+    est = ftscope.estimate(chk.scenario, strict=False)
+    assert chk.predict() == est.memory.allocated_bytes / 2**30
 
 
 def test_setups_override_the_scenario():

@@ -72,3 +72,33 @@ def test_runs_are_re_estimated_from_their_config_or_listed_never_dropped(tmp_pat
     assert skipped == [("db:runs.sqlite:run2 (every point)", "cannot re-estimate: no config as built in the store"),
                        ("db:runs.sqlite:run3 (every point)",
                         "cannot re-estimate: mix.method must be one of full, lora, qlora; got 'prefix'")]
+
+
+def test_a_training_runs_steps_are_re_estimated_at_their_own_shape(tmp_path):
+    """A callback's points carry their padded length and micro-batches per step; a step whose micro-batches had
+    different lengths is compared for memory only, and says why."""
+    import json
+
+    from ftscope.measure.store import Store
+
+    tiny = json.loads((DATA.parents[1] / "examples" / "tiny-mixtral" / "config.json").read_text())
+    scenario = {"model": "tiny", "mix": {"method": "full", "precision": "fp32", "experts_backend": "eager"},
+                "workload": {"micro_batch_size": 4, "seq_len": 512, "padding": "max_length", "gradient_accumulation": 1}}
+    mem = {"peak_allocated_bytes": 2**30, "peak_reserved_bytes": 2**31}
+    with Store(tmp_path / "runs.sqlite") as st:
+        run = st.start_run({"scenario": scenario, "options": {"device": "cuda:0", "source": "trainer"},
+                            "build": {"config": tiny}}, {"device": "cuda:0"})
+        st.record_point(run, "batch=2/step=2", "ok", {"batch": 2, "seq_len": 48, "micro_batches": 3, "step_s": 0.5,
+                                                        "uniform_shape": True, "hooks_in_timed_steps": False, "memory": mem})
+        st.record_point(run, "batch=2/step=3", "ok", {"batch": 2, "seq_len": 64, "micro_batches": 3, "step_s": 0.5,
+                                                        "uniform_shape": False, "hooks_in_timed_steps": False, "memory": mem})
+    checks, skipped = store_checks(tmp_path / "runs.sqlite")
+    assert [(c.metric, c.note) for c in checks] == [
+        ("peak_gib:allocated", "batch 2 x 48"), ("peak_gib:reserved", "batch 2 x 48"), ("fwd_bwd_opt_s", "batch 2 x 48"),
+        ("peak_gib:allocated", "batch 2 x 64"), ("peak_gib:reserved", "batch 2 x 64")]
+    assert {c.group for c in checks} == {"trainer-cuda"}
+    wl = checks[0].scenario.workload
+    assert (wl.micro_batch_size, wl.seq_len, wl.gradient_accumulation) == (2, 48, 3)
+    assert checks[3].scenario.workload.seq_len == 64
+    assert skipped == [("db:runs.sqlite:run1 batch 2 x 64 fwd_bwd_opt_s",
+                        "micro-batches of different padded lengths in one step")]

@@ -54,6 +54,15 @@ class StoredPoint:
     layer_times: LayerTimes | None = None
     expert_load: ExpertCounts | None = None
     utilization: Utilization | None = None
+    seq_len: Int(1, 10**7) | None = None
+    """The padded length the point ran at when it is not the run scenario's (a training run's own batches: the
+    longest micro-batch of the step)."""
+    micro_batches: Int(1, 100_000) | None = None
+    """Micro-batches in the timed step (gradient accumulation) when not the run scenario's."""
+    uniform_shape: Flag() | None = None
+    """False when the step's micro-batches had different padded lengths: its time is no one scenario's."""
+    hooks_in_timed_steps: Flag() | None = None
+    """False: the timed steps ran without the layer timer's hooks (also said by a hooked_step_s beside them)."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +73,8 @@ class Build:
 @dataclass(frozen=True)
 class Options:
     device: Text() = "cpu"
+    source: Text() = "profile"
+    """What measured the run: profile, or a training run's callback (ftscope.integrations: trainer, lightning)."""
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,10 @@ timed with the layer timer's synchronizing hooks inside the timed steps (stores 
 hooks steps of their own; they read 3-125 % slow on an H200): those are listed as not compared. So is every run
 or point that cannot be re-estimated (no config as built, a scenario today's checks refuse, a damaged row), with
 the reason: nothing in the store is dropped silently. The store is opened read-only.
+
+Runs written by a training run's callback (ftscope.integrations) store each step's own shape (micro-batch, padded
+length, micro-batches per step) and are re-estimated at it; a step whose micro-batches had different padded lengths
+is compared for memory (at the longest) but not for time.
 """
 from __future__ import annotations
 
@@ -59,21 +63,36 @@ def store_checks(db: str | Path) -> tuple[list[Check], list[tuple[str, str]]]:
                 if m.memory is None:
                     skipped.append((f"{case} {point.key}", "no memory recorded"))
                     continue
-                out += _point_checks(case, f"profile-{device.split(':')[0]}", scn.with_(micro_batch_size=m.batch), m,
-                                     "hooked_step_s" in point.measurement, skipped)
+                bare = "hooked_step_s" in point.measurement or m.hooks_in_timed_steps is False
+                out += _point_checks(case, f"{stored.options.source}-{device.split(':')[0]}", _at_point(scn, m), m,
+                                     bare, skipped)
         skipped += [(f"db:{p.name} {row}", f"unreadable row: {why}") for row, why in store.unreadable]
     return out, skipped
 
 
+def _at_point(scn: Scenario, m) -> Scenario:
+    """The run's scenario at the point's batch shape: its micro-batch, and for a training run's own steps their
+    padded length and number of micro-batches."""
+    changes = {"micro_batch_size": m.batch}
+    if m.seq_len is not None:
+        changes["seq_len"] = m.seq_len
+    if m.micro_batches is not None:
+        changes["gradient_accumulation"] = m.micro_batches
+    return scn.with_(**changes)
+
+
 def _point_checks(case: str, group: str, s: Scenario, m, bare_steps: bool, skipped: list) -> list[Check]:
     b, mem = m.batch, m.memory
+    shape = f"batch {b}" if m.seq_len is None else f"batch {b} x {m.seq_len}"
     if mem.peak_reserved_bytes:
         # both: tensor accounting (allocated) and what the caching allocator held (reserved)
-        out = [Check(case, group, "peak_gib:allocated", mem.peak_allocated_bytes / 2**30, s, f"batch {b}"),
-               Check(case, group, "peak_gib:reserved", mem.peak_reserved_bytes / 2**30, s, f"batch {b}")]
-        if m.step_s and bare_steps:
-            out.append(Check(case, group, "fwd_bwd_opt_s", m.step_s, s, f"batch {b}"))
+        out = [Check(case, group, "peak_gib:allocated", mem.peak_allocated_bytes / 2**30, s, shape),
+               Check(case, group, "peak_gib:reserved", mem.peak_reserved_bytes / 2**30, s, shape)]
+        if m.step_s and m.uniform_shape is False:
+            skipped.append((f"{case} {shape} fwd_bwd_opt_s", "micro-batches of different padded lengths in one step"))
+        elif m.step_s and bare_steps:
+            out.append(Check(case, group, "fwd_bwd_opt_s", m.step_s, s, shape))
         elif m.step_s:
-            skipped.append((f"{case} batch {b} fwd_bwd_opt_s", "timed with synchronizing layer hooks"))
+            skipped.append((f"{case} {shape} fwd_bwd_opt_s", "timed with synchronizing layer hooks"))
         return out
-    return [Check(case, group, "peak_gib:allocated", mem.peak_allocated_bytes / 2**30, s, f"batch {b}; CPU tensor bytes")]
+    return [Check(case, group, "peak_gib:allocated", mem.peak_allocated_bytes / 2**30, s, f"{shape}; CPU tensor bytes")]

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import ftscope
 from ftscope.plan.ranking import rank_key
-from ftscope.plan.recommend import SearchSpace, complexity, recommend
+from ftscope.plan.recommend import SearchSpace, complexity, recommend, signed_percent, signed_usd
 
 SMALL = SearchSpace(methods=("full", "lora", "qlora"), gradient_checkpointing=(False, True),
                     attention=("sdpa", "flash"), optimizer=("adamw",), offload=("none", "optimizer"))
@@ -90,6 +90,15 @@ def test_explanation_compares_the_winner_with_alternatives_in_numbers():
     assert rec.explanation[0].startswith("best by time")
     assert "%" in text and "GiB" in text
     assert any("cannot run" in line or "% time" in line for line in rec.explanation[1:])
+
+
+def test_explanation_signs_money_and_percentages_as_written_by_hand():
+    assert [signed_usd(v) for v in (0.77, -0.49, -0.004, 0.0, 1234.5)] == ["+$0.77", "-$0.49", "$0.00", "$0.00",
+                                                                          "+$1,234.50"]
+    assert [signed_percent(v) for v in (2.4, -98.0, -0.3, 0.4)] == ["+2 %", "-98 %", "0 %", "0 %"]
+    rec = recommend(_scn("llama-2-70b"), gpus=["h100-80gb:8"], space=SMALL)
+    text = "\n".join(rec.explanation)
+    assert "$+" not in text and "$-" not in text and "-0 %" not in text
 
 
 def test_json_has_rows_best_and_reasons():

@@ -203,6 +203,18 @@ def _why(win: Estimate, other: Estimate) -> str:
     return text
 
 
+def signed_percent(pct: float) -> str:
+    """+2 %, -98 %, and 0 % (never -0 %) for a change that rounds to nothing."""
+    text = f"{pct:.0f}"
+    return "0 %" if text in ("0", "-0") else f"{pct:+.0f} %"
+
+
+def signed_usd(usd: float) -> str:
+    """+$0.77, -$1,234.50, and $0.00 (never $-0.00) for a difference that rounds to nothing."""
+    text = f"{abs(usd):,.2f}"
+    return f"${text}" if text == "0.00" else f"{'+' if usd > 0 else '-'}${text}"
+
+
 def explain(best: Candidate, rows: Sequence[Candidate], by: str) -> list[str]:
     """Plain-words comparison of the winner with the best alternative along each dimension. `rows` holds the
     alternatives (at least every candidate one dimension away from the winner), ranked."""
@@ -228,8 +240,9 @@ def explain(best: Candidate, rows: Sequence[Candidate], by: str) -> list[str]:
         mem = f"peak {w.memory.peak_bytes / 2**30:.1f} -> {e.memory.peak_bytes / 2**30:.1f} GiB"
         cost = ""
         if e.run.usd is not None and w.run.usd is not None:
-            cost = f", ${e.run.usd - w.run.usd:+,.2f}"
-        lines.append(f"{show(get(alt.scenario))} instead of {show(mine)}: {dt:+.0f} % time{cost}, {mem}; {_why(w, e)}")
+            cost = f", {signed_usd(e.run.usd - w.run.usd)}"
+        lines.append(f"{show(get(alt.scenario))} instead of {show(mine)}: {signed_percent(dt)} time{cost}, {mem}; "
+                     f"{_why(w, e)}")
     return lines
 
 

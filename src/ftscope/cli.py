@@ -111,6 +111,8 @@ def recommend(
     budget_usd: Optional[float] = typer.Option(None, "--budget-usd", help="Drop candidates whose run costs more."),
     deadline_hours: Optional[float] = typer.Option(None, "--deadline-hours", help="Drop candidates that take longer."),
     by: str = typer.Option("time", "--by", help="Rank by time, cost or memory."),
+    engine: Optional[str] = typer.Option(None, "--engine", help="Search only DeepSpeed (ZeRO 0-3) or only FSDP "
+                                                                "(full_shard, shard_grad_op) mixes: deepspeed|fsdp."),
     top: int = typer.Option(10, "--top", help="Rows to show (and to write with --json)."),
     emit_dir: Optional[Path] = typer.Option(None, "--emit", help="Write the winner's DeepSpeed JSON, accelerate YAML "
                                                                   "and Trainer/PEFT arguments here."),
@@ -130,7 +132,7 @@ def recommend(
 ) -> None:
     """The best optimization mix for your model, data and GPUs: every valid combination of method,
     checkpointing, ZeRO/FSDP, offload, attention, optimizer and GPU count, ranked and explained."""
-    from .plan.recommend import RANK_BY, parse_gpu_budget, recommend as run_recommend
+    from .plan.recommend import ENGINES, RANK_BY, parse_gpu_budget, recommend as run_recommend
     from .report.progress import SearchProgress
     from .spec.frameworks import FORMATS
 
@@ -140,6 +142,8 @@ def recommend(
     opt.number(deadline_hours, "--deadline-hours", gt=0)
     opt.number(time_budget, "--time-budget", gt=0)
     opt.choice(by, "--by", RANK_BY)
+    if engine is not None:
+        opt.choice(engine, "--engine", tuple(ENGINES))
     opt.integer(top, "--top", 1, 1_000_000)
     for g in split(gpus):
         parse_gpu_budget(g)
@@ -151,7 +155,7 @@ def recommend(
         result = run_recommend(scn, gpus=split(gpus) or None, any_gpu=any_gpu, budget_usd=budget_usd,
                                deadline_hours=deadline_hours, by=by, top=top, exhaustive=exhaustive,
                                time_budget_s=time_budget, progress=progress, on_row=json_lines if all_rows else None,
-                               calibration=str(calibration) if calibration else None)
+                               calibration=str(calibration) if calibration else None, engine=engine)
     if plot_file is not None:
         from .report import charts
         top_rows = [c.to_dict() for c in result.rows if c.feasible][:top]

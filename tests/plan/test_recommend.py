@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import ftscope
 from ftscope.plan.ranking import rank_key
-from ftscope.plan.recommend import SearchSpace, complexity, recommend, signed_percent, signed_usd
+from ftscope.plan.recommend import ENGINES, SearchSpace, complexity, recommend, signed_percent, signed_usd
 
 SMALL = SearchSpace(methods=("full", "lora", "qlora"), gradient_checkpointing=(False, True),
                     attention=("sdpa", "flash"), optimizer=("adamw",), offload=("none", "optimizer"))
@@ -119,3 +119,15 @@ def test_best_deepspeed_is_the_best_zero_candidate():
     zero = [c for c in every if c.feasible and c.scenario.mix.zero_stage > 0]
     best = min(zero, key=lambda c: rank_key(c, "time"))  # min keeps the first of equal keys, as the search does
     assert rec.best_deepspeed.to_dict() == best.to_dict()
+
+
+def test_an_engine_restricts_the_search_to_its_launcher():
+    scn = _scn("llama-2-13b")
+    every = recommend(scn, gpus=["a100-80gb:2"], space=SMALL)
+    for engine, runs_it in (("deepspeed", lambda m: m.fsdp is None), ("fsdp", lambda m: m.fsdp is not None)):
+        rec = recommend(scn, gpus=["a100-80gb:2"], space=SMALL, engine=engine)
+        assert rec.engine == engine and rec.to_dict()["engine"] == engine
+        assert rec.rows and all(runs_it(c.scenario.mix) for c in rec.rows)
+        assert rec.summary.candidates == every.summary.candidates * len(ENGINES[engine]) // len(SMALL.sharding)
+        if runs_it(every.best.scenario.mix):  # the unrestricted winner is in this engine's space: it still wins
+            assert rec.best.to_dict() == every.best.to_dict()

@@ -25,9 +25,9 @@ from .bounds import keep_global_batch
 from .engine import Engine, Progress, Ranking, SearchSummary
 from .ranking import RANK_BY, complexity, rank_key, refusal
 from ..estimate.solvers import max_micro_batch
-from .space import MIX_DIMENSIONS, SHARDING, SearchSpace, Space
+from .space import ENGINES, MIX_DIMENSIONS, SHARDING, SearchSpace, Space, for_engine
 
-__all__ = ["Candidate", "Recommendation", "SearchSpace", "SHARDING", "RANK_BY", "complexity", "recommend",
+__all__ = ["Candidate", "Recommendation", "SearchSpace", "SHARDING", "ENGINES", "RANK_BY", "complexity", "recommend",
            "mix_reason", "explain", "best_deepspeed", "parse_gpu_budget"]
 
 
@@ -65,11 +65,13 @@ class Recommendation:
     """Exact counts per reason, how much of the space was covered, how many estimates it took."""
     best_deepspeed: Candidate | None = None
     """The best feasible candidate that runs under DeepSpeed ZeRO (for users who launch with deepspeed)."""
+    engine: str | None = None
+    """The launcher the search was restricted to (`--engine deepspeed|fsdp`), or None for every one."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"rows": [c.to_dict() for c in self.rows], "best": self.best.to_dict() if self.best else None,
                 "by": self.by, "explanation": self.explanation, "counts": self.summary.counts(),
-                "search": self.summary.search(),
+                "search": self.summary.search(), "engine": self.engine,
                 "best_deepspeed": self.best_deepspeed.to_dict() if self.best_deepspeed else None}
 
 
@@ -140,11 +142,12 @@ def recommend(scn: Scenario, gpus: Sequence[str] | None = None, any_gpu: bool = 
               budget_usd: float | None = None, deadline_hours: float | None = None, by: str = "time",
               space: SearchSpace = SearchSpace(), calibration: Calibration | str | None = None, top: int = 10,
               exhaustive: bool = False, time_budget_s: float | None = None, progress: Progress | None = None,
-              on_row: Callable[[Candidate], None] | None = None) -> Recommendation:
+              on_row: Callable[[Candidate], None] | None = None, engine: str | None = None) -> Recommendation:
     """Search every mix x GPU count (x GPU type); return the `top` feasible ones ranked by time, cost or memory,
     the first rejected ones, exact counts per reason and an explanation of the winner. `exhaustive` estimates
     every candidate (same answer, slower); `on_row` receives every candidate in listing order (implies it).
-    `time_budget_s` stops early with the best found so far and says how much of the space it covered."""
+    `time_budget_s` stops early with the best found so far and says how much of the space it covered.
+    `engine` ("deepspeed" or "fsdp") searches only that launcher's sharding values."""
     started = time.perf_counter()
     if by not in RANK_BY:
         raise FtscopeError(f"--by must be one of {', '.join(RANK_BY)}; got {by!r}")
@@ -153,21 +156,22 @@ def recommend(scn: Scenario, gpus: Sequence[str] | None = None, any_gpu: bool = 
             raise FtscopeError(f"{name} must be above 0; got {v}")
     if isinstance(top, bool) or not isinstance(top, int) or top < 1:
         raise FtscopeError(f"--top must be a positive integer; got {top!r}")
+    space = for_engine(space, engine)
     cal = calibration if isinstance(calibration, Calibration) else load_calibration(calibration)
     wl = scn.workload
     global_batch = None if wl.solve_batch else int(wl.micro_batch_size) * wl.gradient_accumulation * scn.cluster.world_size
-    engine = Engine(Space(scn, _targets(scn, gpus, any_gpu), space),
+    search = Engine(Space(scn, _targets(scn, gpus, any_gpu), space),
                     evaluator(global_batch, cal, budget_usd, deadline_hours), lambda c: rank_key(c, by),
                     [Ranking("top", top), Ranking("deepspeed", 1, lambda mix: mix.zero_stage > 0)], by, cal,
                     budget_usd=budget_usd, deadline_hours=deadline_hours, global_batch=global_batch,
                     progress=progress, time_budget_s=time_budget_s)
-    out = engine.exhaustive(on_row) if (exhaustive or on_row is not None) else engine.run()
+    out = search.exhaustive(on_row) if (exhaustive or on_row is not None) else search.run()
     ranked = out.ranked["top"]
     best = ranked[0] if ranked else None
     summary = replace(out.summary, seconds=time.perf_counter() - started)
     return Recommendation(rows=ranked + out.rejected, best=best, by=by, summary=summary,
                           explanation=explain(best, out.neighbours, by) if best else [],
-                          best_deepspeed=(out.ranked["deepspeed"] or [None])[0])
+                          best_deepspeed=(out.ranked["deepspeed"] or [None])[0], engine=engine)
 
 
 # ---- explanation --------------------------------------------------------------------------------------------

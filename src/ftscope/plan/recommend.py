@@ -182,6 +182,13 @@ DIMENSIONS = tuple((d.label, lambda s, d=d: d.get(s.mix), d.show) for d in MIX_D
 )
 
 
+def differences(base: Scenario, other: Scenario) -> list[str]:
+    """Each dimension along which `other` differs from `base`, in words ("sharding (ZeRO-3 instead of FSDP
+    shard_grad_op)")."""
+    return [f"{name} ({show(get(other))} instead of {show(get(base))})" for name, get, show in DIMENSIONS
+            if get(other) != get(base)]
+
+
 def gathered_gb_per_step(scn: Scenario) -> float:
     """Weight bytes ZeRO-3/FSDP all-gather per step on each GPU (forward, recompute, backward)."""
     if scn.mix.shard_stage != 3 or scn.cluster.world_size == 1:

@@ -74,3 +74,15 @@ def test_readme_command_runs(cmd: str, private_tmp: Path):
     proc = subprocess.run(["bash", "-c", line], cwd=ROOT, capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
+
+
+def test_the_long_context_example_says_what_the_tool_says():
+    """Its comment: LoRA at 32k just misses one H100 (so the README's `--check` line exits 1), QLoRA fits."""
+    import ftscope
+
+    path = ROOT / "examples" / "long-context-llama31-8b.yaml"
+    assert "needs just over" in path.read_text() and "QLoRA with checkpointing fits" in path.read_text()
+    scn = ftscope.load_scenario(path)
+    lora = ftscope.estimate(scn, strict=False)
+    assert not lora.fits and 30_000 < lora.max_seq_len < scn.workload.seq_len
+    assert ftscope.estimate(scn.with_(method="qlora"), strict=False).fits

@@ -1,9 +1,12 @@
-"""Launchable configs for a recommended scenario: DeepSpeed JSON, accelerate YAML, PEFT + Trainer arguments."""
+"""Launchable configs for a recommended scenario: DeepSpeed JSON, accelerate YAML, PEFT + Trainer arguments.
+
+Every file says what it holds (mix, engine, GPUs, micro-batch, why it was chosen): a # header in YAML and Python,
+a README.txt per folder for the JSON, which cannot hold a comment. No file names an absolute path."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import yaml
 
@@ -162,7 +165,7 @@ def _launch_files(scn: Scenario, micro_batch: int, out: Path, label: list[str], 
     return written + [acc, snip]
 
 
-def write_readme(out: Path, label: list[str], files: list[Path], more: list[str] = ()) -> Path:
+def write_readme(out: Path, label: list[str], files: list[Path], more: Sequence[str] = ()) -> Path:
     """README.txt: the label and what each file in the folder is (JSON files cannot say it themselves)."""
     lines = [*label, "", "Files:"]
     for p in files:
@@ -212,6 +215,9 @@ def emit_recommendation(rec: "Recommendation", out_dir: str | Path, also: AlsoWr
     return written
 
 
+ENGINE_SCOPE = {"deepspeed": "under DeepSpeed (--engine deepspeed)", "fsdp": "under FSDP (--engine fsdp)"}
+
+
 def winner_why(rec: "Recommendation") -> str:
     """Why the winner's folder holds it: ranked first, of how many, under which restriction."""
     w = rec.best.estimate
@@ -219,9 +225,6 @@ def winner_why(rec: "Recommendation") -> str:
     scope = f" {ENGINE_SCOPE[rec.engine]}" if rec.engine else ""
     return (f"the winner by {rec.by} ({w.run.hours:,.2f} h{cost}) of {rec.summary.feasible:,} configurations that "
             f"run{scope}")
-
-
-ENGINE_SCOPE = {"deepspeed": "under DeepSpeed (--engine deepspeed)", "fsdp": "under FSDP (--engine fsdp)"}
 
 
 def alternative_why(rec: "Recommendation", alt: "Candidate") -> str:

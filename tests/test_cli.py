@@ -193,6 +193,12 @@ def test_recommend_time_budget_says_how_much_it_covered(dense):
     assert r.returncode == 1 and "time budget reached" in r.stdout
 
 
+def test_recommend_engine_restricts_the_search(dense):
+    d = ok_json("recommend", dense, "--gpus", "a100-80gb:2", "--top", "3", "--engine", "fsdp", "--json")
+    assert d["engine"] == "fsdp" and all(r["scenario"]["mix"]["fsdp"] for r in d["rows"])
+    assert_user_error(ftscope("recommend", dense, "--engine", "megatron"), "--engine must be one of deepspeed, fsdp")
+
+
 # --- exit codes and errors -----------------------------------------------------------------------------------
 
 def test_check_exit_codes(dense):

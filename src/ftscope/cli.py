@@ -149,6 +149,8 @@ def recommend(
     deadline_hours: Optional[float] = typer.Option(None, "--deadline-hours", help="Drop candidates that take longer."),
     by: str = typer.Option("time", "--by", help="Rank by time, cost or memory."),
     margin: float = MARGIN_OPT,
+    engine: Optional[str] = typer.Option(None, "--engine", help="Search only DeepSpeed (ZeRO 0-3) or only FSDP "
+                                                                "(full_shard, shard_grad_op) mixes: deepspeed|fsdp."),
     top: int = typer.Option(10, "--top", help="Rows to show (and to write with --json)."),
     emit_dir: Optional[Path] = typer.Option(None, "--emit", help="Write the winner's DeepSpeed JSON, accelerate YAML "
                                                                   "and Trainer/PEFT arguments here."),
@@ -170,7 +172,7 @@ def recommend(
 ) -> None:
     """The best optimization mix for your model, data and GPUs: every valid combination of method,
     checkpointing, ZeRO/FSDP, offload, attention, optimizer and GPU count, ranked and explained."""
-    from .plan.recommend import RANK_BY, parse_gpu_budget, recommend as run_recommend
+    from .plan.recommend import ENGINES, RANK_BY, parse_gpu_budget, recommend as run_recommend
     from .report.progress import SearchProgress
     from .spec.frameworks import FORMATS
 
@@ -181,6 +183,8 @@ def recommend(
     opt.number(deadline_hours, "--deadline-hours", gt=0)
     opt.number(time_budget, "--time-budget", gt=0)
     opt.choice(by, "--by", RANK_BY)
+    if engine is not None:
+        opt.choice(engine, "--engine", tuple(ENGINES))
     opt.integer(top, "--top", 1, 1_000_000)
     opt.integer(max_gpus, "--max-gpus", 1, 4096)
     for g in split(gpus):
@@ -193,7 +197,8 @@ def recommend(
         result = run_recommend(scn, gpus=split(gpus) or None, any_gpu=any_gpu, max_gpus=max_gpus, layouts=layouts,
                                budget_usd=budget_usd, deadline_hours=deadline_hours, by=by, top=top, exhaustive=exhaustive,
                                time_budget_s=time_budget, progress=progress, on_row=json_lines if all_rows else None,
-                               calibration=str(calibration) if calibration else None, margin=margin)
+                               calibration=str(calibration) if calibration else None, margin=margin,
+                               engine=engine)
     _recommend_outputs(result, scn, fw, top, by, plot_file, emit_dir, emit_format, json_out, all_rows, csv_out, wide)
 
 

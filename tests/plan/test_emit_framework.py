@@ -33,7 +33,7 @@ def test_written_config_reads_back_as_the_scenario(tmp_path, fmt, mix):
     scn = _scn(mix)
     emit(scn, 2, tmp_path)  # the ds_config.json a DeepSpeed mix points at
     path = emit_framework(scn, 2, tmp_path, fmt)
-    assert path.name == FILES[fmt] and path.read_text().startswith("# Written by ftscope recommend")
+    assert path.name == FILES[fmt] and path.read_text().startswith("# Written by ftscope")
     back = ftscope.load_scenario(scenario_mapping(read_config(path), ["hardware.gpu=h100-80gb",
                                                                       f"hardware.gpus_per_node={scn.cluster.gpus_per_node}"]))
     for key in KEYS:
@@ -61,3 +61,27 @@ def test_torchtune_needs_a_builder(tmp_path):
     scn = ftscope.load_scenario({"model": "mixtral-8x7b", "workload": {"micro_batch_size": 1, "seq_len": 512}})
     with pytest.raises(ftscope.FtscopeError, match="torchtune has no model builder"):
         emit_framework(scn, 1, tmp_path, "torchtune")
+
+
+@pytest.mark.parametrize("fmt", ["axolotl", "trl", "torchtune"])
+def test_emit_with_framework_labels_its_config_and_names_deepspeed_relatively(tmp_path, fmt):
+    """--engine deepspeed on one GPU: the unsharded winner runs under DeepSpeed ZeRO-0, and the framework config says
+    so, names the ds_config.json beside it by a relative path and reads back as the same mix."""
+    from ftscope.plan.emit_framework import emit_with_framework
+    from ftscope.plan.recommend import SearchSpace, recommend
+
+    scn = _scn(dict(method="lora"))
+    rec = recommend(scn, space=SearchSpace(methods=("lora",), attention=("sdpa",), offload=("none",)), engine="deepspeed")
+    written = emit_with_framework(rec, tmp_path, fmt)
+    path = tmp_path / FILES[fmt]
+    assert path in written and not (tmp_path / "deepspeed").exists()
+    assert all(str(tmp_path) not in p.read_text() for p in written)
+    text = path.read_text()
+    assert "# why: the winner by time" in text and "(--engine deepspeed)" in text and "\n# Launch: " in text
+    assert f"  {FILES[fmt]}: a framework config" in (tmp_path / "README.txt").read_text()
+    if fmt == "torchtune":
+        assert "# Note: torchtune has no DeepSpeed" in text
+    else:
+        assert "# engine: DeepSpeed ZeRO-0" in text and yaml.safe_load(text)["deepspeed"] == "ds_config.json"
+        back = ftscope.load_scenario(scenario_mapping(read_config(path), ["hardware.gpu=h100-80gb"]))
+        assert (back.mix.zero_stage, back.mix.fsdp) == (0, None) == (rec.best.scenario.mix.zero_stage, rec.best.scenario.mix.fsdp)

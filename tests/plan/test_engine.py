@@ -37,6 +37,8 @@ GRID = {
     "multi-node": (_scn("llama-2-70b", batch=8, seq=4096), dict(gpus=["h100-80gb:32"])),
     "TRL's fused loss (memory concave in the batch)": (_scn("llama-3.1-8b", batch="max", seq=512, framework="trl-sft"),
                                                        dict(gpus=["a40:2", "h100-80gb:2"])),
+    "--engine deepspeed (ZeRO 0-3 only)": (_scn("llama-2-13b", batch="max"), dict(gpus=["a100-80gb:4", "l40s:2"],
+                                                                               engine="deepspeed")),
     "budget and deadline": (_scn("llama-2-13b", batch="max"), dict(gpus=["a100-80gb:8"], budget_usd=40.0,
                                                                     deadline_hours=3.0)),
     "5 % margin: tight after safe": (_scn("llama-3.1-8b", batch="max", seq=4096),

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import ftscope
 from ftscope.plan.ranking import rank_key
-from ftscope.plan.recommend import SearchSpace, complexity, recommend
+from ftscope.plan.recommend import ENGINES, SearchSpace, complexity, recommend, signed_percent, signed_usd
 
 SMALL = SearchSpace(methods=("full", "lora", "qlora"), gradient_checkpointing=(False, True),
                     attention=("sdpa", "flash"), optimizer=("adamw",), offload=("none", "optimizer"))
@@ -92,6 +92,15 @@ def test_explanation_compares_the_winner_with_alternatives_in_numbers():
     assert any("cannot run" in line or "% time" in line for line in rec.explanation[1:])
 
 
+def test_explanation_signs_money_and_percentages_as_written_by_hand():
+    assert [signed_usd(v) for v in (0.77, -0.49, -0.004, 0.0, 1234.5)] == ["+$0.77", "-$0.49", "$0.00", "$0.00",
+                                                                          "+$1,234.50"]
+    assert [signed_percent(v) for v in (2.4, -98.0, -0.3, 0.4)] == ["+2 %", "-98 %", "0 %", "0 %"]
+    rec = recommend(_scn("llama-2-70b"), gpus=["h100-80gb:8"], space=SMALL)
+    text = "\n".join(rec.explanation)
+    assert "$+" not in text and "$-" not in text and "-0 %" not in text
+
+
 def test_json_has_rows_best_and_reasons():
     d = recommend(_scn("llama-2-7b"), gpus=["a100-80gb:2"], space=SMALL, top=4).to_dict()
     assert {"rows", "best", "explanation", "counts", "search"} <= set(d)
@@ -110,3 +119,15 @@ def test_best_deepspeed_is_the_best_zero_candidate():
     zero = [c for c in every if c.feasible and c.scenario.mix.zero_stage > 0]
     best = min(zero, key=lambda c: rank_key(c, "time"))  # min keeps the first of equal keys, as the search does
     assert rec.best_deepspeed.to_dict() == best.to_dict()
+
+
+def test_an_engine_restricts_the_search_to_its_launcher():
+    scn = _scn("llama-2-13b")
+    every = recommend(scn, gpus=["a100-80gb:2"], space=SMALL)
+    for engine, runs_it in (("deepspeed", lambda m: m.fsdp is None), ("fsdp", lambda m: m.fsdp is not None)):
+        rec = recommend(scn, gpus=["a100-80gb:2"], space=SMALL, engine=engine)
+        assert rec.engine == engine and rec.to_dict()["engine"] == engine
+        assert rec.rows and all(runs_it(c.scenario.mix) for c in rec.rows)
+        assert rec.summary.candidates == every.summary.candidates * len(ENGINES[engine]) // len(SMALL.sharding)
+        if runs_it(every.best.scenario.mix):  # the unrestricted winner is in this engine's space: it still wins
+            assert rec.best.to_dict() == every.best.to_dict()

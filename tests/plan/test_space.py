@@ -5,7 +5,11 @@ import itertools
 from dataclasses import fields, replace
 
 import ftscope
-from ftscope.plan.space import MIX_DIMENSIONS, SearchSpace, Space, gpu_counts, layout, with_mix
+import pytest
+
+from ftscope.errors import FtscopeError
+from ftscope.plan.space import (ENGINES, MIX_DIMENSIONS, SHARDING, SearchSpace, Space, for_engine, gpu_counts, layout,
+                               with_mix)
 from ftscope.spec.hardware import gpu_from_catalog
 
 
@@ -67,3 +71,16 @@ def test_with_mix_is_replace():
     scn = _scn()
     mix = replace(scn.mix, method="qlora", zero_stage=2)
     assert with_mix(scn, mix) == replace(scn, mix=mix) and with_mix(scn, mix).mix is mix
+
+
+def test_an_engine_keeps_only_its_own_sharding_values():
+    assert for_engine(SearchSpace(), None) == SearchSpace()
+    assert for_engine(SearchSpace(), "deepspeed").sharding == ((0, None), (1, None), (2, None), (3, None))
+    assert for_engine(SearchSpace(), "fsdp").sharding == ((0, "full_shard"), (0, "shard_grad_op"))
+    assert sorted(ENGINES["deepspeed"] + ENGINES["fsdp"], key=str) == sorted(SHARDING, key=str)  # every value, once
+    narrow = SearchSpace(sharding=((2, None), (0, "full_shard")))
+    assert for_engine(narrow, "deepspeed").sharding == ((2, None),)  # the caller's own space is narrowed, not replaced
+    with pytest.raises(FtscopeError, match="--engine must be one of deepspeed, fsdp; got 'zero3'"):
+        for_engine(SearchSpace(), "zero3")
+    with pytest.raises(FtscopeError, match="no fsdp sharding value"):
+        for_engine(SearchSpace(sharding=((2, None),)), "fsdp")

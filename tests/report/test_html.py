@@ -57,7 +57,7 @@ def test_report_renders_in_headless_chromium(tmp_path):
     exe = _chromium()
     if exe is None:
         pytest.skip("Debian's chromium is not installed (make test installs it; it failed here)")
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install 'ftscope[test]')")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -e '.[test]')")
     out = _write_report(tmp_path)
     errors: list[str] = []
     with sync_api.sync_playwright() as p:

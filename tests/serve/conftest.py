@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("starlette", reason="ftscope serve needs the serve extra (pip install 'ftscope[serve]')")
+pytest.importorskip("starlette", reason="ftscope serve needs the serve extra (pip install -e '.[serve]')")
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -102,5 +102,5 @@ def test_a_missing_extra_is_one_clear_error(monkeypatch):
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "uvicorn" else real(name, *a))
-    with pytest.raises(FtscopeError, match=r"needs uvicorn: pip install 'ftscope\[serve\]'"):
+    with pytest.raises(FtscopeError, match=r"needs uvicorn: pip install -e '\.\[serve\]' in a checkout"):
         serve.main(port=0)

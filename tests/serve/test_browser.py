@@ -96,7 +96,7 @@ def test_the_planner_in_headless_chromium(server, tmp_path):
     exe = shutil.which("chromium") or shutil.which("chromium-browser")
     if exe is None:
         pytest.skip("Debian's chromium is not installed (make test installs it; it failed here)")
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install 'ftscope[test]')")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -e '.[test]')")
     urls: list[str] = []
     errors: list[str] = []
     round_trips: list[float] = []

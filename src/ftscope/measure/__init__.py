@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from ..errors import FtscopeError
+from ..errors import FtscopeError, install_hint
 
 _NEEDED = ("torch", "transformers", "peft")
 
@@ -27,7 +27,7 @@ def require_torch(extra: tuple[str, ...] = ()) -> None:
     missing = [name for name in (*_NEEDED, *extra) if importlib.util.find_spec(name) is None]
     if missing:
         raise FtscopeError(
-            f"this needs {', '.join(missing)}: install ftscope[measure] (pip install 'ftscope[measure]')"
+            f"this needs {', '.join(missing)}, from ftscope's measure extra: {install_hint('measure')}"
         )
 
 

@@ -15,8 +15,8 @@ from ..errors import FtscopeError
 from ..spec.frameworks.base import known_optimizer
 from ..spec.frameworks.models import torchtune_builder, torchtune_family
 from ..spec.scenario import Scenario
-from .emit import emit_recommendation
-from .recommend import Recommendation, best_deepspeed
+from .emit import commented, emit_recommendation, label_lines
+from .recommend import Recommendation
 
 FILES = {"axolotl": "axolotl.yml", "llama-factory": "llama-factory.yaml", "torchtune": "torchtune.yaml", "trl": "trl.yaml"}
 _HF_OPTIM = {"adamw": "adamw_torch_fused", "adamw_8bit": "adamw_bnb_8bit", "paged_adamw_8bit": "paged_adamw_8bit",
@@ -174,19 +174,27 @@ _LAUNCH = {"axolotl": "axolotl train axolotl.yml", "llama-factory": "llamafactor
            "torchtune": "tune run {recipe} --config torchtune.yaml", "trl": "trl sft --config trl.yaml"}
 
 
-def emit_framework(scn: Scenario, micro: int, out_dir: str | Path, fmt: str, base: Mapping[str, Any] | None = None) -> Path:
-    """Write the scenario as a `fmt` config in out_dir (over `base`, the user's own config of that format)."""
+def emit_framework(scn: Scenario, micro: int, out_dir: str | Path, fmt: str, base: Mapping[str, Any] | None = None,
+                   label: list[str] | None = None, deepspeed: bool | None = None) -> Path:
+    """Write the scenario as a `fmt` config in out_dir (over `base`, the user's own config of that format), its
+    header saying what it holds (`label`, plan/emit.py's lines) and how to launch it. `deepspeed` runs a mix
+    without sharding under DeepSpeed ZeRO-0 (the ds_config.json beside it) where the framework has DeepSpeed."""
     notes: list[str] = []
     cfg = WRITERS[fmt](scn, micro, dict(base or {}), notes)
+    if deepspeed and not scn.mix.zero_stage:
+        if fmt == "torchtune":
+            notes.append("torchtune has no DeepSpeed: ZeRO-0 written as plain data parallelism")
+        else:
+            cfg["deepspeed"] = "ds_config.json"
     n = scn.cluster.world_size
     recipe = ("lora_finetune" if scn.mix.trains_lora else "full_finetune") + ("_distributed" if n > 1 else "_single_device")
     launch = _LAUNCH[fmt].format(recipe=(f"--nproc_per_node {n} " if n > 1 else "") + recipe)
-    header = [f"# Written by ftscope recommend: {scn.mix.label()} on {n}x {scn.cluster.gpu.key}, micro-batch {micro}.",
-              f"# Launch: {launch}" + (f" on {n} GPUs" if n > 1 and fmt != "torchtune" else "")]
-    header += [f"# Note: {line}" for line in notes]
+    header = list(label or label_lines(scn, micro, deepspeed=deepspeed))
+    header += [f"Launch: {launch}" + (f" on {n} GPUs" if n > 1 and fmt != "torchtune" else "")]
+    header += [f"Note: {line}" for line in notes]
     path = Path(out_dir) / FILES[fmt]
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(header) + "\n" + yaml.safe_dump(cfg, sort_keys=False))
+    path.write_text(commented(header, yaml.safe_dump(cfg, sort_keys=False)))
     return path
 
 
@@ -194,12 +202,9 @@ def emit_with_framework(rec: Recommendation, out_dir: str | Path, fmt: str | Non
                         base: Mapping[str, Any] | None = None) -> list[Path]:
     """recommend --emit: plan/emit.py's launch files and, with a framework format, the winner as a `fmt` config
     beside them and the best DeepSpeed alternative's under out_dir/deepspeed (torchtune has no DeepSpeed)."""
-    written = emit_recommendation(rec, out_dir)
-    if fmt is None or rec.best is None:
-        return written
-    best = rec.best
-    written.append(emit_framework(best.scenario, best.estimate.micro_batch_size, out_dir, fmt, base))
-    ds = best_deepspeed(rec)
-    if ds is not None and ds is not best and fmt != "torchtune":
-        written.append(emit_framework(ds.scenario, ds.estimate.micro_batch_size, Path(out_dir) / "deepspeed", fmt, base))
-    return written
+    def also(scn: Scenario, micro: int, out: Path, label: list[str], deepspeed: bool) -> Path | None:
+        if fmt is None or (fmt == "torchtune" and out != Path(out_dir)):
+            return None
+        return emit_framework(scn, micro, out, fmt, base, label, deepspeed)
+
+    return emit_recommendation(rec, out_dir, also)

@@ -25,9 +25,9 @@ from .layouts import keep_global_batch, layout_reason, replicas
 from .engine import Engine, Progress, Ranking, SearchSummary
 from .ranking import RANK_BY, complexity, rank_key, refusal
 from ..estimate.solvers import max_micro_batch
-from .space import LAYOUTS, MIX_DIMENSIONS, SHARDING, SearchSpace, Space
+from .space import ENGINES, LAYOUTS, MIX_DIMENSIONS, SHARDING, SearchSpace, Space, for_engine
 
-__all__ = ["Candidate", "Recommendation", "SearchSpace", "SHARDING", "RANK_BY", "complexity", "recommend",
+__all__ = ["Candidate", "Recommendation", "SearchSpace", "SHARDING", "ENGINES", "RANK_BY", "complexity", "recommend",
            "mix_reason", "explain", "best_deepspeed", "parse_gpu_budget"]
 
 
@@ -65,11 +65,13 @@ class Recommendation:
     """Exact counts per reason, how much of the space was covered, how many estimates it took."""
     best_deepspeed: Candidate | None = None
     """The best feasible candidate that runs under DeepSpeed ZeRO (for users who launch with deepspeed)."""
+    engine: str | None = None
+    """The launcher the search was restricted to (`--engine deepspeed|fsdp`), or None for every one."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"rows": [c.to_dict() for c in self.rows], "best": self.best.to_dict() if self.best else None,
                 "by": self.by, "explanation": self.explanation, "counts": self.summary.counts(),
-                "search": self.summary.search(),
+                "search": self.summary.search(), "engine": self.engine,
                 "best_deepspeed": self.best_deepspeed.to_dict() if self.best_deepspeed else None}
 
 
@@ -145,14 +147,16 @@ def recommend(scn: Scenario, gpus: Sequence[str] | None = None, any_gpu: bool = 
               layouts: bool = False, budget_usd: float | None = None, deadline_hours: float | None = None, by: str = "time",
               space: SearchSpace = SearchSpace(), calibration: Calibration | str | None = None, top: int = 10,
               exhaustive: bool = False, time_budget_s: float | None = None, progress: Progress | None = None,
-              on_row: Callable[[Candidate], None] | None = None, margin: float = 0.0) -> Recommendation:
+              on_row: Callable[[Candidate], None] | None = None, margin: float = 0.0,
+              engine: str | None = None) -> Recommendation:
     """Search every mix x GPU count (x GPU type); return the `top` feasible ones ranked by time, cost or memory,
     the first rejected ones, exact counts per reason and an explanation of the winner. `exhaustive` estimates
     every candidate (same answer, slower); `on_row` receives every candidate in listing order (implies it).
     `time_budget_s` stops early with the best found so far and says how much of the space it covered. A candidate
     runs at the largest micro-batch that leaves `margin` of usable memory free; one that fits only inside the
     margin is tight and ranks after every one that does not. `max_gpus` is --any-gpu's largest count; `layouts`
-    adds the parallel layouts of space.LAYOUTS to `space`."""
+    adds the parallel layouts of space.LAYOUTS to `space`. `engine` ("deepspeed" or "fsdp") searches only that
+    launcher's sharding values."""
     started = time.perf_counter()
     if by not in RANK_BY:
         raise FtscopeError(f"--by must be one of {', '.join(RANK_BY)}; got {by!r}")
@@ -165,21 +169,22 @@ def recommend(scn: Scenario, gpus: Sequence[str] | None = None, any_gpu: bool = 
         raise FtscopeError(f"--top must be a positive integer; got {top!r}")
     if layouts:
         space = replace(space, **LAYOUTS)
+    space = for_engine(space, engine)
     cal = calibration if isinstance(calibration, Calibration) else load_calibration(calibration)
     wl = scn.workload
     global_batch = None if wl.solve_batch else int(wl.micro_batch_size) * wl.gradient_accumulation * replicas(scn)
-    engine = Engine(Space(scn, _targets(scn, gpus, any_gpu, max_gpus), space),
+    search = Engine(Space(scn, _targets(scn, gpus, any_gpu, max_gpus), space),
                     evaluator(global_batch, cal, budget_usd, deadline_hours, margin), lambda c: rank_key(c, by),
                     [Ranking("top", top), Ranking("deepspeed", 1, lambda mix: mix.zero_stage > 0)], by, cal,
                     budget_usd=budget_usd, deadline_hours=deadline_hours, global_batch=global_batch,
                     progress=progress, time_budget_s=time_budget_s, margin=margin)
-    out = engine.exhaustive(on_row) if (exhaustive or on_row is not None) else engine.run()
+    out = search.exhaustive(on_row) if (exhaustive or on_row is not None) else search.run()
     ranked = out.ranked["top"]
     best = ranked[0] if ranked else None
     summary = replace(out.summary, seconds=time.perf_counter() - started)
     return Recommendation(rows=ranked + out.rejected, best=best, by=by, summary=summary,
                           explanation=explain(best, out.neighbours, by) if best else [],
-                          best_deepspeed=(out.ranked["deepspeed"] or [None])[0])
+                          best_deepspeed=(out.ranked["deepspeed"] or [None])[0], engine=engine)
 
 
 # ---- explanation --------------------------------------------------------------------------------------------
@@ -188,6 +193,13 @@ DIMENSIONS = tuple((d.label, lambda s, d=d: d.get(s.mix), d.show) for d in MIX_D
     ("GPU count", lambda s: s.cluster.world_size, lambda v: f"{v} GPU{'s' if v > 1 else ''}"),
     ("GPU type", lambda s: s.cluster.gpu.key, lambda v: v),
 )
+
+
+def differences(base: Scenario, other: Scenario) -> list[str]:
+    """Each dimension along which `other` differs from `base`, in words ("sharding (ZeRO-3 instead of FSDP
+    shard_grad_op)")."""
+    return [f"{name} ({show(get(other))} instead of {show(get(base))})" for name, get, show in DIMENSIONS
+            if get(other) != get(base)]
 
 
 def gathered_gb_per_step(scn: Scenario) -> float:
@@ -215,6 +227,18 @@ def _why(win: Estimate, other: Estimate) -> str:
     return text
 
 
+def signed_percent(pct: float) -> str:
+    """+2 %, -98 %, and 0 % (never -0 %) for a change that rounds to nothing."""
+    text = f"{pct:.0f}"
+    return "0 %" if text in ("0", "-0") else f"{pct:+.0f} %"
+
+
+def signed_usd(usd: float) -> str:
+    """+$0.77, -$1,234.50, and $0.00 (never $-0.00) for a difference that rounds to nothing."""
+    text = f"{abs(usd):,.2f}"
+    return f"${text}" if text == "0.00" else f"{'+' if usd > 0 else '-'}${text}"
+
+
 def explain(best: Candidate, rows: Sequence[Candidate], by: str) -> list[str]:
     """Plain-words comparison of the winner with the best alternative along each dimension. `rows` holds the
     alternatives (at least every candidate one dimension away from the winner), ranked."""
@@ -240,8 +264,9 @@ def explain(best: Candidate, rows: Sequence[Candidate], by: str) -> list[str]:
         mem = f"peak {w.memory.peak_bytes / 2**30:.1f} -> {e.memory.peak_bytes / 2**30:.1f} GiB"
         cost = ""
         if e.run.usd is not None and w.run.usd is not None:
-            cost = f", ${e.run.usd - w.run.usd:+,.2f}"
-        lines.append(f"{show(get(alt.scenario))} instead of {show(mine)}: {dt:+.0f} % time{cost}, {mem}; {_why(w, e)}")
+            cost = f", {signed_usd(e.run.usd - w.run.usd)}"
+        lines.append(f"{show(get(alt.scenario))} instead of {show(mine)}: {signed_percent(dt)} time{cost}, {mem}; "
+                     f"{_why(w, e)}")
     return lines
 
 

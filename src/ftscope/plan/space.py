@@ -14,14 +14,21 @@ keeps the scenario's value.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any, Callable, Iterator, Sequence
 
+from ..errors import FtscopeError
 from ..spec.hardware import GpuSpec
 from ..spec.mix import Mix
 from ..spec.scenario import Scenario
 
 SHARDING = ((0, None), (1, None), (2, None), (3, None), (0, "full_shard"), (0, "shard_grad_op"))
+ENGINES: dict[str, tuple[tuple[int, str | None], ...]] = {
+    "deepspeed": tuple(s for s in SHARDING if s[1] is None),
+    "fsdp": tuple(s for s in SHARDING if s[1] is not None),
+}
+"""`recommend --engine`: the sharding values each launcher runs. deepspeed: ZeRO 0-3 (stage 0 is DeepSpeed's
+plain data parallelism, written with a stage-0 ds_config.json); fsdp: torch FSDP2's strategies."""
 NODE_SIZE = 8
 """GPUs per server in the layouts recommend builds; a larger count spans several such nodes."""
 
@@ -49,6 +56,20 @@ class SearchSpace:
     """Context-parallel degrees (the scenario's implementation); empty: the scenario's."""
     expert_parallel: tuple[int, ...] = ()
     """Expert-parallel degrees, MoE models only; empty: the scenario's."""
+
+
+def for_engine(space: SearchSpace, engine: str | None) -> SearchSpace:
+    """The space restricted to one launcher's sharding values (None: unrestricted). The restriction is an
+    ordinary SearchSpace, so the pruned search and --exhaustive see the same space and agree."""
+    if engine is None:
+        return space
+    if engine not in ENGINES:
+        raise FtscopeError(f"--engine must be one of {', '.join(ENGINES)}; got {str(engine)[:40]!r}")
+    kept = tuple(s for s in space.sharding if s in ENGINES[engine])
+    if not kept:
+        raise FtscopeError(f"--engine {engine}: the search space has no {engine} sharding value "
+                           f"(it searches {list(space.sharding)})")
+    return replace(space, sharding=kept)
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from ..errors import FtscopeError
+from ..errors import FtscopeError, install_hint
 
 PALETTE = ("#264653", "#2a9d8f", "#e9c46a", "#f4a261", "#e76f51", "#8ab17d", "#6d597a", "#b56576")
 MEMORY_KEYS = ("weights", "gradients", "optimizer", "activations", "temporary", "overhead")
@@ -23,7 +23,7 @@ def pyplot():
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise FtscopeError("charts need matplotlib: pip install 'ftscope[report]'") from None
+        raise FtscopeError(f"charts need matplotlib: {install_hint('report')}") from None
     return plt
 
 

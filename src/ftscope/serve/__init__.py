@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from ..errors import FtscopeError
+from ..errors import FtscopeError, install_hint
 
 _NEEDED = ("starlette", "uvicorn")
 
@@ -25,7 +25,7 @@ def main(host: str = "127.0.0.1", port: int = 8765, db: str | Path | None = None
     """Run the server (what `ftscope serve` calls); a missing extra is one clear error, not an ImportError."""
     missing = [name for name in _NEEDED if importlib.util.find_spec(name) is None]
     if missing:
-        raise FtscopeError(f"ftscope serve needs {', '.join(missing)}: pip install 'ftscope[serve]'")
+        raise FtscopeError(f"ftscope serve needs {', '.join(missing)}: {install_hint('serve')}")
     from .app import serve
 
     serve(host, port, db)

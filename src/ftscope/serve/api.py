@@ -201,8 +201,6 @@ def _launch_zip(scn: Scenario) -> bytes:
     with tempfile.TemporaryDirectory(prefix="ftscope-emit-") as tmp:
         root = Path(tmp).resolve()
         with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
-            for path in emit_recommendation(rec, root):
-                # accelerate.yaml names ds_config.json by absolute path: make it relative to the unzipped folder
-                text = path.read_text().replace(str(root) + "/", "")
-                zf.writestr(str(path.relative_to(root)), text)
+            for path in emit_recommendation(rec, root):  # paths inside are relative to their folder
+                zf.writestr(str(path.relative_to(root)), path.read_text())
     return buf.getvalue()

@@ -27,7 +27,7 @@ class StoreCharts:
         from ..measure.store import Store
         Store(self.db, readonly=True).close()  # not found, not a store, a newer schema: one line now
         from ..report.charts import _plt
-        _plt()  # raises "charts need matplotlib: pip install 'ftscope[report]'"
+        _plt()  # raises "charts need matplotlib: pip install -e '.[report]' ..."
 
     def sections(self) -> list[dict[str, Any]]:
         if self.db is None:

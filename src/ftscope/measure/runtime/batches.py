@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from ...errors import FtscopeError
+from ...errors import FtscopeError, install_hint
 from ...files import os_error, read_text
 from ...spec.scenario import Scenario
 
@@ -120,7 +120,7 @@ def load_tokenizer(path: str | Path) -> Any:
     try:
         from tokenizers import Tokenizer
     except ImportError:
-        raise FtscopeError("reading --data needs the tokenizers package: pip install 'ftscope[measure]'") from None
+        raise FtscopeError(f"reading --data needs the tokenizers package: {install_hint('measure')}") from None
     text = read_text(tpath, "tokenizer file", 512 * 2**20)
     try:
         return Tokenizer.from_str(text)

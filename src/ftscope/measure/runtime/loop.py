@@ -15,7 +15,7 @@ import time
 from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterable, Sequence
 
-from ...errors import FtscopeError
+from ...errors import FtscopeError, install_hint
 from ...spec.scenario import Scenario
 
 if TYPE_CHECKING:
@@ -52,7 +52,7 @@ def make_optimizer(model: Any, scn: Scenario) -> Any:
     try:
         import bitsandbytes as bnb
     except ImportError:
-        raise FtscopeError(f"optimizer {name} needs bitsandbytes: pip install 'ftscope[measure]'") from None
+        raise FtscopeError(f"optimizer {name} needs bitsandbytes: {install_hint('measure')}") from None
     cls = bnb.optim.PagedAdamW8bit if name == "paged_adamw_8bit" else bnb.optim.AdamW8bit
     return cls(params, lr=1e-4)
 

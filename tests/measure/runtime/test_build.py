@@ -17,7 +17,7 @@ transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
 
 from ftscope.measure.runtime.build import build_model, count_params, lora_selection, precision_dtypes  # noqa: E402
-from ftscope.measure.runtime.configs import scenario_config  # noqa: E402
+from ftscope.measure.runtime.configs import scenario_config, shrink_config  # noqa: E402
 
 pytestmark = [pytest.mark.slow,  # every test here builds a real model
               pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::RuntimeWarning", "ignore::UserWarning")]

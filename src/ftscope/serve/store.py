@@ -26,8 +26,8 @@ class StoreCharts:
             return
         from ..measure.store import Store
         Store(self.db, readonly=True).close()  # not found, not a store, a newer schema: one line now
-        from ..report.charts import _plt
-        _plt()  # raises "charts need matplotlib: pip install -e '.[report]' ..."
+        from ..report.charts import pyplot
+        pyplot()  # raises "charts need matplotlib: pip install -e '.[report]' ..."
 
     def sections(self) -> list[dict[str, Any]]:
         if self.db is None:
@@ -41,7 +41,7 @@ class StoreCharts:
 
 
 def _draw(db: Path) -> list[dict[str, Any]]:
-    from ..report.charts import _plt
+    from ..report.charts import pyplot
     from ..report.html import db_sections
 
     out = []
@@ -50,7 +50,7 @@ def _draw(db: Path) -> list[dict[str, Any]]:
         for stem, fig in sec.figures:
             buf = io.BytesIO()
             fig.savefig(buf, format="svg", bbox_inches="tight")
-            _plt().close(fig)
+            pyplot().close(fig)
             figures.append({"name": stem, "src": "data:image/svg+xml;base64," + base64.b64encode(buf.getvalue()).decode()})
         out.append({"title": sec.title, "text": sec.text, "figures": figures})
     return out

@@ -14,14 +14,16 @@ from typing import Any, Callable, Optional
 
 import typer
 
+from .estimate.result import TIGHT_MARGIN
+
 from . import options as opt
 from .errors import FtscopeError
 from .spec.quick import QuickFlags
 
 SCENARIO_HELP = "Scenario YAML/JSON file (or a framework config); optional with --model (flags set the keys)."
-MARGIN_OPT = typer.Option(0.05, "--margin", help="Fraction of usable GPU memory to keep free: the batch is solved to "
-                                                  "leave it, a candidate that fits only inside it is tight and ranks "
-                                                  "after the others (0: no margin).")
+MARGIN_OPT = typer.Option(TIGHT_MARGIN, "--margin",
+                          help="Fraction of usable GPU memory to keep free: the batch is solved to leave it, a "
+                               "candidate that fits only inside it is tight and ranks after the others (0: no margin).")
 
 _FLAGS: dict[str, tuple[Any, Any]] = {
     "model": (Optional[str], typer.Option(None, "--model", help="Model: a preset (ftscope models), HF id or config.json.")),

@@ -24,6 +24,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ..errors import FtscopeError
+from ..estimate.result import TIGHT_MARGIN
 from ..report.contract import to_json
 from ..spec.scenario import Scenario
 from .choices import page_choices
@@ -125,7 +126,7 @@ class Api:
 
         scn = resolve(await self.raw_scenario(request), self.uploads)
         by = request.query_params.get("_by", "cost")
-        result = await run_in_threadpool(plan, scn, by=by)
+        result = await run_in_threadpool(plan, scn, by=by, margin=TIGHT_MARGIN)  # the CLI's default margin
         return contract(result.to_dict(), _download(request, "ftscope-plan.json"))
 
     async def recommend(self, request: Request) -> Response:
@@ -133,7 +134,8 @@ class Api:
         from ..plan.recommend import recommend
 
         scn = resolve(await self.raw_scenario(request), self.uploads)
-        rec = await run_in_threadpool(recommend, scn, by=request.query_params.get("_by", "time"), top=TOP_RECOMMENDATIONS)
+        rec = await run_in_threadpool(recommend, scn, by=request.query_params.get("_by", "time"), top=TOP_RECOMMENDATIONS,
+                                      margin=TIGHT_MARGIN)  # the CLI's default margin
         data = {"rows": [c.to_dict() for c in rec.rows[:TOP_RECOMMENDATIONS]],
                 "best": rec.best.to_dict() if rec.best else None, "by": rec.by, "explanation": rec.explanation,
                 "counts": rec.summary.counts(), "search": rec.summary.search()}

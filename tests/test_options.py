@@ -33,7 +33,8 @@ def test_in_range_values_pass():
 
 
 @pytest.mark.parametrize("text, match", [("layers=0", "N from 1"), ("depth=2", "--shrink takes"),
-                                         ("layers=\u00b2", "--shrink takes"), ("layers", "--shrink takes")])
+                                         ("layers=\u00b2", "--shrink takes"), ("layers", "--shrink takes"),
+                                         ("hidden=big", "--shrink takes")])
 def test_shrink_is_checked(text, match):
     with pytest.raises(FtscopeError, match=match):
         opt.shrink(text)
@@ -41,7 +42,8 @@ def test_shrink_is_checked(text, match):
 
 def test_shrink_parses():
     assert opt.shrink("layers=2,hidden=256") == {"layers": 2, "hidden": 256}
-    assert opt.shrink(None) is None
+    assert opt.shrink("layers=2, hidden=256,experts=4") == {"layers": 2, "hidden": 256, "experts": 4}
+    assert opt.shrink(None) is None and opt.shrink("") is None
 
 
 def test_input_paths_and_model_folders(tmp_path):

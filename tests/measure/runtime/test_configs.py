@@ -1,11 +1,9 @@
 """The HF configs real models are built from (measure/runtime/configs.py): shrunk copies keep the structure
-transformers needs (the builds themselves are checked in test_build.py); --shrink text parses to keywords."""
+transformers needs (the builds themselves are checked in test_build.py; --shrink's text in test_options.py)."""
 from __future__ import annotations
 
-import pytest
-
-from ftscope import FtscopeError, catalog
-from ftscope.measure.runtime.configs import apply_shrink, parse_shrink, shrink_config
+from ftscope import catalog
+from ftscope.measure.runtime.configs import apply_shrink, shrink_config
 
 
 def test_shrink_keeps_gqa_grouping_and_even_head_dim():
@@ -31,11 +29,3 @@ def test_apply_shrink_routes_config_size_keys_through_shrink_config():
                                                             "rms_norm_eps": 1e-5})
     assert cfg["num_hidden_layers"] == 2 and cfg["hidden_size"] == 256 and cfg["num_attention_heads"] == 2
     assert cfg["rms_norm_eps"] == 1e-5
-
-
-def test_parse_shrink_reads_keywords_and_refuses_the_rest():
-    assert parse_shrink("layers=2, hidden=256,experts=4") == {"layers": 2, "hidden": 256, "experts": 4}
-    assert parse_shrink(None) is None and parse_shrink("") is None
-    for bad in ("layers=0", "depth=2", "hidden=big"):
-        with pytest.raises(FtscopeError, match="--shrink takes"):
-            parse_shrink(bad)

@@ -182,16 +182,3 @@ def apply_shrink(cfg: dict[str, Any], shrink: dict[str, Any] | None) -> dict[str
     out = shrink_config(cfg, **args)
     out.update(raw)
     return out
-
-
-def parse_shrink(text: str | None) -> dict[str, int] | None:
-    """--shrink 'layers=2,hidden=256,experts=4' -> {'layers': 2, 'hidden': 256, 'experts': 4}."""
-    if not text:
-        return None
-    out = {}
-    for part in (v.strip() for v in text.split(",") if v.strip()):
-        key, _, value = part.partition("=")
-        if key not in ("layers", "hidden", "experts", "vocab", "intermediate", "heads") or not value.isdigit() or int(value) < 1:
-            raise FtscopeError(f"--shrink takes layers=N,hidden=N,experts=N,vocab=N,intermediate=N,heads=N; got {part!r}")
-        out[key] = int(value)
-    return out

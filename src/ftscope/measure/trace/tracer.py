@@ -169,7 +169,7 @@ def _state_tensors(opt: Any) -> list[Any]:
 
 def trace(scn: Scenario, batch: int | None = None, seq: int | None = None,
           shrink: dict[str, Any] | None = None) -> TraceResult:
-    """Trace one training step of the scenario at full size (or `shrink`-ed, see build.apply_shrink).
+    """Trace one training step of the scenario at full size (or `shrink`-ed, see runtime/configs.apply_shrink).
 
     batch/seq default to the scenario's micro-batch size and padded sequence length. The input is one batch of
     full-length sequences with labels and no padding (no attention mask: sdpa runs its causal kernel). The

@@ -254,7 +254,7 @@ def study_moe(scn: Scenario, data: str | Path, eval_data: str | Path, tokenizer:
     suits the small random-weight demo model (3e-3 and 6e-3 learned less), pretrained weights want ~1e-5..1e-4
     (IISWC: 5e-5). memory_cap_gib: cap of the max-batch search (CUDA: a per-process memory fraction, default
     none: the whole GPU; CPU: the tensor tracker's simulated cap, default DEFAULT_CPU_CAP_GIB); max_batch=False
-    skips the search. shrink: build a smaller copy of the scenario's model (see build.apply_shrink).
+    skips the search. shrink: build a smaller copy of the scenario's model (see runtime/configs.apply_shrink).
     """
     st = setup(scn, data, eval_data, tokenizer, epochs, top_ks, device, shrink, seed, batch_size, lr, warmup_frac,
                eval_batch, memory_cap_gib, weights)

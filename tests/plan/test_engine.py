@@ -53,14 +53,21 @@ def _visible(rec) -> str:
     return json.dumps({k: d[k] for k in ("rows", "best", "best_deepspeed", "explanation", "counts", "by")}, default=str)
 
 
+def _pruned_and_exhaustive(scn, space, kw):
+    """Both searches, after checking the pruned one answers exactly what the exhaustive one does, with no bound
+    broken on the way."""
+    pruned = recommend(scn, space=space, **kw)
+    full = recommend(scn, space=space, exhaustive=True, **kw)
+    assert _visible(pruned) == _visible(full)
+    assert pruned.summary.bound_violations == 0 and not pruned.summary.exhaustive
+    return pruned, full
+
+
 @pytest.mark.parametrize("case", list(GRID))
 def test_pruned_search_returns_what_the_exhaustive_one_does(case):
     scn, kw = GRID[case]
-    pruned = recommend(scn, space=SPACE, **kw)
-    full = recommend(scn, space=SPACE, exhaustive=True, **kw)
-    assert _visible(pruned) == _visible(full)
+    pruned, full = _pruned_and_exhaustive(scn, SPACE, kw)
     assert pruned.best is not None and pruned.summary.feasible > 10
-    assert pruned.summary.bound_violations == 0 and not pruned.summary.exhaustive
     assert pruned.summary.complete and pruned.summary.unsearched == 0
     if "budget_usd" not in kw:  # a budget needs the exact dollars of every candidate whose bound is within it
         assert pruned.summary.estimates < full.summary.estimates / 2, (pruned.summary, full.summary)
@@ -96,10 +103,7 @@ LAYOUT_GRID = {
 @pytest.mark.parametrize("case", list(LAYOUT_GRID))
 def test_pruned_search_over_parallel_layouts_returns_what_the_exhaustive_one_does(case):
     scn, kw = LAYOUT_GRID[case]
-    pruned = recommend(scn, space=LAYOUT_SPACE, **kw)
-    full = recommend(scn, space=LAYOUT_SPACE, exhaustive=True, **kw)
-    assert _visible(pruned) == _visible(full)
-    assert pruned.summary.bound_violations == 0 and not pruned.summary.exhaustive
+    pruned, full = _pruned_and_exhaustive(scn, LAYOUT_SPACE, kw)
     assert pruned.summary.estimates < full.summary.estimates / 2, (pruned.summary, full.summary)
     ranked = [c.scenario.mix for c in full.rows if c.feasible]
     assert any(m.model_parallel > 1 for m in ranked), "a layout case whose top-10 holds no layout tests little"

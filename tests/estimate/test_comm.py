@@ -56,6 +56,9 @@ def test_model_parallel_traffic_is_exposed():
     moe = by_window(scn(model="mixtral-8x7b", expert_parallel=8, per=8))
     assert moe["none"] > 0
     assert by_window(scn(pipeline_parallel=2))["none"] > 0
+    # Megatron's interleaved schedule sends while the next chunk computes
+    interleaved = by_window(scn(pipeline_parallel=2, pipeline_schedule="interleaved", virtual_stages=2))
+    assert "none" not in interleaved and interleaved["fwd_bwd"] > 0
 
 
 def test_exposed_respects_windows_and_their_overlap():
@@ -65,3 +68,10 @@ def test_exposed_respects_windows_and_their_overlap():
     # fwd_bwd hides min(0.9, 1.0); bwd min(2, 0.5); together at most 0.5 x 2.0
     assert hidden == pytest.approx(1.0) and out == pytest.approx(3.3 - 1.0)
     assert exposed([], {}, eff) == (0.0, 0.0)
+
+
+def test_collectives_through_host_memory_hide_their_own_share():
+    eff = Efficiency(comm_overlap=0.8, comm_overlap_host=0.0)
+    ts = [Transfer(1.0, "fwd_bwd")]
+    assert exposed(ts, {"fwd_bwd": 2.0}, eff) == (0.0, 1.0)
+    assert exposed(ts, {"fwd_bwd": 2.0}, eff, host_staged=True) == (1.0, 0.0)

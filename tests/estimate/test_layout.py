@@ -35,3 +35,11 @@ def test_links():
     assert pcie.dp_gbs == 16             # GeForce: no P2P, through host memory
     pp = layout(scn(nodes=2, pipeline_parallel=2))
     assert pp.pp_gbs == 25.0 and pp.dp_gbs == 300   # stages on different nodes: one NIC per send
+
+
+def test_pipeline_sends_cross_nodes_only_at_node_boundaries():
+    # 16 GPUs in 2 nodes, 4 stages of 4 ranks: half the ranks send to a stage in the other node
+    half = layout(scn(nodes=2, pipeline_parallel=4))
+    assert half.pp_gbs == 1.0 / (0.5 / 25.0 + 0.5 / 300)
+    assert layout(scn(pipeline_parallel=4)).pp_gbs == 300      # one node: every send over NVLink
+    assert layout(scn(nodes=8, pipeline_parallel=8)).pp_gbs == 25.0   # a stage per node: every send crosses

@@ -6,7 +6,8 @@ for every forward, recompute and backward, prefetching the next block while one 
 all-gathers updated weights after the optimizer step (exposed). Model parallelism: tensor parallelism
 all-reduces activations twice per block and pass (exposed unless overlapped), ring context parallelism passes
 keys and values around while attention computes, all-to-all context parallelism (Ulysses) and expert
-parallelism exchange tokens (exposed), pipeline stages send activations to their neighbours.
+parallelism exchange tokens (exposed), pipeline stages send activations to their neighbours (behind the next
+chunk's compute in the interleaved schedule, exposed in plain 1F1B).
 
 A collective of B bytes over a ring of n GPUs moves (n-1)/n x B per GPU (all-gather, reduce-scatter) or twice
 that (all-reduce) at the link bandwidth x the `communication` fraction.
@@ -121,7 +122,9 @@ def model_parallel(scn: Scenario, eff: Efficiency, batch: int, seq: float, lay: 
     if lay.pp > 1:   # activations forward, their gradients back, per micro-batch and model chunk
         p2p = act / (lay.tp if lay.sequence_parallel else 1)
         t = ga * 2 * lay.virtual_stages * p2p / (lay.pp_gbs * 1e9 * eff.communication)
-        out.append(Transfer(t, "none"))
+        # Megatron's interleaved schedule posts each send while the next chunk computes (overlap_p2p_comm, on by
+        # default: megatron/training/arguments.py --no-overlap-p2p-communication); plain 1F1B waits for them
+        out.append(Transfer(t, "fwd_bwd" if lay.virtual_stages > 1 else "none"))
     return out
 
 
@@ -134,10 +137,13 @@ def collectives(scn: Scenario, eff: Efficiency, trainable: int, batch: int = 1, 
     return data_parallel(scn, eff, trainable, lay) + model_parallel(scn, eff, batch, seq or 1.0, lay)
 
 
-def exposed(transfers: list[Transfer], windows: dict[str, float], eff: Efficiency) -> tuple[float, float]:
+def exposed(transfers: list[Transfer], windows: dict[str, float], eff: Efficiency,
+            host_staged: bool = False) -> tuple[float, float]:
     """(exposed, hidden) seconds: each window hides up to `comm_overlap` of its compute, shared by its transfers;
     the windows overlap (a backward is inside forward + backward), so all of them together hide no more than
-    `comm_overlap` of the whole compute."""
+    `comm_overlap` of the whole compute. Collectives staged through host memory (GPUs without peer-to-peer) hide
+    `comm_overlap_host` instead."""
+    overlap = eff.comm_overlap_host if host_staged else eff.comm_overlap
     by: dict[str, list[Transfer]] = {}
     for t in transfers:
         by.setdefault(t.window, []).append(t)
@@ -145,8 +151,8 @@ def exposed(transfers: list[Transfer], windows: dict[str, float], eff: Efficienc
     for window, ts in by.items():
         total = sum(t.seconds for t in ts)
         fixed = sum(min(t.unhidden, t.seconds) for t in ts)
-        room = eff.comm_overlap * windows.get(window, 0.0) if window != "none" else 0.0
+        room = overlap * windows.get(window, 0.0) if window != "none" else 0.0
         hidden += min(total - fixed, room)
         total_all += total
-    hidden = min(hidden, eff.comm_overlap * windows.get("fwd_bwd", 0.0))
+    hidden = min(hidden, overlap * windows.get("fwd_bwd", 0.0))
     return total_all - hidden, hidden

@@ -124,9 +124,11 @@ def _linear_ops(scn: Scenario, layer, lin, n: int, tokens: float, c: float, lay:
         fp8 = mix.fp8 and lin.group != "router"
         ops = [Op("matmul", lt, 2.0 * tokens * w * n, byts * n, n, tokens, bwd, recompute=rec,
                   n=max(lin.out_features // lay.tp, 1), k=lin.in_features, fp8=fp8)]
-        if fp8:  # cast input and weight to FP8 (read bf16, write fp8) in forward, the output gradient in backward
+        if fp8:  # cast input and weight to FP8 (read bf16, write fp8) in forward, the output gradient in backward;
+            # elementwise work a fusing stack folds into the producer (Transformer Engine's LayerNormLinear and
+            # fused activations emit FP8, Inductor fuses torchao's casts), so compile's factors apply
             cast = 3.0 * (tokens * lin.in_features / lay.tp + w)
-            ops.append(Op("stream", "norms_other", 0.0, cast * n, 2 * n, tokens, 1.0))
+            ops.append(Op("stream", "norms_other", 0.0, cast * n, 2 * n, tokens, 1.0, fusible=True))
         if mix.method == "qlora" and lin.group != "router":
             ops.append(Op("dequant", lt, 0.0, (NF4_BYTES + 2.0) * w * n, n, 1, 1.0))
         used = 1.0

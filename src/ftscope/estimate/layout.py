@@ -40,20 +40,35 @@ class Layout:
         return 0.0 if self.pp == 1 else (self.pp - 1) / self.virtual_stages
 
 
-def _link(scn: Scenario, span: int, rings: bool = True) -> float:
+def _link(scn: Scenario, span: int) -> float:
     """Bus bandwidth of a collective over `span` consecutive ranks: the node's link, or, once it spans nodes,
     the network too. NCCL runs one ring per NIC, and a node forwards what one of its GPUs received to the others
-    over its own links, so a collective crossing nodes sees every NIC of a node at once (`rings`): g GPUs x the
-    per-GPU network rate (8 x 25 GB/s = 200 GB/s on an 8-GPU node with a 200 Gb/s NIC per GPU). A point-to-point
-    send (`rings` False) sees one NIC. GPUs without peer-to-peer stage every transfer through host memory: half
-    the PCIe bandwidth."""
+    over its own links, so a collective crossing nodes sees every NIC of a node at once: g GPUs x the
+    per-GPU network rate (8 x 25 GB/s = 200 GB/s on an 8-GPU node with a 200 Gb/s NIC per GPU). GPUs without
+    peer-to-peer stage every transfer through host memory: half the PCIe bandwidth."""
     cl = scn.cluster
     gpu = cl.gpu
     intra = gpu.intra_node_gbs * (1.0 if gpu.peer_to_peer else 0.5)
     if span > cl.gpus_per_node and cl.nodes > 1:
-        network = cl.inter_node_gbs * (cl.gpus_per_node if rings else 1)
+        network = cl.inter_node_gbs * cl.gpus_per_node
         return min(intra, network) if cl.gpus_per_node > 1 else network
     return intra
+
+
+def _stage_link(scn: Scenario, ranks_per_stage: int) -> float:
+    """Bandwidth of one pipeline send between neighbouring stages, averaged over the stage boundaries. Stages
+    are outermost (`ranks_per_stage` = world / pp consecutive ranks each): a rank sends to the rank
+    `ranks_per_stage` above it, which sits in another node for a share min(1, ranks_per_stage / gpus_per_node)
+    of the ranks (one NIC each) and in the same node for the rest (its NVLink / PCIe). Averaged in time per byte."""
+    cl = scn.cluster
+    intra = _link(scn, 1)
+    if cl.nodes <= 1:
+        return intra
+    network = cl.inter_node_gbs
+    if cl.gpus_per_node <= 1:
+        return network
+    crossing = min(1.0, ranks_per_stage / cl.gpus_per_node)
+    return 1.0 / (crossing / min(intra, network) + (1.0 - crossing) / intra)
 
 
 def layout(scn: Scenario) -> Layout:
@@ -65,4 +80,4 @@ def layout(scn: Scenario) -> Layout:
     return Layout(tp=tp, pp=pp, cp=cp, ep=ep, dp=dp, virtual_stages=mix.virtual_stages,
                   sequence_parallel=mix.sequence_parallel,
                   tp_gbs=_link(scn, tp), cp_gbs=_link(scn, tp * cp), dp_gbs=_link(scn, world // pp),
-                  ep_gbs=_link(scn, tp * cp * ep), pp_gbs=_link(scn, world, rings=False))
+                  ep_gbs=_link(scn, tp * cp * ep), pp_gbs=_stage_link(scn, max(world // pp, 1)))

@@ -200,7 +200,7 @@ def step_time(scn: Scenario, batch: int, eff: Efficiency, trainable: int, ops: S
     windows = {"fwd_bwd": compute_mb * ga, "bwd": mb["backward"] * ga, "last_bwd": mb["backward"],
                "attention": att * ga}
     transfers = collectives(scn, eff, trainable, batch, seq, lay)
-    comm, hidden = exposed(transfers, windows, eff)
+    comm, hidden = exposed(transfers, windows, eff, host_staged=not scn.cluster.gpu.peer_to_peer)
     if mix.activation_offload:
         copy = _activation_offload_s(scn, batch, seq, eff) * ga
         comm += max(copy - eff.comm_overlap * compute_mb * ga, 0.0)

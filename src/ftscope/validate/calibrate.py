@@ -22,7 +22,6 @@ FIT_PARAMS: tuple[tuple[str, float, float], ...] = (
     ("gemm_ampere", 0.3, 0.98),
     ("gemm_ada", 0.3, 0.98),
     ("gemm_hopper", 0.3, 0.98),
-    ("grouped_matmul", 0.2, 1.0),
     ("fp8_gemm", 0.3, 1.0),
     ("attention", 0.1, 0.95),
     ("attention_hopper", 0.1, 0.95),

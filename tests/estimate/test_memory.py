@@ -181,6 +181,19 @@ def test_optimizer_state_bytes_by_optimizer():
     assert got["adamw_8bit"] == pytest.approx(2 * p, rel=1e-9)  # two 1-byte moments
 
 
+def test_paged_optimizer_pages_the_states_of_large_tensors_only():
+    """bitsandbytes keeps the states of tensors under 1e5 elements in torch memory (get_state_buffer)."""
+    full = memory_model(scn("llama-2-7b", mix={"method": "full", "precision": "bf16", "optimizer": "paged_adamw_8bit"}))
+    assert full.optimizer * 0.999 < full.paged_optimizer < full.optimizer  # all but the norms
+    small = memory_model(scn("llama-2-7b", mix={"method": "lora", "lora_rank": 8, "lora_targets": ["q_proj", "v_proj"],
+                                                "optimizer": "paged_adamw_8bit"}))
+    assert small.paged_optimizer == 0  # 8 x 4096 = 32,768 elements per matrix
+    wide = memory_model(scn("llama-2-7b", mix={"method": "lora", "lora_rank": 64, "lora_targets": ["q_proj", "v_proj"],
+                                               "optimizer": "paged_adamw_8bit"}))
+    assert wide.paged_optimizer == pytest.approx(wide.optimizer)  # 64 x 4096 = 262,144
+    assert memory_model(scn("llama-2-7b", mix={"method": "full", "optimizer": "adamw_8bit"})).paged_optimizer == 0
+
+
 def test_zero_stage_ordering_full_finetune_4_gpus():
     peaks = {z: peak(scn("llama-2-7b", mix={"method": "full", "zero_stage": z}, hw={"gpus_per_node": 4}), 1, 512)
              for z in (0, 1, 2, 3)}

@@ -24,6 +24,10 @@ from .memory_layout import activation_policy, split_states
 
 NF4_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)
 OPTIMIZER_STATE_BYTES = {"adamw": 8.0, "adamw_8bit": 2.0, "paged_adamw_8bit": 2.0, "sgd": 0.0}
+PAGED_MIN_NUMEL = 100_000
+"""bitsandbytes' paged optimizers put a parameter's states in CUDA managed memory (cudaMallocManaged, outside torch's
+caching allocator) only when it has at least this many elements; smaller ones get torch.zeros_like
+(bitsandbytes 0.50.2 optim/optimizer.py get_state_buffer, functional.py get_paged)."""
 
 
 @dataclass(frozen=True)
@@ -98,6 +102,9 @@ class MemoryModel:
     under checkpointing the recomputed block's merged expert stack."""
     offload_activations: bool = False
     """Saved activations live in host memory but for the block in flight and the next one (prefetched)."""
+    paged_optimizer: float = 0.0
+    """The part of `optimizer` a paged optimizer keeps in CUDA managed memory: on the GPU while there is room (and
+    in nvidia-smi), paged to host RAM under pressure, never in torch's max_memory_allocated / reserved."""
 
     # --- per shape -----------------------------------------------------------------------------------------
     def activation_bytes(self, batch: float, seq: float) -> tuple[float, float]:
@@ -232,6 +239,19 @@ def trainable_params(scn: Scenario) -> int:
     return m.lora_params(mix.lora_rank, mix.lora_targets, fused_experts=m.is_moe and mix.fused_experts)
 
 
+def paged_state_params(scn: Scenario) -> int:
+    """Trainable parameters in tensors of at least PAGED_MIN_NUMEL elements: those whose states a paged
+    optimizer pages (every weight matrix of a full fine-tune; LoRA's A (r x in) and B (out x r) when that large)."""
+    m, mix = scn.model, scn.mix
+    if mix.method == "full":
+        big = sum(lin.in_features * lin.out_features * lin.count * n for lin, n in m.linears()
+                  if lin.in_features * lin.out_features >= PAGED_MIN_NUMEL)
+        return big + m.embedding_params + m.lm_head_params + m.vision_params
+    r = mix.lora_rank
+    return sum(size * lin.count * n for lin, n in m.lora_targets(mix.lora_targets)
+               for size in (r * lin.in_features, r * lin.out_features) if size >= PAGED_MIN_NUMEL)
+
+
 def usable_bytes(gpu: GpuSpec, allocator: AllocatorModel = DEFAULT_ALLOCATOR) -> float:
     """Device memory the caching allocator can reserve on this GPU (total minus the CUDA context)."""
     return gpu.memory_bytes - allocator.cuda_context_gib * GIB
@@ -362,10 +382,14 @@ def memory_model(scn: Scenario, allocator: AllocatorModel = DEFAULT_ALLOCATOR) -
     if deepspeed and mixed and mix.offload == "none":
         opt_transient += trainable * 4.0 / shard_o   # fp32 gradient partition fed to the optimizer
 
+    paged = 0.0
+    if mix.optimizer.startswith("paged_"):
+        paged = optimizer * min(paged_state_params(scn) / max(trainable, 1), 1.0)
     acts, checkpointing = activation_policy(activation_coefficients(m, mix, scn.top_k, scn.recipe), scn)
     return split_states(MemoryModel(
         weights=weights, gradients=grads, gradients_in_forward=grads_fwd, optimizer=optimizer,
         optimizer_transient=opt_transient, weight_transient=transient, block_transient=block, acts=acts,
         checkpointing=checkpointing, cpu_bytes=cpu, capacity_bytes=usable_bytes(cl.gpu, allocator),
         trainable_params=trainable, allocator=allocator, offload_activations=mix.activation_offload,
+        paged_optimizer=paged,
     ), scn)

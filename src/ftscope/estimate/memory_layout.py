@@ -92,6 +92,7 @@ def split_states(mm, scn: Scenario):
         grads, grads_fwd = grads * min(layer * 2, 1.0), 0.0
         opt_transient *= min(layer * 2, 1.0)
     return replace(mm, weights=mm.weights * f, gradients=grads, gradients_in_forward=grads_fwd,
-                   optimizer=mm.optimizer * f, optimizer_transient=opt_transient,
+                   optimizer=mm.optimizer * f, paged_optimizer=mm.paged_optimizer * f,
+                   optimizer_transient=opt_transient,
                    weight_transient=mm.weight_transient * f, block_transient=mm.block_transient * f,
                    cpu_bytes=mm.cpu_bytes * f)

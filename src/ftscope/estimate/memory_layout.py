@@ -83,7 +83,10 @@ def split_states(mm, scn: Scenario):
     and the gradient memory of an optimizer fused into backward."""
     f = state_split(scn)
     mix = scn.mix
-    if f == 1.0 and not mix.optimizer_in_backward:
+    # FSDP's CPU offload copies each sharded gradient to the host as backward makes it (torch's CPUOffloadPolicy;
+    # FSDP1's CPUOffload(offload_params=True))
+    host_grads = mix.fsdp is not None and mix.offload == "optimizer+params"
+    if f == 1.0 and not mix.optimizer_in_backward and not host_grads:
         return mm
     grads, grads_fwd = mm.gradients * f, mm.gradients_in_forward * f
     opt_transient = mm.optimizer_transient * f
@@ -91,6 +94,10 @@ def split_states(mm, scn: Scenario):
         layer = scn.model.largest_layer_params() / max(mm.trainable_params, 1)
         grads, grads_fwd = grads * min(layer * 2, 1.0), 0.0
         opt_transient *= min(layer * 2, 1.0)
+    elif host_grads:  # two blocks' unsharded gradients: the one computed and the one being reduce-scattered
+        layer = scn.model.largest_layer_params() / scn.model.total_params
+        shards = scn.cluster.world_size // mix.model_parallel
+        grads, grads_fwd = grads * shards * min(layer * 2, 1.0), 0.0
     return replace(mm, weights=mm.weights * f, gradients=grads, gradients_in_forward=grads_fwd,
                    optimizer=mm.optimizer * f, paged_optimizer=mm.paged_optimizer * f,
                    optimizer_transient=opt_transient,

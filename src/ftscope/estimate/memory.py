@@ -117,8 +117,9 @@ class MemoryModel:
         else:
             saved = a.saved_per_token * t + a.saved_per_token_quadratic * t * seq + head
         layer = a.layer_per_token * t + a.layer_per_token_quadratic * t * seq
-        if self.offload_activations:
-            saved = min(saved - head, 2 * layer) + head
+        if self.offload_activations:  # the block in flight and the prefetched one stay; under checkpointing their inputs
+            kept = a.checkpoint_layer_per_token * t if self.checkpointing else layer
+            saved = min(saved - head, 2 * kept) + head
         return saved, layer
 
     def phase_points(self, batch: float, seq: float) -> tuple[PhasePoint, ...]:
@@ -319,6 +320,8 @@ def forward_transients(scn: Scenario, shards: int) -> tuple[float, float]:
         largest = max((lin.params for lin, _ in m.linears() if not (lin.group == "experts" and mix.fused_experts)),
                       default=0)
         block += largest * scn.recipe.dequant_bytes_per_weight  # the dequantized weight of the matmul in flight
+        if scn.recipe.compiled_dequant_saved and (mix.compile or scn.recipe.compile):
+            block = m.largest_layer_params() * 2.0  # compiled: each fused bf16 dequantization saved for backward
     head_copy, stack_copies = kbit_autocast_copies(scn)
     transient += head_copy
     if mix.gradient_checkpointing:

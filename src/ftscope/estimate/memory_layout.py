@@ -52,7 +52,7 @@ def elementwise_saved_per_token(model: ModelSpec, mix) -> float:
 def _scale_acts(acts: ActivationCoefficients, factor: float) -> ActivationCoefficients:
     return replace(acts, **{k: getattr(acts, k) * factor for k in (
         "saved_per_token", "saved_per_token_quadratic", "layer_per_token", "layer_per_token_quadratic",
-        "layer_ffn_per_token", "forward_transient_per_token", "checkpoint_per_token")})
+        "layer_ffn_per_token", "forward_transient_per_token", "checkpoint_per_token", "checkpoint_layer_per_token")})
 
 
 def activation_policy(acts: ActivationCoefficients, scn: Scenario) -> tuple[ActivationCoefficients, bool]:
@@ -68,7 +68,8 @@ def activation_policy(acts: ActivationCoefficients, scn: Scenario) -> tuple[Acti
     if checkpointing and mix.checkpoint_every > 1:
         # 1 in N blocks keeps its input only; the others keep everything they save
         kept = acts.saved_per_token * (1 - 1 / mix.checkpoint_every)
-        acts = replace(acts, checkpoint_per_token=acts.checkpoint_per_token / mix.checkpoint_every + kept)
+        acts = replace(acts, checkpoint_per_token=acts.checkpoint_per_token / mix.checkpoint_every + kept,
+                       checkpoint_layer_per_token=acts.layer_per_token)  # an uncheckpointed block saves it all
     tp, cp = mix.tensor_parallel, mix.context_parallel
     factor = (1.0 / tp if mix.sequence_parallel else 0.5 + 0.5 / tp) / cp
     if mix.pipeline_parallel > 1 and mix.virtual_stages > 1:

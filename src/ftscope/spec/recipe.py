@@ -97,6 +97,10 @@ class Recipe:
     """QLoRA: bytes per weight element alive while one 4-bit weight is dequantized for its matmul: bitsandbytes'
     kernel writes the bf16 weight (2); torchao's NF4Tensor.get_original_weight holds both nibbles as int64 and
     three bf16 intermediates (14)."""
+    compiled_dequant_saved: bool = False
+    """QLoRA under torch.compile: Inductor fuses the 4-bit dequantization into one kernel writing the bf16 weight
+    (2 B per weight, not dequant_bytes_per_weight) and the compiled block saves that weight for its backward, so
+    a whole block's weights are alive while it runs (torchao NF4Tensor: a trace of the compiled step)."""
     compile: bool = False
     """torch.compile on the model by default (time model)."""
     quantize_at_load: bool = True

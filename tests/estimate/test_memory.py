@@ -388,3 +388,18 @@ def test_compiled_torchao_dequantization_keeps_a_block_of_bf16_weights():
     assert compiled.block_transient == pytest.approx(m.largest_layer_params() * 2.0)
     hf = memory_model(scn("llama-2-7b", mix={**qlora, "compile": True}))  # bitsandbytes: not known to be saved
     assert hf.block_transient == pytest.approx(m.largest_linear_params() * 2.0)
+
+
+def test_an_init_that_keeps_its_cache_is_a_floor_under_reserved_only():
+    """torchtune 0.1 quantizes on the GPU at init (torchao 0.1: 68 B per weight of the matrix in flight) and never
+    empties the cache: the reserved peak reads at least that, the allocated peak does not."""
+    d = {"model": "llama-2-7b", "framework": "torchtune-0.1", "hardware": {"gpu": "a100-80gb"},
+         "mix": {"method": "qlora", "lora_targets": "all-linear"}, "workload": {"micro_batch_size": 1, "seq_len": 256}}
+    s = ftscope.load_scenario(d)
+    mm = memory_model(s)
+    assert mm.reserved_floor == pytest.approx(mm.weights + s.model.largest_linear_params() * 68)
+    b = mm.breakdown(1, 256)
+    assert b.peak_bytes == pytest.approx(mm.reserved_floor) == mm.peak_bytes(1, 256)
+    assert b.allocated_bytes < mm.reserved_floor
+    lora = memory_model(ftscope.load_scenario({**d, "mix": {"method": "lora", "lora_targets": "all-linear"}}))
+    assert lora.reserved_floor == 0

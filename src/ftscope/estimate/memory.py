@@ -20,14 +20,10 @@ from typing import NamedTuple
 from ..spec.hardware import GIB, GpuSpec
 from ..spec.scenario import Scenario
 from .activations import ActivationCoefficients, activation_coefficients
-from .memory_layout import activation_policy, split_states
+from .memory_layout import activation_policy, paged_state_params, split_states
 
 NF4_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)
 OPTIMIZER_STATE_BYTES = {"adamw": 8.0, "adamw_8bit": 2.0, "paged_adamw_8bit": 2.0, "sgd": 0.0}
-PAGED_MIN_NUMEL = 100_000
-"""bitsandbytes' paged optimizers put a parameter's states in CUDA managed memory (cudaMallocManaged, outside torch's
-caching allocator) only when it has at least this many elements; smaller ones get torch.zeros_like
-(bitsandbytes 0.50.2 optim/optimizer.py get_state_buffer, functional.py get_paged)."""
 
 
 @dataclass(frozen=True)
@@ -102,6 +98,9 @@ class MemoryModel:
     under checkpointing the recomputed block's merged expert stack."""
     offload_activations: bool = False
     """Saved activations live in host memory but for the block in flight and the next one (prefetched)."""
+    reserved_floor: float = 0.0
+    """What the caching allocator still holds from model init when the recipe resets the peak counters without
+    emptying its cache: the step's reserved peak never reads below it (its allocated peak does)."""
     paged_optimizer: float = 0.0
     """The part of `optimizer` a paged optimizer keeps in CUDA managed memory: on the GPU while there is room (and
     in nvidia-smi), paged to host RAM under pressure, never in torch's max_memory_allocated / reserved."""
@@ -174,7 +173,7 @@ class MemoryModel:
         phases = self.phase_points(batch, seq)
         best = max(phases, key=self.reserved_bytes)
         name, grads, act, temp, allocated = best
-        overhead = self.overhead_bytes(act, temp)
+        overhead = max(self.overhead_bytes(act, temp), self.reserved_floor - allocated)
         per_phase: dict[str, float] = {}
         for p in phases:
             per_phase[p.phase] = max(per_phase.get(p.phase, 0.0), p.allocated)
@@ -185,7 +184,7 @@ class MemoryModel:
 
     def peak_bytes(self, batch: float, seq: float) -> float:
         """breakdown(batch, seq).peak_bytes without building the breakdown (the solvers' hot path)."""
-        return max(self.reserved_bytes(p) for p in self.phase_points(batch, seq))
+        return max(self.reserved_floor, *(self.reserved_bytes(p) for p in self.phase_points(batch, seq)))
 
     def fits(self, batch: float, seq: float, margin: float = 0.0) -> bool:
         return self.peak_bytes(batch, seq) <= self.capacity_bytes * (1.0 - margin)
@@ -238,19 +237,6 @@ def trainable_params(scn: Scenario) -> int:
     if mix.method == "full":
         return m.total_params
     return m.lora_params(mix.lora_rank, mix.lora_targets, fused_experts=m.is_moe and mix.fused_experts)
-
-
-def paged_state_params(scn: Scenario) -> int:
-    """Trainable parameters in tensors of at least PAGED_MIN_NUMEL elements: those whose states a paged
-    optimizer pages (every weight matrix of a full fine-tune; LoRA's A (r x in) and B (out x r) when that large)."""
-    m, mix = scn.model, scn.mix
-    if mix.method == "full":
-        big = sum(lin.in_features * lin.out_features * lin.count * n for lin, n in m.linears()
-                  if lin.in_features * lin.out_features >= PAGED_MIN_NUMEL)
-        return big + m.embedding_params + m.lm_head_params + m.vision_params
-    r = mix.lora_rank
-    return sum(size * lin.count * n for lin, n in m.lora_targets(mix.lora_targets)
-               for size in (r * lin.in_features, r * lin.out_features) if size >= PAGED_MIN_NUMEL)
 
 
 def usable_bytes(gpu: GpuSpec, allocator: AllocatorModel = DEFAULT_ALLOCATOR) -> float:
@@ -385,6 +371,9 @@ def memory_model(scn: Scenario, allocator: AllocatorModel = DEFAULT_ALLOCATOR) -
     if deepspeed and mixed and mix.offload == "none":
         opt_transient += trainable * 4.0 / shard_o   # fp32 gradient partition fed to the optimizer
 
+    floor = 0.0
+    if mix.method == "qlora" and shard_w == 1:  # the model built and quantized on this GPU
+        floor = weights + m.largest_linear_params() * scn.recipe.init_quantize_bytes_per_weight
     paged = 0.0
     if mix.optimizer.startswith("paged_"):
         paged = optimizer * min(paged_state_params(scn) / max(trainable, 1), 1.0)
@@ -394,5 +383,5 @@ def memory_model(scn: Scenario, allocator: AllocatorModel = DEFAULT_ALLOCATOR) -
         optimizer_transient=opt_transient, weight_transient=transient, block_transient=block, acts=acts,
         checkpointing=checkpointing, cpu_bytes=cpu, capacity_bytes=usable_bytes(cl.gpu, allocator),
         trainable_params=trainable, allocator=allocator, offload_activations=mix.activation_offload,
-        paged_optimizer=paged,
+        paged_optimizer=paged, reserved_floor=floor if scn.recipe.init_quantize_bytes_per_weight else 0.0,
     ), scn)

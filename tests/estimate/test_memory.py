@@ -403,3 +403,13 @@ def test_an_init_that_keeps_its_cache_is_a_floor_under_reserved_only():
     assert b.allocated_bytes < mm.reserved_floor
     lora = memory_model(ftscope.load_scenario({**d, "mix": {"method": "lora", "lora_targets": "all-linear"}}))
     assert lora.reserved_floor == 0
+
+
+def test_fused_adamw_has_no_step_temporaries():
+    """torchtune's configs run torch.optim.AdamW(fused=True): no foreach temporaries at the step."""
+    d = {"model": "llama-3.2-1b", "hardware": {"gpu": "a100-80gb"}, "mix": {"method": "full", "precision": "bf16"},
+         "workload": {"micro_batch_size": 1, "seq_len": 512}}
+    foreach = memory_model(ftscope.load_scenario(d))
+    fused = memory_model(ftscope.load_scenario({**d, "framework": "torchtune"}))
+    assert foreach.optimizer_transient == pytest.approx(foreach.trainable_params * 2.0)  # bf16 states' temporaries
+    assert fused.optimizer_transient == 0

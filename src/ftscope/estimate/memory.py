@@ -365,7 +365,7 @@ def memory_model(scn: Scenario, allocator: AllocatorModel = DEFAULT_ALLOCATOR) -
 
     # optimizer step transients
     opt_transient = 0.0
-    if mix.offload == "none" and mix.optimizer in ("adamw",):
+    if mix.offload == "none" and mix.optimizer in ("adamw",) and not scn.recipe.adamw_fused:
         # foreach AdamW: one temporary per parameter, in the optimizer state's dtype
         opt_transient += trainable * (2.0 if per.low_states else 4.0) / shard_o
     if deepspeed and mixed and mix.offload == "none":

@@ -97,6 +97,9 @@ class Recipe:
     """QLoRA: bytes per weight element alive while one 4-bit weight is dequantized for its matmul: bitsandbytes'
     kernel writes the bf16 weight (2); torchao's NF4Tensor.get_original_weight holds both nibbles as int64 and
     three bf16 intermediates (14)."""
+    adamw_fused: bool = False
+    """The framework's AdamW is torch's fused kernel (fused=True): states updated in place, none of the foreach
+    implementation's per-parameter temporaries at the step."""
     init_quantize_bytes_per_weight: float = 0.0
     """QLoRA on one GPU: bytes per weight element the model's init allocates while quantizing its largest matrix on
     the GPU, kept reserved when the recipe resets the peak counters without emptying the cache (0: not modelled).

@@ -3,8 +3,8 @@
 The README shows sample output under each `$ ` line of a ```console block, often a selection: some rows, an
 elision line (`...`, or a table row of `..` cells) for the rest. This script runs each command as
 tests/test_readme.py does (from the repository root, what it writes to /tmp going to a folder of its own) and
-replaces every shown line by the line of the fresh output it stands for: the line of the same shape (its numbers
-masked), or failing that the most similar one. Lines that stand for nothing in the fresh output are reported,
+replaces every shown line by the line of the fresh output it stands for, in the fresh output's order: the table row
+with the same first cell, the line of the same shape (its numbers masked), or failing that the most similar one. Lines that stand for nothing in the fresh output are reported,
 for a person to edit.
 
     python scripts/refresh_readme.py           # rewrite README.md in place (--measured: profile, study moe too)
@@ -103,19 +103,22 @@ def lead(line: str) -> str:
     return f"text:{head}" if sep and len(head) < 60 else ""
 
 
-def counterpart(line: str, fresh: list[str]) -> str | None:
-    """The fresh line a shown line stands for: itself; the same shape with other numbers; the line about the same
-    thing (a table row with the same first cell, a line with the same words before its colon); the closest."""
-    if line.rstrip() in fresh:
-        return line.rstrip()
-    for key in (shape, lead):
+def counterpart(line: str, fresh: list[str], start: int = 0) -> int | None:
+    """Index of the fresh line a shown line stands for, at or after `start` (the shown lines keep the fresh output's
+    order): itself; the table row with the same first cell (a rank keeps its place when the rows change); the same
+    shape with other numbers; the line about the same thing (same words before its colon); the closest."""
+    rest = list(enumerate(fresh))[start:]
+    for i, f in rest:
+        if f == line.rstrip():
+            return i
+    for key in (lambda x: lead(x) if lead(x).startswith("row:") else "", shape, lead):
         k = key(line)
-        same = [f for f in fresh if k and key(f) == k]
-        if same:
-            return same[0]
-    close = difflib.get_close_matches(line.strip(), [f.strip() for f in fresh], n=1, cutoff=0.75)
+        for i, f in rest:
+            if k and key(f) == k:
+                return i
+    close = difflib.get_close_matches(line.strip(), [f.strip() for _, f in rest], n=1, cutoff=0.75)
     if close:
-        return next(f for f in fresh if f.strip() == close[0])
+        return next(i for i, f in rest if f.strip() == close[0])
     return None
 
 
@@ -129,16 +132,18 @@ def differences(shown: Shown, fresh: list[str]) -> list[str]:
 def refreshed(shown: Shown, fresh: list[str]) -> tuple[list[str], list[str]]:
     """(the shown lines with each replaced by its fresh counterpart, the shown lines that have none)."""
     out, missing = [], []
+    start = 0
     for line in shown.lines:
         if not line.strip() or ELISION.match(line):
             out.append(line)
             continue
-        match = counterpart(line, fresh)
+        match = counterpart(line, fresh, start)
         if match is None:
             missing.append(line)
             out.append(line)
         else:
-            out.append(match)
+            out.append(fresh[match])
+            start = match + 1
     return out, missing
 
 

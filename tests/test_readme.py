@@ -88,3 +88,13 @@ def test_the_long_context_example_says_what_the_tool_says():
     lora = ftscope.estimate(scn, strict=False)
     assert not lora.fits and 30_000 < lora.max_seq_len < scn.workload.seq_len
     assert ftscope.estimate(scn.with_(method="qlora"), strict=False).fits
+
+
+def test_refresh_keeps_table_rows_in_their_place():
+    """A ranked row whose contents changed is refreshed from the fresh row of the same rank, not from another row of
+    the same shape (that once showed ranks 3, 2, 3); a shown line found only above the previous match is reported."""
+    fresh = ["│ 1 │ full +gc │ 9.9 min │", "│ 2 │ full +gc flash │ 9.9 min │", "│ 3 │ lora r16 │ 10.1 min │"]
+    shown = refresh_readme.Shown("x", 0, ["│ 1 │ lora r16 │ 10.0 min │", "│ 2 │ full +gc flash │ 9.9 min │"])
+    assert refresh_readme.refreshed(shown, fresh) == (fresh[:2], [])
+    backwards = refresh_readme.Shown("x", 0, [fresh[2], fresh[0]])
+    assert refresh_readme.refreshed(backwards, fresh) == ([fresh[2], fresh[0]], [fresh[0]])

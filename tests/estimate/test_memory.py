@@ -181,6 +181,19 @@ def test_optimizer_state_bytes_by_optimizer():
     assert got["adamw_8bit"] == pytest.approx(2 * p, rel=1e-9)  # two 1-byte moments
 
 
+def test_paged_optimizer_pages_the_states_of_large_tensors_only():
+    """bitsandbytes keeps the states of tensors under 1e5 elements in torch memory (get_state_buffer)."""
+    full = memory_model(scn("llama-2-7b", mix={"method": "full", "precision": "bf16", "optimizer": "paged_adamw_8bit"}))
+    assert full.optimizer * 0.999 < full.paged_optimizer < full.optimizer  # all but the norms
+    small = memory_model(scn("llama-2-7b", mix={"method": "lora", "lora_rank": 8, "lora_targets": ["q_proj", "v_proj"],
+                                                "optimizer": "paged_adamw_8bit"}))
+    assert small.paged_optimizer == 0  # 8 x 4096 = 32,768 elements per matrix
+    wide = memory_model(scn("llama-2-7b", mix={"method": "lora", "lora_rank": 64, "lora_targets": ["q_proj", "v_proj"],
+                                               "optimizer": "paged_adamw_8bit"}))
+    assert wide.paged_optimizer == pytest.approx(wide.optimizer)  # 64 x 4096 = 262,144
+    assert memory_model(scn("llama-2-7b", mix={"method": "full", "optimizer": "adamw_8bit"})).paged_optimizer == 0
+
+
 def test_zero_stage_ordering_full_finetune_4_gpus():
     peaks = {z: peak(scn("llama-2-7b", mix={"method": "full", "zero_stage": z}, hw={"gpus_per_node": 4}), 1, 512)
              for z in (0, 1, 2, 3)}
@@ -361,3 +374,42 @@ def test_fsdp1_root_unit_stays_gathered():
     m = s.model
     extra = memory_model(_with_recipe(s, fsdp_root_gathered=True)).weight_transient - memory_model(s).weight_transient
     assert extra == pytest.approx((m.embedding_params + m.lm_head_params + m.final_norm_params) * 2 * 0.5)
+
+
+def test_compiled_torchao_dequantization_keeps_a_block_of_bf16_weights():
+    """Compiled, a recipe with compiled_dequant_saved holds a whole block's weights at 2 B, not one matrix at 14."""
+    qlora = {"method": "qlora", "lora_targets": "all-linear", "gradient_checkpointing": True}
+    d = {"model": "llama-2-7b", "framework": "torchtune", "hardware": {"gpu": "a100-80gb"},
+         "mix": {**qlora, "attention": "sdpa"}, "workload": {"micro_batch_size": 1, "seq_len": 512}}
+    tt = memory_model(ftscope.load_scenario(d))
+    m = ftscope.load_scenario(d).model
+    assert tt.block_transient == pytest.approx(m.largest_linear_params() * 14)
+    compiled = memory_model(ftscope.load_scenario({**d, "mix": {**d["mix"], "compile": True}}))
+    assert compiled.block_transient == pytest.approx(m.largest_layer_params() * 2.0)
+    hf = memory_model(scn("llama-2-7b", mix={**qlora, "compile": True}))  # bitsandbytes: not known to be saved
+    assert hf.block_transient == pytest.approx(m.largest_linear_params() * 2.0)
+
+
+def test_an_init_that_keeps_its_cache_is_a_floor_under_reserved_only():
+    """torchtune 0.1 quantizes on the GPU at init (torchao 0.1: 68 B per weight of the matrix in flight) and never
+    empties the cache: the reserved peak reads at least that, the allocated peak does not."""
+    d = {"model": "llama-2-7b", "framework": "torchtune-0.1", "hardware": {"gpu": "a100-80gb"},
+         "mix": {"method": "qlora", "lora_targets": "all-linear"}, "workload": {"micro_batch_size": 1, "seq_len": 256}}
+    s = ftscope.load_scenario(d)
+    mm = memory_model(s)
+    assert mm.reserved_floor == pytest.approx(mm.weights + s.model.largest_linear_params() * 68)
+    b = mm.breakdown(1, 256)
+    assert b.peak_bytes == pytest.approx(mm.reserved_floor) == mm.peak_bytes(1, 256)
+    assert b.allocated_bytes < mm.reserved_floor
+    lora = memory_model(ftscope.load_scenario({**d, "mix": {"method": "lora", "lora_targets": "all-linear"}}))
+    assert lora.reserved_floor == 0
+
+
+def test_fused_adamw_has_no_step_temporaries():
+    """torchtune's configs run torch.optim.AdamW(fused=True): no foreach temporaries at the step."""
+    d = {"model": "llama-3.2-1b", "hardware": {"gpu": "a100-80gb"}, "mix": {"method": "full", "precision": "bf16"},
+         "workload": {"micro_batch_size": 1, "seq_len": 512}}
+    foreach = memory_model(ftscope.load_scenario(d))
+    fused = memory_model(ftscope.load_scenario({**d, "framework": "torchtune"}))
+    assert foreach.optimizer_transient == pytest.approx(foreach.trainable_params * 2.0)  # bf16 states' temporaries
+    assert fused.optimizer_transient == 0

@@ -63,3 +63,24 @@ def test_compile_offload_and_optimizer_in_backward_save_memory():
     assert memory_model(s.with_(compile=True)).activation_bytes(1, 4096)[0] < base.activation_bytes(1, 4096)[0]
     assert memory_model(s.with_(activation_offload=True)).activation_bytes(1, 4096)[0] < base.activation_bytes(1, 4096)[0]
     assert memory_model(s.with_(optimizer_in_backward=True)).gradients < base.gradients / 4
+
+
+def test_fsdp_cpu_offload_keeps_only_blocks_in_flight_of_gradients():
+    """torch's CPUOffloadPolicy copies each sharded gradient to the host in backward."""
+    on_gpu = memory_model(scn(fsdp="full_shard"))
+    offload = memory_model(scn(fsdp="full_shard", offload="optimizer+params"))
+    m = scn().model
+    two_blocks = 2 * m.largest_layer_params() * on_gpu.gradients * 8 / m.total_params  # unsharded, per GPU
+    assert offload.gradients == pytest.approx(two_blocks) and offload.gradients_in_forward == 0
+    assert offload.gradients < on_gpu.gradients
+
+
+def test_offloading_checkpointed_blocks_keeps_two_block_inputs():
+    """Under checkpointing the offloaded tensors are the block inputs: two stay (in flight and prefetched)."""
+    s = scn(per=1, wl={"gradient_accumulation": 1}, gradient_checkpointing=True)
+    base, off = memory_model(s), memory_model(s.with_(activation_offload=True))
+    a = base.acts
+    head = a.head_per_token * 4096 + a.logits_saved_per_token * 4096
+    assert base.activation_bytes(1, 4096)[0] == pytest.approx(a.checkpoint_per_token * 4096 + head)
+    assert off.activation_bytes(1, 4096)[0] == pytest.approx(2 * a.checkpoint_layer_per_token * 4096 + head)
+    assert a.checkpoint_layer_per_token * s.model.num_layers == pytest.approx(a.checkpoint_per_token)

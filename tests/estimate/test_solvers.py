@@ -124,3 +124,13 @@ def test_solved_batch_uses_dynamic_padding_peak_length():
     e = ftscope.estimate(s)
     assert e.seq_len == 700
     assert e.max_micro_batch_size == max_micro_batch(memory_model(s), 700)
+
+
+def test_an_init_floor_above_the_card_gives_zero_at_once():
+    """torchtune 0.1's QLoRA init reserves weights + 68 B per weight of the largest matrix: on a 6 GiB card a 7B
+    step would fit but its init does not: the solvers answer 0."""
+    d = {"model": "llama-2-7b", "framework": "torchtune-0.1", "hardware": {"gpu": {"base": "t4", "memory_gib": 6}},
+         "mix": {"method": "qlora", "lora_targets": "all-linear"}, "workload": {"micro_batch_size": 1, "seq_len": 8}}
+    m = memory_model(ftscope.load_scenario(d))
+    assert max(m.reserved_bytes(p) for p in m.phase_points(1, 8)) < m.capacity_bytes < m.reserved_floor
+    assert max_micro_batch(m, 8) == 0 and max_seq_len(m, 1) == 0

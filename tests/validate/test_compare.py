@@ -114,6 +114,22 @@ def test_memory_is_compared_unrounded():
     assert chk.predict() == est.memory.allocated_bytes / 2**30
 
 
+def test_paged_optimizer_states_are_outside_torchs_counters():
+    """bitsandbytes pages them through cudaMallocManaged: allocated and reserved never see them, nvidia-smi does."""
+    sc = {"model": "llama-3.2-1b", "hardware": {"gpu": "a100-80gb"},
+          "mix": {"method": "full", "precision": "bf16", "optimizer": "paged_adamw_8bit"}, "workload": {"seq_len": 512}}
+    by_kind = {}
+    for kind in ("allocated", "reserved", "smi"):
+        (chk,) = case_checks(case({"peak_gib": 30.0, "memory_metric": kind}, sc))
+        by_kind[kind] = chk.predict()
+    est = ftscope.estimate(chk.scenario, strict=False)
+    paged = est.model_memory.paged_optimizer / 2**30
+    assert paged > 0.9 * est.memory.categories["optimizer"] / 2**30
+    assert by_kind["allocated"] == pytest.approx(est.memory.allocated_bytes / 2**30 - paged)
+    assert by_kind["reserved"] == pytest.approx(est.memory.peak_bytes / 2**30 - paged)
+    assert by_kind["smi"] > est.memory.peak_bytes / 2**30
+
+
 def test_setups_override_the_scenario():
     sc = {"model": "llama-3.2-1b", "hardware": {"gpu": "a100-80gb"}, "mix": {"method": "lora"},
           "workload": {"seq_len": 512}}

@@ -64,6 +64,8 @@ class ActivationCoefficients:
     kbit_inputs_per_token: float = 0.0
     """Of checkpoint_per_token: the 4-bit linears' inputs that the k-bit matmul keeps as ctx attributes, which
     non-reentrant checkpointing cannot free (`kbit_held_inputs_per_token`)."""
+    checkpoint_layer_per_token: float = 0.0
+    """Of checkpoint_per_token: one block's share (what activation offloading keeps on the GPU per block)."""
 
 
 @dataclass(frozen=True)
@@ -336,6 +338,7 @@ def activation_coefficients(model: ModelSpec, mix: Mix, top_k: int, recipe: Reci
         saved_per_token=saved, saved_per_token_quadratic=quad, layer_per_token=worst, layer_per_token_quadratic=worst_q,
         layer_ffn_per_token=worst_ffn, forward_transient_per_token=fwd_transient,
         checkpoint_per_token=r * h * model.num_layers + kbit_held, head_per_token=head,
+        checkpoint_layer_per_token=r * h + kbit_held / max(model.num_layers, 1),
         logits_saved_per_token=logits[0], logits_forward_extra_per_token=logits[1],
         logits_backward_extra_per_token=logits[2], logits_held_per_token=logits[3],
         loss_tile_per_token=float(c * min(v, recipe.loss_tile_vocab)) if mix.loss == "fused_linear" else 0.0,

@@ -20,7 +20,7 @@ from typing import NamedTuple
 from ..spec.hardware import GIB, GpuSpec
 from ..spec.scenario import Scenario
 from .activations import ActivationCoefficients, activation_coefficients
-from .memory_layout import activation_policy, split_states
+from .memory_layout import activation_policy, paged_state_params, split_states
 
 NF4_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)
 OPTIMIZER_STATE_BYTES = {"adamw": 8.0, "adamw_8bit": 2.0, "paged_adamw_8bit": 2.0, "sgd": 0.0}
@@ -98,6 +98,12 @@ class MemoryModel:
     under checkpointing the recomputed block's merged expert stack."""
     offload_activations: bool = False
     """Saved activations live in host memory but for the block in flight and the next one (prefetched)."""
+    reserved_floor: float = 0.0
+    """What the caching allocator still holds from model init when the recipe resets the peak counters without
+    emptying its cache: the step's reserved peak never reads below it (its allocated peak does)."""
+    paged_optimizer: float = 0.0
+    """The part of `optimizer` a paged optimizer keeps in CUDA managed memory: on the GPU while there is room (and
+    in nvidia-smi), paged to host RAM under pressure, never in torch's max_memory_allocated / reserved."""
 
     # --- per shape -----------------------------------------------------------------------------------------
     def activation_bytes(self, batch: float, seq: float) -> tuple[float, float]:
@@ -110,8 +116,9 @@ class MemoryModel:
         else:
             saved = a.saved_per_token * t + a.saved_per_token_quadratic * t * seq + head
         layer = a.layer_per_token * t + a.layer_per_token_quadratic * t * seq
-        if self.offload_activations:
-            saved = min(saved - head, 2 * layer) + head
+        if self.offload_activations:  # the block in flight and the prefetched one stay; under checkpointing their inputs
+            kept = a.checkpoint_layer_per_token * t if self.checkpointing else layer
+            saved = min(saved - head, 2 * kept) + head
         return saved, layer
 
     def phase_points(self, batch: float, seq: float) -> tuple[PhasePoint, ...]:
@@ -166,7 +173,7 @@ class MemoryModel:
         phases = self.phase_points(batch, seq)
         best = max(phases, key=self.reserved_bytes)
         name, grads, act, temp, allocated = best
-        overhead = self.overhead_bytes(act, temp)
+        overhead = max(self.overhead_bytes(act, temp), self.reserved_floor - allocated)
         per_phase: dict[str, float] = {}
         for p in phases:
             per_phase[p.phase] = max(per_phase.get(p.phase, 0.0), p.allocated)
@@ -177,7 +184,7 @@ class MemoryModel:
 
     def peak_bytes(self, batch: float, seq: float) -> float:
         """breakdown(batch, seq).peak_bytes without building the breakdown (the solvers' hot path)."""
-        return max(self.reserved_bytes(p) for p in self.phase_points(batch, seq))
+        return max(self.reserved_floor, *(self.reserved_bytes(p) for p in self.phase_points(batch, seq)))
 
     def fits(self, batch: float, seq: float, margin: float = 0.0) -> bool:
         return self.peak_bytes(batch, seq) <= self.capacity_bytes * (1.0 - margin)
@@ -299,6 +306,8 @@ def forward_transients(scn: Scenario, shards: int) -> tuple[float, float]:
         largest = max((lin.params for lin, _ in m.linears() if not (lin.group == "experts" and mix.fused_experts)),
                       default=0)
         block += largest * scn.recipe.dequant_bytes_per_weight  # the dequantized weight of the matmul in flight
+        if scn.recipe.compiled_dequant_saved and (mix.compile or scn.recipe.compile):
+            block = m.largest_layer_params() * 2.0  # compiled: each fused bf16 dequantization saved for backward
     head_copy, stack_copies = kbit_autocast_copies(scn)
     transient += head_copy
     if mix.gradient_checkpointing:
@@ -356,16 +365,23 @@ def memory_model(scn: Scenario, allocator: AllocatorModel = DEFAULT_ALLOCATOR) -
 
     # optimizer step transients
     opt_transient = 0.0
-    if mix.offload == "none" and mix.optimizer in ("adamw",):
+    if mix.offload == "none" and mix.optimizer in ("adamw",) and not scn.recipe.adamw_fused:
         # foreach AdamW: one temporary per parameter, in the optimizer state's dtype
         opt_transient += trainable * (2.0 if per.low_states else 4.0) / shard_o
     if deepspeed and mixed and mix.offload == "none":
         opt_transient += trainable * 4.0 / shard_o   # fp32 gradient partition fed to the optimizer
 
+    floor = 0.0
+    if mix.method == "qlora" and shard_w == 1:  # the model built and quantized on this GPU
+        floor = weights + m.largest_linear_params() * scn.recipe.init_quantize_bytes_per_weight
+    paged = 0.0
+    if mix.optimizer.startswith("paged_"):
+        paged = optimizer * min(paged_state_params(scn) / max(trainable, 1), 1.0)
     acts, checkpointing = activation_policy(activation_coefficients(m, mix, scn.top_k, scn.recipe), scn)
     return split_states(MemoryModel(
         weights=weights, gradients=grads, gradients_in_forward=grads_fwd, optimizer=optimizer,
         optimizer_transient=opt_transient, weight_transient=transient, block_transient=block, acts=acts,
         checkpointing=checkpointing, cpu_bytes=cpu, capacity_bytes=usable_bytes(cl.gpu, allocator),
         trainable_params=trainable, allocator=allocator, offload_activations=mix.activation_offload,
+        paged_optimizer=paged, reserved_floor=floor if scn.recipe.init_quantize_bytes_per_weight else 0.0,
     ), scn)

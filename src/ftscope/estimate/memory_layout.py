@@ -11,8 +11,11 @@ memory.py builds one data-parallel rank's memory as if it held the whole model; 
   about all of it; eager attention's scores are dropped); torchtitan's per-op policy and torch.compile keep
   the matmul inputs and outputs and recompute the elementwise ops between them (the norms' fp32 copies and
   the gated MLP's activation intermediates); checkpoint_every N keeps full activations for the other blocks;
-- the optimizer step fused into backward holds one block's gradients at a time; activation offload keeps only
-  the block being computed and the next one's prefetched activations on the GPU.
+- the optimizer step fused into backward holds one block's gradients at a time, and so does FSDP's CPU offload
+  (it copies each sharded gradient to the host); activation offload keeps only the block being computed and the
+  next one's prefetched activations on the GPU (under checkpointing: two blocks' inputs);
+- a bitsandbytes paged optimizer keeps the states of its large tensors in CUDA managed memory, outside torch's
+  allocator counters.
 """
 from __future__ import annotations
 
@@ -21,6 +24,24 @@ from dataclasses import replace
 from ..spec.model import ModelSpec
 from ..spec.scenario import Scenario
 from .activations import ActivationCoefficients
+
+PAGED_MIN_NUMEL = 100_000
+"""bitsandbytes' paged optimizers put a parameter's states in CUDA managed memory (cudaMallocManaged, outside torch's
+caching allocator) only when it has at least this many elements; smaller ones get torch.zeros_like
+(bitsandbytes 0.50.2 optim/optimizer.py get_state_buffer, functional.py get_paged)."""
+
+
+def paged_state_params(scn: Scenario) -> int:
+    """Trainable parameters in tensors of at least PAGED_MIN_NUMEL elements: those whose states a paged
+    optimizer pages (every weight matrix of a full fine-tune; LoRA's A (r x in) and B (out x r) when that large)."""
+    m, mix = scn.model, scn.mix
+    if mix.method == "full":
+        big = sum(lin.in_features * lin.out_features * lin.count * n for lin, n in m.linears()
+                  if lin.in_features * lin.out_features >= PAGED_MIN_NUMEL)
+        return big + m.embedding_params + m.lm_head_params + m.vision_params
+    r = mix.lora_rank
+    return sum(size * lin.count * n for lin, n in m.lora_targets(mix.lora_targets)
+               for size in (r * lin.in_features, r * lin.out_features) if size >= PAGED_MIN_NUMEL)
 
 
 def state_split(scn: Scenario) -> float:
@@ -52,7 +73,7 @@ def elementwise_saved_per_token(model: ModelSpec, mix) -> float:
 def _scale_acts(acts: ActivationCoefficients, factor: float) -> ActivationCoefficients:
     return replace(acts, **{k: getattr(acts, k) * factor for k in (
         "saved_per_token", "saved_per_token_quadratic", "layer_per_token", "layer_per_token_quadratic",
-        "layer_ffn_per_token", "forward_transient_per_token", "checkpoint_per_token")})
+        "layer_ffn_per_token", "forward_transient_per_token", "checkpoint_per_token", "checkpoint_layer_per_token")})
 
 
 def activation_policy(acts: ActivationCoefficients, scn: Scenario) -> tuple[ActivationCoefficients, bool]:
@@ -68,7 +89,8 @@ def activation_policy(acts: ActivationCoefficients, scn: Scenario) -> tuple[Acti
     if checkpointing and mix.checkpoint_every > 1:
         # 1 in N blocks keeps its input only; the others keep everything they save
         kept = acts.saved_per_token * (1 - 1 / mix.checkpoint_every)
-        acts = replace(acts, checkpoint_per_token=acts.checkpoint_per_token / mix.checkpoint_every + kept)
+        acts = replace(acts, checkpoint_per_token=acts.checkpoint_per_token / mix.checkpoint_every + kept,
+                       checkpoint_layer_per_token=acts.layer_per_token)  # an uncheckpointed block saves it all
     tp, cp = mix.tensor_parallel, mix.context_parallel
     factor = (1.0 / tp if mix.sequence_parallel else 0.5 + 0.5 / tp) / cp
     if mix.pipeline_parallel > 1 and mix.virtual_stages > 1:
@@ -83,7 +105,10 @@ def split_states(mm, scn: Scenario):
     and the gradient memory of an optimizer fused into backward."""
     f = state_split(scn)
     mix = scn.mix
-    if f == 1.0 and not mix.optimizer_in_backward:
+    # FSDP's CPU offload copies each sharded gradient to the host as backward makes it (torch's CPUOffloadPolicy;
+    # FSDP1's CPUOffload(offload_params=True))
+    host_grads = mix.fsdp is not None and mix.offload == "optimizer+params"
+    if f == 1.0 and not mix.optimizer_in_backward and not host_grads:
         return mm
     grads, grads_fwd = mm.gradients * f, mm.gradients_in_forward * f
     opt_transient = mm.optimizer_transient * f
@@ -91,7 +116,12 @@ def split_states(mm, scn: Scenario):
         layer = scn.model.largest_layer_params() / max(mm.trainable_params, 1)
         grads, grads_fwd = grads * min(layer * 2, 1.0), 0.0
         opt_transient *= min(layer * 2, 1.0)
+    elif host_grads:  # two blocks' unsharded gradients: the one computed and the one being reduce-scattered
+        layer = scn.model.largest_layer_params() / scn.model.total_params
+        shards = scn.cluster.world_size // mix.model_parallel
+        grads, grads_fwd = grads * shards * min(layer * 2, 1.0), 0.0
     return replace(mm, weights=mm.weights * f, gradients=grads, gradients_in_forward=grads_fwd,
-                   optimizer=mm.optimizer * f, optimizer_transient=opt_transient,
+                   reserved_floor=mm.reserved_floor * f, optimizer=mm.optimizer * f, paged_optimizer=mm.paged_optimizer * f,
+                   optimizer_transient=opt_transient,
                    weight_transient=mm.weight_transient * f, block_transient=mm.block_transient * f,
                    cpu_bytes=mm.cpu_bytes * f)

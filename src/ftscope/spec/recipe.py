@@ -97,6 +97,18 @@ class Recipe:
     """QLoRA: bytes per weight element alive while one 4-bit weight is dequantized for its matmul: bitsandbytes'
     kernel writes the bf16 weight (2); torchao's NF4Tensor.get_original_weight holds both nibbles as int64 and
     three bf16 intermediates (14)."""
+    adamw_fused: bool = False
+    """The framework's AdamW is torch's fused kernel (fused=True): states updated in place, none of the foreach
+    implementation's per-parameter temporaries at the step."""
+    init_quantize_bytes_per_weight: float = 0.0
+    """QLoRA on one GPU: bytes per weight element the model's init allocates while quantizing its largest matrix on
+    the GPU, kept reserved when the recipe resets the peak counters without emptying the cache (0: not modelled).
+    torchao 0.1's to_nf4 compares every element with the 16 NF4 levels at once: the bf16 input and its scaled copy
+    (2 + 2), the (n, 16) bf16 difference and its abs (32 + 32)."""
+    compiled_dequant_saved: bool = False
+    """QLoRA under torch.compile: Inductor fuses the 4-bit dequantization into one kernel writing the bf16 weight
+    (2 B per weight, not dequant_bytes_per_weight) and the compiled block saves that weight for its backward, so
+    a whole block's weights are alive while it runs (torchao NF4Tensor: a trace of the compiled step)."""
     compile: bool = False
     """torch.compile on the model by default (time model)."""
     quantize_at_load: bool = True

@@ -2,7 +2,9 @@
 
 Memory numbers are compared in the metric the source measured: allocated -> memory.allocated_gib,
 reserved -> memory.peak_gib, nvidia-smi -> memory.device_gib (reserved + CUDA context). A source that does
-not say ("unknown", or "GB" in a README) is compared as nvidia-smi, the number people usually quote.
+not say ("unknown", or "GB" in a README) is compared as nvidia-smi, the number people usually quote. A paged
+optimizer's states live in CUDA managed memory, which torch's allocator counters never see: allocated and
+reserved figures are compared without them.
 """
 from __future__ import annotations
 
@@ -60,11 +62,11 @@ class Check:
 def memory_gib(est: Estimate, kind: str) -> float:
     """The estimate's memory as a source of this kind measured it (MEMORY_FIELD), in GiB, unrounded: the JSON's
     three decimals would read a tiny CPU model's few MiB as 0.001 GiB."""
-    mem = est.memory
+    mem, paged = est.memory, est.model_memory.paged_optimizer
     if MEMORY_FIELD[kind] == "allocated_gib":
-        return mem.allocated_bytes / 2**30
+        return (mem.allocated_bytes - paged) / 2**30
     if MEMORY_FIELD[kind] == "peak_gib":
-        return mem.peak_bytes / 2**30
+        return (mem.peak_bytes - paged) / 2**30
     return mem.peak_bytes / 2**30 + est.model_memory.allocator.cuda_context_gib
 
 

@@ -72,3 +72,21 @@ def test_points_carry_their_frameworks_recipe(point):
     assert old.recipe.name == "torchtune-0.1" and old.mix.loss == "standard"  # before torchtune's chunked loss
     ladder = load_scenario(torchtune(*point(TORCHTUNE, "torchtune-ladder-llama32-3b-+packed")).scenario)
     assert ladder.recipe.name == "torchtune" and ladder.mix.loss == "standard"  # the ladder's chunked_ce: False
+
+
+def test_torchtune_figures_before_august_2024_are_gigabytes(point):
+    """torchtune's get_memory_stats divided by 1e9 until 2024-08-15, by 1024**3 after."""
+    old = torchtune(*point(TORCHTUNE, "torchtune-2404-llama2-7b-lora-1x4090"))
+    assert {x.metric: x.value for x in old.measures}["peak_gib:reserved"] == pytest.approx(17.18e9 / 2**30)
+    new = torchtune(*point(TORCHTUNE, "torchtune-2409-llama31-405b-qlora-a100x8"))  # labelled GB, logged in GiB
+    assert {x.metric: x.value for x in new.measures}["peak_gib:reserved"] == 44.8  # unstated counter: reserved
+
+
+def test_torchtune_named_configs_supply_what_their_rows_omit(point):
+    a6000 = load_scenario(torchtune(*point(TORCHTUNE, "torchtune-2409-llama31-8b-full-a6000-48gbx1")).scenario)
+    assert a6000.mix.optimizer == "paged_adamw_8bit" and a6000.mix.optimizer_in_backward
+    assert a6000.mix.loss == "chunked"  # every 2409 config but 405B_qlora ran CEWithChunkedOutputLoss
+    big = torchtune(*point(TORCHTUNE, "torchtune-2409-llama31-405b-qlora-a100x8"))
+    assert big.scenario["mix"]["loss"] == "standard"
+    paged32 = torchtune(*point(TORCHTUNE, "torchtune-2404-llama2-7b-full-1x4090"))
+    assert "paged 32-bit" in paged32.why_not()

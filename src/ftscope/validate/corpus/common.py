@@ -31,6 +31,7 @@ FEATURES = {
     "optimizer in backward": "needs the optimizer step fused into backward",
     "activation offload": "needs activation offloading to CPU",
     "qlora param offload": "needs QLoRA with FSDP CPU parameter offload (ftscope refuses the combination)",
+    "paged 32-bit optimizer": "needs bitsandbytes' paged 32-bit AdamW (ftscope models the paged 8-bit one)",
 }
 """Feature -> the reason a point that needs it is listed while the estimator lacks it."""
 

@@ -66,13 +66,32 @@ TORCHTUNE_LORA_TARGETS = ["q_proj", "v_proj", "output_proj"]
 bundled cases reads them)."""
 
 
+TORCHTUNE_GIB_FROM = "2024-08-15"
+"""torchtune's get_memory_stats divided by 1e9 (GB) until d0b89e20 (#1348, 2024-08-15) and by 1024**3 (GiB) after
+(torchtune/utils/memory.py at fef3ed10 and 0217d44c, torchtune/training/memory.py at 30b8519e): a figure's unit
+follows its date, whatever its table's label."""
+
+
+def _doc_date(raw: Mapping[str, Any]) -> str:
+    date = re.search(r"\((\d{4}-\d{2}-\d{2})\)", str(raw.get("doc", "")))
+    return date.group(1) if date else ""
+
+
 def _torchtune_memory(raw: Mapping[str, Any]) -> Measure | None:
     r = raw["result"]
     for key in ("peak_mem_gib", "peak_mem_per_gpu", "peak_mem_gb", "peak_reserved_training_gb"):
         if r.get(key) is not None:
             kind = memory_kind(r.get("mem_kind"))
-            unit = r.get("unit", "GiB" if key.endswith("gib") else "GB")
-            return peak(r[key], kind, f"{key} as {kind} (source unit: {unit}, compared as GiB)")
+            why = ""
+            if kind == "unknown":  # its recipes log torch's counters (active, allocated, reserved), never nvidia-smi
+                kind, why = "reserved", "; counter unstated: reserved, the one torchtune's own tables name"
+            date = _doc_date(raw)
+            value = float(r[key])
+            if date and date < TORCHTUNE_GIB_FROM:
+                return peak(value * 1e9 / 2**30, kind, f"{key} {value:g} GB (torchtune logged 1e9 bytes until "
+                            f"{TORCHTUNE_GIB_FROM}) as {kind} GiB{why}")
+            unit = "GiB" if date else r.get("unit", "GiB" if key.endswith("gib") else "GB")
+            return peak(value, kind, f"{key} as {kind} (source unit: {unit}, compared as GiB){why}")
     return None
 
 
@@ -94,28 +113,42 @@ def torchtune_version(raw: Mapping[str, Any]) -> str:
     return "torchtune-0.1" if date and date.group(1) < "2024-08" else "torchtune"
 
 
+TORCHTUNE_CONFIGS = {
+    "llama3_1/8B_full_single_device": "bitsandbytes.optim.PagedAdamW8bit optimizer_in_bwd",
+    "llama3_1/405B_qlora": "torch.nn.CrossEntropyLoss",
+}
+"""What a named config sets that its README row does not repeat (recipes/configs/<name>.yaml at 30b8519e)."""
+
+
+def _torchtune_text(raw: Mapping[str, Any]) -> str:
+    text = f"{raw.get('optimizer', '')} {raw.get('note', '')}"
+    return " ".join([text, *(facts for name, facts in TORCHTUNE_CONFIGS.items() if name in text)]).lower()
+
+
 def _torchtune_mix(raw: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
     method = str(raw["method"])
+    text = _torchtune_text(raw)
+    # #1390 (4fba6cd4, 2024-08-28) moved the configs to CEWithChunkedOutputLoss; 405B_qlora kept CrossEntropyLoss
+    chunked = torchtune_version(raw) == "torchtune" and "crossentropyloss" not in text
+    if "chunked_ce" in raw:
+        chunked = bool(raw["chunked_ce"])
     mix: dict[str, Any] = {"method": method, "precision": "bf16", "attention": "sdpa", "optimizer": "adamw",
-                           "loss": "standard"}
+                           "loss": "chunked" if chunked else "standard"}
     needs: list[str] = []
     if method in ("lora", "qlora"):
         lora = raw.get("lora") or {}
         mix["lora_rank"] = int(lora.get("r", 8))
         mix["lora_targets"] = lora_targets(lora["targets"]) if lora.get("targets") else TORCHTUNE_LORA_TARGETS
-        if torchtune_version(raw) == "torchtune":  # the LoRA configs switched to the chunked loss with it
-            mix["loss"] = "chunked"
-    text = f"{raw.get('optimizer', '')} {raw.get('note', '')}".lower()
     if raw.get("optimizer_in_bwd") or "optimizer_in_bwd" in text:
         needs.append("optimizer in backward")
         mix["optimizer_in_backward"] = True
     if "8bit" in text:
         mix["optimizer"] = "paged_adamw_8bit" if "paged" in text else "adamw_8bit"
+    elif "paged" in text:
+        needs.append("paged 32-bit optimizer")
     if raw.get("compile"):
         needs.append("torch.compile")
         mix["compile"] = True
-    if raw.get("chunked_ce"):
-        mix["loss"] = "chunked"
     if raw.get("act_offload"):
         needs.append("activation offload")
         mix["activation_offload"] = True

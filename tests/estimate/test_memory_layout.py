@@ -1,6 +1,8 @@
 """Memory under a parallel layout and activation policies (estimate/memory_layout.py, through memory_model)."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 import ftscope
@@ -84,3 +86,28 @@ def test_offloading_checkpointed_blocks_keeps_two_block_inputs():
     assert base.activation_bytes(1, 4096)[0] == pytest.approx(a.checkpoint_per_token * 4096 + head)
     assert off.activation_bytes(1, 4096)[0] == pytest.approx(2 * a.checkpoint_layer_per_token * 4096 + head)
     assert a.checkpoint_layer_per_token * s.model.num_layers == pytest.approx(a.checkpoint_per_token)
+
+
+def test_fsdp1_init_cache_and_unshard_stream_pool_add_to_reserved_only():
+    """fsdp_qlora's FSDP1: init (sync_module_states) leaves the largest unit's blocks cached, a floor under the
+    reserved peak; the gathered units sit in the unshard stream's own pool, on top of the compute stream's bytes.
+    Allocated bytes do not change; a recipe without those facts (FSDP2 under torchtune) has neither."""
+    from ftscope.estimate.memory_layout import BROADCAST_BUCKET_BYTES, fsdp1_stream_bytes
+    d = {"model": "llama-2-7b", "framework": "fsdp-qlora", "hardware": {"gpu": "rtx3090-24gb", "gpus_per_node": 2},
+         "mix": {"method": "qlora"}, "workload": {"micro_batch_size": 1, "seq_len": 512}}
+    s = ftscope.load_scenario(d)
+    m = s.model
+    root = (m.embedding_params + m.lm_head_params + m.final_norm_params) * 2.0
+    init, pool, gathered = fsdp1_stream_bytes(s, 2.0, 2)
+    unit = max(root, m.largest_layer_params() * 2.0)
+    assert init == pytest.approx(2 * unit + min(unit, 2 * BROADCAST_BUCKET_BYTES))
+    assert pool == pytest.approx(root + 2 * m.largest_layer_params() * 2.0) and gathered == pytest.approx(pool / 2)
+    mm = memory_model(s)
+    assert mm.reserved_floor == pytest.approx(mm.weights + fsdp1_stream_bytes(s, 0.5 + 1 / 64 + 4 / 16384, 2)[0])
+    b = mm.breakdown(1, 512)
+    assert b.peak_bytes >= mm.reserved_floor + mm.stream_pool
+    off = dataclasses.replace(s.recipe, fsdp1_sync_init=False, fsdp1_unshard_stream=False)
+    bare = memory_model(dataclasses.replace(s, recipe=off))
+    assert bare.reserved_floor == 0 and bare.stream_pool == 0 and bare.stream_gathered == 0
+    assert bare.breakdown(1, 512).peak_bytes < b.peak_bytes
+    assert max(bare.breakdown(1, 512).phases.values()) == max(b.phases.values())  # allocated unchanged

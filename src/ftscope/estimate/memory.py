@@ -20,7 +20,7 @@ from typing import NamedTuple
 from ..spec.hardware import GIB, GpuSpec
 from ..spec.scenario import Scenario
 from .activations import ActivationCoefficients, activation_coefficients
-from .memory_layout import activation_policy, paged_state_params, split_states
+from .memory_layout import activation_policy, fsdp1_stream_bytes, paged_state_params, split_states
 
 NF4_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)
 OPTIMIZER_STATE_BYTES = {"adamw": 8.0, "adamw_8bit": 2.0, "paged_adamw_8bit": 2.0, "sgd": 0.0}
@@ -104,6 +104,10 @@ class MemoryModel:
     paged_optimizer: float = 0.0
     """The part of `optimizer` a paged optimizer keeps in CUDA managed memory: on the GPU while there is room (and
     in nvidia-smi), paged to host RAM under pressure, never in torch's max_memory_allocated / reserved."""
+    stream_pool: float = 0.0
+    """Bytes a separate allocator stream keeps reserved (FSDP1's unshard stream: the gathered units)."""
+    stream_gathered: float = 0.0
+    """The part of weight_transient gathered on that stream (alive in forward and backward, inside stream_pool)."""
 
     # --- per shape -----------------------------------------------------------------------------------------
     def activation_bytes(self, batch: float, seq: float) -> tuple[float, float]:
@@ -165,15 +169,17 @@ class MemoryModel:
         return al.workspace_gib * GIB + al.fragmentation * (activations + temporary)
 
     def reserved_bytes(self, point: PhasePoint) -> float:
-        """What the caching allocator holds at a phase point: allocated + overhead."""
-        return point.allocated + self.overhead_bytes(point.activations, point.temporary)
+        """What the caching allocator holds at a phase point: the compute stream's allocated + overhead, plus what
+        another stream's pool holds (the solvers' curves; `reserved_floor` bounds the compute stream's part)."""
+        own = self.stream_gathered if point.phase != "optimizer" else 0.0
+        return point.allocated - own + self.overhead_bytes(point.activations, point.temporary - own) + self.stream_pool
 
     def breakdown(self, batch: float, seq: float) -> MemoryBreakdown:
         """Memory at the phase where reserved memory (allocated + allocator overhead) peaks."""
         phases = self.phase_points(batch, seq)
         best = max(phases, key=self.reserved_bytes)
         name, grads, act, temp, allocated = best
-        overhead = max(self.overhead_bytes(act, temp), self.reserved_floor - allocated)
+        overhead = max(self.reserved_bytes(best), self.reserved_floor + self.stream_pool) - allocated
         per_phase: dict[str, float] = {}
         for p in phases:
             per_phase[p.phase] = max(per_phase.get(p.phase, 0.0), p.allocated)
@@ -184,7 +190,7 @@ class MemoryModel:
 
     def peak_bytes(self, batch: float, seq: float) -> float:
         """breakdown(batch, seq).peak_bytes without building the breakdown (the solvers' hot path)."""
-        return max(self.reserved_floor, *(self.reserved_bytes(p) for p in self.phase_points(batch, seq)))
+        return max(self.reserved_floor + self.stream_pool, *(self.reserved_bytes(p) for p in self.phase_points(batch, seq)))
 
     def fits(self, batch: float, seq: float, margin: float = 0.0) -> bool:
         return self.peak_bytes(batch, seq) <= self.capacity_bytes * (1.0 - margin)
@@ -372,8 +378,11 @@ def memory_model(scn: Scenario, allocator: AllocatorModel = DEFAULT_ALLOCATOR) -
         opt_transient += trainable * 4.0 / shard_o   # fp32 gradient partition fed to the optimizer
 
     floor = 0.0
-    if mix.method == "qlora" and shard_w == 1:  # the model built and quantized on this GPU
+    if mix.method == "qlora" and shard_w == 1 and scn.recipe.init_quantize_bytes_per_weight:  # built on this GPU
         floor = weights + m.largest_linear_params() * scn.recipe.init_quantize_bytes_per_weight
+    init_cache, pool, gathered = fsdp1_stream_bytes(scn, NF4_BYTES if mix.method == "qlora" else 2.0, n)
+    if mix.fsdp is not None and init_cache:
+        floor = weights + init_cache
     paged = 0.0
     if mix.optimizer.startswith("paged_"):
         paged = optimizer * min(paged_state_params(scn) / max(trainable, 1), 1.0)
@@ -383,5 +392,6 @@ def memory_model(scn: Scenario, allocator: AllocatorModel = DEFAULT_ALLOCATOR) -
         optimizer_transient=opt_transient, weight_transient=transient, block_transient=block, acts=acts,
         checkpointing=checkpointing, cpu_bytes=cpu, capacity_bytes=usable_bytes(cl.gpu, allocator),
         trainable_params=trainable, allocator=allocator, offload_activations=mix.activation_offload,
-        paged_optimizer=paged, reserved_floor=floor if scn.recipe.init_quantize_bytes_per_weight else 0.0,
+        paged_optimizer=paged, reserved_floor=floor, stream_pool=pool if mix.fsdp is not None else 0.0,
+        stream_gathered=gathered if mix.fsdp is not None else 0.0,
     ), scn)

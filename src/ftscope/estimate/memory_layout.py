@@ -125,3 +125,30 @@ def split_states(mm, scn: Scenario):
                    optimizer_transient=opt_transient,
                    weight_transient=mm.weight_transient * f, block_transient=mm.block_transient * f,
                    cpu_bytes=mm.cpu_bytes * f)
+
+
+BROADCAST_BUCKET_BYTES = 250 * 2**20
+"""FSDP1's sync_module_states broadcasts through torch's _broadcast_coalesced in buckets of this size
+(PARAM_BROADCAST_BUCKET_SIZE), at most two in flight (c10d comm.cpp broadcast_coalesced: max_in_flight = 2)."""
+
+
+def fsdp1_stream_bytes(scn: Scenario, per_param: float, shards: int) -> tuple[float, float, float]:
+    """(init cache, unshard-stream pool, gathered bytes the step counts) of an FSDP1 recipe, per GPU.
+
+    The unit bytes are unsharded: the largest block's, and the root's (embeddings, final norm, LM head in the
+    working dtype). Init: the unit moved to the GPU (U), its broadcast buckets (up to two), its flattened copy (U);
+    the next unit of the same size reuses those blocks, so the cache is the largest unit's. In the step the gathered
+    units live on the unshard stream: the root (when the recipe keeps it gathered) and two blocks in flight."""
+    m, rec = scn.model, scn.recipe
+    root_bytes = (m.embedding_params + m.lm_head_params + m.final_norm_params) * (4.0 if scn.mix.precision == "fp32" else 2.0)
+    block_bytes = m.largest_layer_params() * per_param
+    init = 0.0
+    if rec.fsdp1_sync_init:
+        unit = max(root_bytes, block_bytes)
+        init = 2 * unit + min(unit, 2 * BROADCAST_BUCKET_BYTES)
+    pool = gathered = 0.0
+    if rec.fsdp1_unshard_stream and shards > 1 and scn.mix.shard_stage == 3:
+        root = root_bytes if rec.fsdp_root_gathered else 0.0
+        pool = root + 2 * block_bytes
+        gathered = pool * (1 - 1 / shards)  # what forward_transients counts for the same gathers
+    return init, pool, gathered

@@ -57,7 +57,7 @@ def max_micro_batch(mem: MemoryModel, seq: float, margin: float = 0.0, cap: int 
     """Largest micro-batch that fits at this (padded) sequence length; 0 if none. `curves`: reserved_curves(mem),
     when already known (they do not depend on the capacity: a search solves one model for many GPUs)."""
     limit = mem.capacity_bytes * (1.0 - margin)
-    if mem.reserved_floor > limit:  # what init left reserved does not fit: no batch does
+    if mem.reserved_floor + mem.stream_pool > limit:  # what init left reserved does not fit: no batch does
         return 0
     best = float(cap)
     for k, lin, q in curves if curves is not None else reserved_curves(mem):
@@ -72,7 +72,7 @@ def max_micro_batch(mem: MemoryModel, seq: float, margin: float = 0.0, cap: int 
 def max_seq_len(mem: MemoryModel, batch: int, margin: float = 0.0, cap: int = SEQ_CAP) -> int:
     """Largest sequence length that fits at this micro-batch; 0 if none."""
     limit = mem.capacity_bytes * (1.0 - margin)
-    if mem.reserved_floor > limit:
+    if mem.reserved_floor + mem.stream_pool > limit:
         return 0
     best = float(cap)
     for k, lin, q in reserved_curves(mem):

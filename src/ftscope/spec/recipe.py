@@ -85,6 +85,14 @@ class Recipe:
     fsdp_root_gathered: bool = False
     """FSDP1: the root unit (what no wrapped block owns: embeddings, final norm, LM head) is gathered at the start of
     forward and stays unsharded until backward ends (FSDP2 and ZeRO-3 reshard it like any block)."""
+    fsdp1_sync_init: bool = False
+    """FSDP1 built with sync_module_states from rank 0's CPU copy, then the peak counters reset without emptying the
+    cache: each unit is moved to the GPU whole, broadcast through at most two 250 MiB buckets in flight, flattened
+    into a copy and sharded; the allocator keeps those freed blocks, a floor under the step's reserved peak."""
+    fsdp1_unshard_stream: bool = False
+    """FSDP1 all-gathers each unit's full flat parameter on its own unshard stream; the caching allocator reuses a
+    block only on the stream it was allocated on, so the gathered units (the root kept gathered, two blocks in
+    flight under limit_all_gathers) form a pool the compute stream's tensors never use."""
     checkpoint_impl: str = "non_reentrant"
     """How gradient checkpointing runs: non_reentrant (torch.utils.checkpoint, use_reentrant=False: stops
     recomputing at the block's last saved tensor) | reentrant (recomputes the whole block) | offload (block

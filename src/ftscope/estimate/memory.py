@@ -118,6 +118,10 @@ class MemoryModel:
         """Each point where memory can peak:
         end of forward, start of backward (all activations + loss gradients), under checkpointing the last
         block's recompute (the loss buffers are freed by then), end of backward (all gradients), optimizer step."""
+        return tuple(PhasePoint._make(p) for p in self._points(batch, seq))
+
+    def _points(self, batch: float, seq: float) -> tuple[tuple[str, float, float, float, float], ...]:
+        """phase_points' fields as plain tuples (the solvers read only the sums; no PhasePoint per call)."""
         a = self.acts
         t = batch * seq
         saved, layer = self.activation_bytes(batch, seq)
@@ -143,13 +147,13 @@ class MemoryModel:
         bt = wt + self.block_transient
         in_block = after_head - held - a.head_per_token * t + a.forward_transient_per_token * t  # last block's forward
         return (
-            PhasePoint("forward", g_fwd, fwd_act, wt, static + g_fwd + fwd_act + wt),
-            PhasePoint("forward", g_fwd, in_block, bt, static + g_fwd + in_block + bt),
-            PhasePoint("backward", g_fwd, bwd_act, wt, static + g_fwd + bwd_act + wt),
-            PhasePoint("backward", g_fwd, rec_act, bt, static + g_fwd + rec_act + bt),
-            PhasePoint("backward", g_end, end_act, bt, static + g_end + end_act + bt),
-            PhasePoint("optimizer", self.gradients, 0.0, self.optimizer_transient,
-                       static + self.gradients + self.optimizer_transient),
+            ("forward", g_fwd, fwd_act, wt, static + g_fwd + fwd_act + wt),
+            ("forward", g_fwd, in_block, bt, static + g_fwd + in_block + bt),
+            ("backward", g_fwd, bwd_act, wt, static + g_fwd + bwd_act + wt),
+            ("backward", g_fwd, rec_act, bt, static + g_fwd + rec_act + bt),
+            ("backward", g_end, end_act, bt, static + g_end + end_act + bt),
+            ("optimizer", self.gradients, 0.0, self.optimizer_transient,
+             static + self.gradients + self.optimizer_transient),
         )
 
     def overhead_bytes(self, activations: float, temporary: float) -> float:
@@ -177,7 +181,12 @@ class MemoryModel:
 
     def peak_bytes(self, batch: float, seq: float) -> float:
         """breakdown(batch, seq).peak_bytes without building the breakdown (the solvers' hot path)."""
-        return max(self.reserved_bytes(p) for p in self.phase_points(batch, seq))
+        return max(self.reserved_totals(batch, seq))
+
+    def reserved_totals(self, batch: float, seq: float) -> list[float]:
+        """reserved_bytes of every phase point, in order (the same sums, without building PhasePoints)."""
+        al = self.allocator
+        return [p[4] + (al.workspace_gib * GIB + al.fragmentation * (p[2] + p[3])) for p in self._points(batch, seq)]
 
     def fits(self, batch: float, seq: float, margin: float = 0.0) -> bool:
         return self.peak_bytes(batch, seq) <= self.capacity_bytes * (1.0 - margin)
@@ -319,8 +328,28 @@ def forward_transients(scn: Scenario, shards: int) -> tuple[float, float]:
     return transient, block
 
 
+_MODELS: dict[tuple, MemoryModel] = {}
+"""Memory models by what they read of the scenario: a search asks for the same one on every GPU type."""
+
+
 def memory_model(scn: Scenario, allocator: AllocatorModel = DEFAULT_ALLOCATOR) -> MemoryModel:
-    """Build the per-GPU memory model of a scenario."""
+    """The per-GPU memory model of a scenario. It reads the GPU only for its capacity, so one model is built per
+    model, mix, accumulation, recipe and GPU count, and shared across GPU types with the capacity replaced."""
+    key = (scn.model, scn.mix, scn.workload.gradient_accumulation > 1, scn.recipe, scn.cluster.world_size, allocator)
+    mm = _MODELS.get(key)
+    if mm is None:
+        if len(_MODELS) >= 4096:
+            _MODELS.clear()
+        mm = _MODELS[key] = _build_memory_model(scn, allocator)
+    capacity = usable_bytes(scn.cluster.gpu, allocator)
+    if mm.capacity_bytes == capacity:
+        return mm
+    new = object.__new__(MemoryModel)  # dataclasses.replace without its per-field work (frozen, no __post_init__)
+    new.__dict__.update(mm.__dict__, capacity_bytes=capacity)
+    return new
+
+
+def _build_memory_model(scn: Scenario, allocator: AllocatorModel) -> MemoryModel:
     m, mix, cl = scn.model, scn.mix, scn.cluster
     n = cl.world_size // mix.model_parallel  # ZeRO / FSDP shard over the data-parallel ranks
     stage = mix.shard_stage

@@ -18,7 +18,7 @@ BATCH_CAP = 65_536
 
 def phase_totals(mem: MemoryModel, batch: float, seq: float) -> list[float]:
     """Reserved bytes of every phase point at this batch shape (what max_micro_batch compares to the capacity)."""
-    return [mem.reserved_bytes(p) for p in mem.phase_points(batch, seq)]
+    return mem.reserved_totals(batch, seq)
 
 
 class ReservedCurve(NamedTuple):
@@ -56,15 +56,22 @@ def max_micro_batch(mem: MemoryModel, seq: float, margin: float = 0.0, cap: int 
                     curves: list[ReservedCurve] | None = None) -> int:
     """Largest micro-batch that fits at this (padded) sequence length; 0 if none. `curves`: reserved_curves(mem),
     when already known (they do not depend on the capacity: a search solves one model for many GPUs)."""
-    limit = mem.capacity_bytes * (1.0 - margin)
+    return solve_batch(mem.capacity_bytes * (1.0 - margin), curves if curves is not None else reserved_curves(mem),
+                       lambda b: mem.peak_bytes(b, seq), seq, cap)
+
+
+def solve_batch(limit: float, curves: list[ReservedCurve], peak: Callable[[int], float], seq: float,
+                cap: int = BATCH_CAP) -> int:
+    """max_micro_batch for a limit in bytes, given the curves and the model's peak bytes as a function of the
+    micro-batch at `seq` (a search passes a memoized one: it solves one model for many capacities)."""
     best = float(cap)
-    for k, lin, q in curves if curves is not None else reserved_curves(mem):
+    for k, lin, q in curves:
         per_sample = lin * seq + q * seq * seq
         if k > limit:
             return 0
         if per_sample > 0:
             best = min(best, (limit - k) / per_sample)
-    return _settle(int(best), lambda b: mem.peak_bytes(b, seq) <= limit, cap)
+    return _settle(int(best), lambda b: peak(b) <= limit, cap)
 
 
 def max_seq_len(mem: MemoryModel, batch: int, margin: float = 0.0, cap: int = SEQ_CAP) -> int:

@@ -42,7 +42,7 @@ One memory model per mix and count is cheap enough; tests/plan/test_bounds.py ch
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from ..estimate.compute import Op, micro_batch_ops, recomputed
 from ..estimate.efficiency import Efficiency
@@ -50,7 +50,7 @@ from ..estimate.layout import layout
 from ..estimate.memory import MemoryModel, memory_model, trainable_params
 from ..estimate.time import Rates, rates, step_time
 from ..spec.scenario import Scenario
-from ..estimate.solvers import BATCH_CAP, ReservedCurve, max_micro_batch, phase_totals, reserved_curves
+from ..estimate.solvers import BATCH_CAP, ReservedCurve, phase_totals, reserved_curves, solve_batch
 from .layouts import keep_global_batch, replicas
 
 SAFETY = 1.0 - 1e-6
@@ -66,7 +66,7 @@ class MemoryProbe:
         self._at_one = phase_totals(self.model, 1, seq)
         self.peak_at_one = max(self._at_one)
         """The same number as MemoryModel.peak_bytes(1, seq): the max of the phases' reserved bytes."""
-        self._peaks: dict[int, float] = {}
+        self._peaks: dict[int, float] = {1: self.peak_at_one}
         self._curves: list[ReservedCurve] | None = None
         self._by_accumulation: dict[bool, MemoryModel] = {}
 
@@ -80,10 +80,18 @@ class MemoryProbe:
         return [(k, a - k, (f2 - f1) / BATCH_CAP) for k, a, f1, f2 in zip(empty, self._at_one, far, farther)]
 
     def max_micro_batch(self, capacity: float) -> int:
-        """The solver's answer on a GPU with this capacity (the capacity-free curves solved once per probe)."""
+        """The solver's answer on a GPU with this capacity (the capacity-free curves solved once per probe, the
+        peak at each micro-batch computed once for every capacity)."""
         if self._curves is None:
             self._curves = reserved_curves(self.model)
-        return max_micro_batch(replace(self.model, capacity_bytes=capacity), self.seq, curves=self._curves)
+        return solve_batch(capacity, self._curves, self.peak, self.seq)
+
+    def peak(self, batch: int) -> float:
+        """MemoryModel.peak_bytes(batch, seq), memoized."""
+        hit = self._peaks.get(batch)
+        if hit is None:
+            hit = self._peaks[batch] = self.model.peak_bytes(batch, self.seq)
+        return hit
 
     def fixed_batch_peak(self, capacity: float, global_batch: int) -> float:
         """Peak bytes of the layout recommend picks to keep the global batch (micro-batch as large as fits up to
@@ -93,15 +101,14 @@ class MemoryProbe:
         scn = self.scenario
         reps, stages = replicas(scn), scn.mix.pipeline_parallel
         cap = max(1, global_batch // (reps * stages))
-        if cap not in self._peaks:
-            self._peaks[cap] = self.model.peak_bytes(cap, self.seq) if cap <= BATCH_CAP else math.inf
-        fitting = cap if self._peaks[cap] <= capacity else self.max_micro_batch(capacity)
+        fits_cap = cap <= BATCH_CAP and self.peak(cap) <= capacity
+        fitting = cap if fits_cap else self.max_micro_batch(capacity)
         mb, ga = keep_global_batch(fitting, global_batch, reps, stages)
         accumulates = ga > 1  # all the memory model reads of the accumulation (tests/plan/test_bounds.py)
+        if accumulates == (scn.workload.gradient_accumulation > 1):
+            return self.peak(mb)
         if accumulates not in self._by_accumulation:
-            same = accumulates == (scn.workload.gradient_accumulation > 1)
-            self._by_accumulation[accumulates] = self.model if same else memory_model(
-                scn.with_(gradient_accumulation=ga))
+            self._by_accumulation[accumulates] = memory_model(scn.with_(gradient_accumulation=ga))
         return self._by_accumulation[accumulates].peak_bytes(mb, self.seq)
 
 

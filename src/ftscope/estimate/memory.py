@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from ..spec.hardware import GIB, GpuSpec
-from ..spec.scenario import Scenario
+from ..spec.scenario import Scenario, fast_replace
 from .activations import ActivationCoefficients, activation_coefficients
 from .memory_layout import activation_policy, split_states
 
@@ -341,12 +341,11 @@ def memory_model(scn: Scenario, allocator: AllocatorModel = DEFAULT_ALLOCATOR) -
         if len(_MODELS) >= 4096:
             _MODELS.clear()
         mm = _MODELS[key] = _build_memory_model(scn, allocator)
+        mm.__dict__["_curves"] = []  # solvers.reserved_curves fills it once for every copy: it ignores the capacity
     capacity = usable_bytes(scn.cluster.gpu, allocator)
     if mm.capacity_bytes == capacity:
         return mm
-    new = object.__new__(MemoryModel)  # dataclasses.replace without its per-field work (frozen, no __post_init__)
-    new.__dict__.update(mm.__dict__, capacity_bytes=capacity)
-    return new
+    return fast_replace(mm, capacity_bytes=capacity)
 
 
 def _build_memory_model(scn: Scenario, allocator: AllocatorModel) -> MemoryModel:

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..spec.model import ModelSpec
-from ..spec.scenario import Scenario
+from ..spec.scenario import Scenario, fast_replace
 from .activations import ActivationCoefficients
 
 
@@ -50,7 +50,7 @@ def elementwise_saved_per_token(model: ModelSpec, mix) -> float:
 
 
 def _scale_acts(acts: ActivationCoefficients, factor: float) -> ActivationCoefficients:
-    return replace(acts, **{k: getattr(acts, k) * factor for k in (
+    return fast_replace(acts, **{k: getattr(acts, k) * factor for k in (
         "saved_per_token", "saved_per_token_quadratic", "layer_per_token", "layer_per_token_quadratic",
         "layer_ffn_per_token", "forward_transient_per_token", "checkpoint_per_token")})
 
@@ -91,7 +91,7 @@ def split_states(mm, scn: Scenario):
         layer = scn.model.largest_layer_params() / max(mm.trainable_params, 1)
         grads, grads_fwd = grads * min(layer * 2, 1.0), 0.0
         opt_transient *= min(layer * 2, 1.0)
-    return replace(mm, weights=mm.weights * f, gradients=grads, gradients_in_forward=grads_fwd,
+    return fast_replace(mm, weights=mm.weights * f, gradients=grads, gradients_in_forward=grads_fwd,
                    optimizer=mm.optimizer * f, optimizer_transient=opt_transient,
                    weight_transient=mm.weight_transient * f, block_transient=mm.block_transient * f,
                    cpu_bytes=mm.cpu_bytes * f)

@@ -33,12 +33,18 @@ class ReservedCurve(NamedTuple):
 
 
 def reserved_curves(mem: MemoryModel) -> list[ReservedCurve]:
-    """The curve of each phase point, from three evaluations of the memory model."""
+    """The curve of each phase point, from three evaluations of the memory model; once for all the copies of a
+    model memory_model shares across GPU types (they differ only in the capacity, which the curves ignore)."""
+    shared = mem.__dict__.get("_curves")
+    if shared:
+        return shared
     p0, p1, p2 = (phase_totals(mem, b, s) for b, s in ((0, 0), (1, 1), (1, 2)))
     out = []
     for k, a, b in zip(p0, p1, p2):
         q = (b - 2 * a + k) / 2
         out.append(ReservedCurve(k, a - k - q, q))
+    if shared is not None:
+        shared.extend(out)
     return out
 
 

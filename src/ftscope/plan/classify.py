@@ -10,7 +10,6 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from ..estimate import unsupported_reason
 from ..estimate.cost import price_of
 from ..estimate.efficiency import Calibration
 from ..estimate.memory import usable_bytes
@@ -20,6 +19,7 @@ from .bounds import (MemoryProbe, hours_per_gpu_second, micro_batch_seconds, op_
 from .layouts import layout_reason
 from .ranking import mix_complexity, refusal
 from ..estimate.solvers import BATCH_CAP
+from ..spec.rules import gpu_problem
 from .space import Space, with_mix
 
 UNSEARCHED, UNSUPPORTED, NO_FIT, FITS, FEASIBLE, OVER_BUDGET, OVER_DEADLINE = range(7)
@@ -93,8 +93,9 @@ class _Scan:
             self.accept[name][k] = f is None or f(mix)
         self.sig[k] = self.signatures.setdefault(tuple(d.get(mix) for d in self.compute_dims), len(self.signatures))
         self.split[:, k] = mix.model_parallel, mix.pipeline_parallel
-        for g, base in enumerate(self.on_gpu):
-            self.supported[g, k] = unsupported_reason(with_mix(base, mix)) is None
+        model = self.space.scenario.model
+        for g, base in enumerate(self.on_gpu):  # unsupported_reason, whose mix and model rules refusal just read
+            self.supported[g, k] = gpu_problem(mix, model, base.cluster.gpu) is None
         if not self.supported[:, k].any():
             return
         for w, base in enumerate(self.at_world):
@@ -210,8 +211,9 @@ def _time_bounds(np, space: Space, cal: Calibration, on_gpu: Sequence[Any], g_of
     seconds per sequence (bounds.op_rates) at the shortest padded length its micro-batch bound can have."""
     wl = space.scenario.workload
     shortest = shortest_sequence(space.scenario)
-    lengths = {b: wl.mean_padded_len(int(b)) for b in np.unique(batch).tolist()}
-    seq = np.maximum(np.vectorize(lengths.__getitem__, otypes=[float])(batch), shortest)
+    batches, which = np.unique(batch, return_inverse=True)
+    lengths = np.array([wl.mean_padded_len(int(b)) for b in batches.tolist()], float)
+    seq = np.maximum(lengths[which.reshape(batch.shape)], shortest)
     per_seq = np.zeros(batch.shape)
     for s, mix in representative.items():
         work = sequence_work(with_mix(on_gpu[0], mix), shortest)

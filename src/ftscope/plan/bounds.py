@@ -56,18 +56,35 @@ from .layouts import keep_global_batch, replicas
 SAFETY = 1.0 - 1e-6
 
 
-class MemoryProbe:
-    """Exact per-GPU memory of one mix at one GPU count, for every GPU type at once."""
+class _ModelMemo:
+    """What a probe computes from its memory model alone, shared by the probes whose models are equal (mixes that
+    differ only where memory does not look, such as sdpa and flash attention): pure functions of model and length."""
 
-    def __init__(self, scn: Scenario, seq: int) -> None:
+    def __init__(self, model: MemoryModel, seq: int) -> None:
+        self.at_one = phase_totals(model, 1, seq)
+        self.peaks: dict[int, float] = {1: max(self.at_one)}
+        self.curves: list[ReservedCurve] | None = None
+        self.solved: dict[float, int] = {}
+        self.terms: list[tuple[float, float, float]] | None = None
+
+
+class MemoryProbe:
+    """Exact per-GPU memory of one mix at one GPU count, for every GPU type at once. `memos`: a dict the probes of
+    one search share, so that equal memory models are solved once."""
+
+    def __init__(self, scn: Scenario, seq: int, memos: dict | None = None) -> None:
         self.scenario = scn
         self.model: MemoryModel = memory_model(scn)
         self.seq = seq
-        self._at_one = phase_totals(self.model, 1, seq)
-        self.peak_at_one = max(self._at_one)
+        key = (self.model, seq)
+        memo = None if memos is None else memos.get(key)
+        if memo is None:
+            memo = _ModelMemo(self.model, seq)
+            if memos is not None:
+                memos[key] = memo
+        self._memo = memo
+        self.peak_at_one = memo.peaks[1]
         """The same number as MemoryModel.peak_bytes(1, seq): the max of the phases' reserved bytes."""
-        self._peaks: dict[int, float] = {1: self.peak_at_one}
-        self._curves: list[ReservedCurve] | None = None
         self._by_accumulation: dict[bool, MemoryModel] = {}
 
     def batch_terms(self) -> list[tuple[float, float, float]]:
@@ -75,22 +92,30 @@ class MemoryProbe:
         length. A phase's reserved bytes grow linearly with the micro-batch (activations scale with tokens and
         tokens x length) plus terms that stop growing (a fused loss's logits tile), so they lie between the two
         lines these slopes draw from the fixed bytes."""
-        empty = phase_totals(self.model, 0, self.seq)
-        far, farther = (phase_totals(self.model, b, self.seq) for b in (BATCH_CAP, 2 * BATCH_CAP))
-        return [(k, a - k, (f2 - f1) / BATCH_CAP) for k, a, f1, f2 in zip(empty, self._at_one, far, farther)]
+        memo = self._memo
+        if memo.terms is None:
+            empty = phase_totals(self.model, 0, self.seq)
+            far, farther = (phase_totals(self.model, b, self.seq) for b in (BATCH_CAP, 2 * BATCH_CAP))
+            memo.terms = [(k, a - k, (f2 - f1) / BATCH_CAP) for k, a, f1, f2 in zip(empty, memo.at_one, far, farther)]
+        return memo.terms
 
     def max_micro_batch(self, capacity: float) -> int:
-        """The solver's answer on a GPU with this capacity (the capacity-free curves solved once per probe, the
+        """The solver's answer on a GPU with this capacity (the capacity-free curves solved once per model, the
         peak at each micro-batch computed once for every capacity)."""
-        if self._curves is None:
-            self._curves = reserved_curves(self.model)
-        return solve_batch(capacity, self._curves, self.peak, self.seq)
+        memo = self._memo
+        hit = memo.solved.get(capacity)
+        if hit is None:
+            if memo.curves is None:
+                memo.curves = reserved_curves(self.model)
+            hit = memo.solved[capacity] = solve_batch(capacity, memo.curves, self.peak, self.seq)
+        return hit
 
     def peak(self, batch: int) -> float:
         """MemoryModel.peak_bytes(batch, seq), memoized."""
-        hit = self._peaks.get(batch)
+        peaks = self._memo.peaks
+        hit = peaks.get(batch)
         if hit is None:
-            hit = self._peaks[batch] = self.model.peak_bytes(batch, self.seq)
+            hit = peaks[batch] = self.model.peak_bytes(batch, self.seq)
         return hit
 
     def fixed_batch_peak(self, capacity: float, global_batch: int) -> float:

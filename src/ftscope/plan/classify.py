@@ -81,6 +81,7 @@ class _Scan:
         self.accept = {name: np.zeros(nm, bool) for name in accepts}
         self.complexity = np.zeros(nm, np.int16)
         self.compute_dims = [d for d in space.dimensions if d.affects_compute]
+        self.memos: dict = {}  # MemoryProbe's work per distinct memory model
 
     def mix(self, k: int, mix: Any) -> None:
         np = self.np
@@ -102,7 +103,7 @@ class _Scan:
             scn = with_mix(base, mix)
             self.layout_ok[w, k] = layout_reason(scn, self.global_batch) is None
             if self.layout_ok[w, k]:
-                self._probe(k, w, MemoryProbe(scn, self.seq))
+                self._probe(k, w, MemoryProbe(scn, self.seq, self.memos))
 
     def _probe(self, k: int, w: int, probe: MemoryProbe) -> None:
         np = self.np

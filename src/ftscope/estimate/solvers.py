@@ -44,7 +44,7 @@ def reserved_curves(mem: MemoryModel) -> list[ReservedCurve]:
         q = (b - 2 * a + k) / 2
         out.append(ReservedCurve(k, a - k - q, q))
     if shared is not None:
-        shared.extend(out)
+        shared[:] = out  # one step: a reader on another thread sees no curve or all of them
     return out
 
 

@@ -75,7 +75,7 @@ class _Scan:
         self.fixed_peak = np.full((nb, nm), np.inf) if global_batch is not None else None
         self.safe_fixed_peak = (np.full((nb, nm), np.inf) if global_batch is not None and margin
                                 else self.fixed_peak)  # the fixed-batch peak solved leaving the margin free
-        self.terms: dict[str, Any] = {}  # fixed bytes and bytes per sequence: worlds x mixes x phases
+        self.terms: dict[str, Any] = {}  # fixed bytes and bytes per sequence: worlds x phases x mixes
         self.sig = np.zeros(nm, np.int32)
         self.signatures: dict[tuple, int] = {}
         self.accept = {name: np.zeros(nm, bool) for name in accepts}
@@ -110,9 +110,9 @@ class _Scan:
         self.peak[w, k] = probe.peak_at_one
         phases = probe.batch_terms()
         if not self.terms:
-            shape = (len(self.at_world), self.space.mixes_per_block, len(phases))
+            shape = (len(self.at_world), len(phases), self.space.mixes_per_block)  # phases before mixes: min is fast
             self.terms = {key: np.full(shape, np.nan) for key in ("fixed", "first", "far")}
-        self.terms["fixed"][w, k], self.terms["first"][w, k], self.terms["far"][w, k] = zip(*phases)
+        self.terms["fixed"][w, :, k], self.terms["first"][w, :, k], self.terms["far"][w, :, k] = zip(*phases)
         if self.fixed_peak is not None:  # at the full capacity, and less the margin when there is one
             blocks = np.flatnonzero(self.w_of == w)
             _fixed_batch(np, probe, k, blocks, self.g_of, self.supported, self.caps, self.fixed_peak, self.global_batch)
@@ -194,7 +194,7 @@ def _micro_batch_bounds(np, terms, w_of, caps, fits, per_replica):
 
     def largest(fixed, per, cap):
         with np.errstate(divide="ignore", invalid="ignore"):
-            return np.where(per > 0, (cap - fixed) / per, np.inf).min(axis=1)
+            return np.where(per > 0, (cap - fixed) / per, np.inf).min(axis=0)  # over the phases
 
     for b in range(fits.shape[0]):
         w = w_of[b]

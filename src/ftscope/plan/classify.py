@@ -66,6 +66,7 @@ class _Scan:
         self.at_world = [next(b.base for b in space.blocks if b.world == w) for w in worlds]
         self.caps = np.array([usable_bytes(b.gpu) for b in space.blocks], float)
         self.safe_caps = self.caps * (1.0 - margin)  # the same product max_micro_batch's limit computes
+        self.cap_lists = self.caps.tolist(), self.safe_caps.tolist()
         self.seq = space.scenario.workload.peak_seq_len()
         self.searched, self.valid = np.zeros(nm, bool), np.zeros(nm, bool)
         self.supported = np.zeros((len(gpus), nm), bool)
@@ -82,6 +83,7 @@ class _Scan:
         self.complexity = np.zeros(nm, np.int16)
         self.compute_dims = [d for d in space.dimensions if d.affects_compute]
         self.memos: dict = {}  # MemoryProbe's work per distinct memory model
+        self.world_blocks: list[list[tuple[int, int]]] | None = None
 
     def mix(self, k: int, mix: Any) -> None:
         np = self.np
@@ -114,10 +116,13 @@ class _Scan:
             self.terms = {key: np.full(shape, np.nan) for key in ("fixed", "first", "far")}
         self.terms["fixed"][w, :, k], self.terms["first"][w, :, k], self.terms["far"][w, :, k] = zip(*phases)
         if self.fixed_peak is not None:  # at the full capacity, and less the margin when there is one
-            blocks = np.flatnonzero(self.w_of == w)
-            _fixed_batch(np, probe, k, blocks, self.g_of, self.supported, self.caps, self.fixed_peak, self.global_batch)
+            if self.world_blocks is None:  # (block, GPU type) pairs per GPU count, as plain ints for the loop
+                self.world_blocks = [[(b, int(self.g_of[b])) for b in np.flatnonzero(self.w_of == x).tolist()]
+                                     for x in range(len(self.at_world))]
+            blocks, supported = self.world_blocks[w], self.supported[:, k].tolist()
+            _fixed_batch(probe, k, blocks, supported, self.cap_lists[0], self.fixed_peak, self.global_batch)
             if self.safe_fixed_peak is not self.fixed_peak:
-                _fixed_batch(np, probe, k, blocks, self.g_of, self.supported, self.safe_caps, self.safe_fixed_peak,
+                _fixed_batch(probe, k, blocks, supported, self.cap_lists[1], self.safe_fixed_peak,
                              self.global_batch)
 
 
@@ -170,13 +175,14 @@ def classify(np, space: Space, by: str, cal: Calibration, accepts: dict[str, Cal
                           scan.complexity, scan.accept, tier), cut
 
 
-def _fixed_batch(np, probe: MemoryProbe, k: int, blocks, g_of, supported, caps, fixed_peak, global_batch: int) -> None:
+def _fixed_batch(probe: MemoryProbe, k: int, blocks: list[tuple[int, int]], supported: list[bool], caps: list[float],
+                 fixed_peak, global_batch: int) -> None:
     """Peak bytes of the layout that keeps the global batch, for every block at this GPU count that fits at
-    micro-batch 1 (one solve per distinct capacity)."""
+    micro-batch 1 (one solve per distinct capacity). blocks: (block, GPU type) pairs; supported: per GPU type."""
     memo: dict[float, float] = {}
-    for b in blocks.tolist():
-        cap = float(caps[b])
-        if supported[g_of[b], k] and probe.peak_at_one <= cap:
+    for b, g in blocks:
+        cap = caps[b]
+        if supported[g] and probe.peak_at_one <= cap:
             if cap not in memo:
                 memo[cap] = probe.fixed_batch_peak(cap, global_batch)
             fixed_peak[b, k] = memo[cap]

@@ -48,7 +48,7 @@ from ..estimate.compute import Op, micro_batch_ops, recomputed
 from ..estimate.efficiency import Efficiency
 from ..estimate.layout import layout
 from ..estimate.memory import MemoryModel, memory_model, trainable_params
-from ..estimate.time import Rates, rates, step_time
+from ..estimate.time import Rates, micro_batch_times, rates, step_time
 from ..spec.scenario import Scenario
 from ..estimate.solvers import BATCH_CAP, ReservedCurve, phase_totals, reserved_curves, solve_batch
 from .layouts import keep_global_batch, replicas
@@ -256,7 +256,8 @@ def micro_batch_seconds(scn: Scenario, batch: int, length: float, eff: Efficienc
     bubble, which a candidate with more accumulation spreads thinner)."""
     runs = scn.workload.gradient_accumulation + layout(scn).bubble
     fixed = scn.with_(padding="max_length", seq_len=max(1, math.floor(length)))
-    parts = step_time(fixed, batch, eff, 0).breakdown_s
+    (mb, _, _), _, _ = micro_batch_times(fixed, batch, eff)
+    parts = {k: v * runs for k, v in mb.items()}  # step_time's own parts (the same runs), without its other terms
     return (parts["forward"] + parts["backward"] + parts["recompute"] + parts["dequant"]) / runs
 
 

@@ -167,13 +167,12 @@ class MemoryModel:
 
     def breakdown(self, batch: float, seq: float) -> MemoryBreakdown:
         """Memory at the phase where reserved memory (allocated + allocator overhead) peaks."""
-        phases = self.phase_points(batch, seq)
-        best = max(phases, key=self.reserved_bytes)
-        name, grads, act, temp, allocated = best
+        phases = self._points(batch, seq)  # (phase, gradients, activations, temporary, allocated), as PhasePoint
+        name, grads, act, temp, allocated = max(phases, key=lambda p: p[4] + self.overhead_bytes(p[2], p[3]))
         overhead = self.overhead_bytes(act, temp)
         per_phase: dict[str, float] = {}
-        for p in phases:
-            per_phase[p.phase] = max(per_phase.get(p.phase, 0.0), p.allocated)
+        for phase, _, _, _, held in phases:
+            per_phase[phase] = max(per_phase.get(phase, 0.0), held)
         cats = {"weights": self.weights, "gradients": grads, "optimizer": self.optimizer, "activations": act,
                 "temporary": temp, "overhead": overhead}
         return MemoryBreakdown(peak_bytes=allocated + overhead, allocated_bytes=allocated, phase=name,

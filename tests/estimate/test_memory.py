@@ -413,3 +413,19 @@ def test_fused_adamw_has_no_step_temporaries():
     fused = memory_model(ftscope.load_scenario({**d, "framework": "torchtune"}))
     assert foreach.optimizer_transient == pytest.approx(foreach.trainable_params * 2.0)  # bf16 states' temporaries
     assert fused.optimizer_transient == 0
+
+
+# --- the model shared across GPU types ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kw", VARIETY)
+def test_a_shared_memory_model_is_the_one_built_afresh(kw):
+    """memory_model builds one model per mix and GPU count and hands out copies with each GPU's capacity: every
+    copy equals the model built for that GPU, and so do its reserved curves (computed once for every copy)."""
+    from ftscope.estimate.memory import DEFAULT_ALLOCATOR, _build_memory_model
+    from ftscope.estimate.solvers import reserved_curves
+    for gpu in ("a100-80gb", "h200", "t4", "a100-80gb"):
+        s = scn(gpu=gpu, **kw)
+        shared, fresh = memory_model(s), _build_memory_model(s, DEFAULT_ALLOCATOR)
+        assert shared == fresh
+        assert reserved_curves(shared) == reserved_curves(fresh)
+        assert shared.peak_bytes(3, 1000) == fresh.peak_bytes(3, 1000)

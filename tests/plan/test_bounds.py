@@ -15,7 +15,7 @@ import ftscope
 from ftscope.estimate import unsupported_reason
 from ftscope.estimate.compute import micro_batch_ops
 from ftscope.estimate.efficiency import load_calibration
-from ftscope.estimate.memory import memory_model, usable_bytes
+from ftscope.estimate.memory import DEFAULT_ALLOCATOR, _build_memory_model, memory_model, usable_bytes
 from ftscope.estimate.time import step_time
 from ftscope.plan.bounds import refined_hours, shortest_sequence
 from ftscope.plan.classify import FITS, classify
@@ -42,7 +42,8 @@ def test_memory_model_reads_the_gpu_only_through_its_capacity():
     for mix in MIXES[::5]:
         a = memory_model(_scn("olmoe-1b-7b", **mix))
         for gpu in ("a40", "h200", "mi300x"):
-            b = memory_model(_scn("olmoe-1b-7b", **mix).with_(gpu=gpu_from_catalog(gpu)))
+            # built afresh (memory_model shares one model across GPU types on the strength of this property)
+            b = _build_memory_model(_scn("olmoe-1b-7b", **mix).with_(gpu=gpu_from_catalog(gpu)), DEFAULT_ALLOCATOR)
             assert b == replace(a, capacity_bytes=usable_bytes(gpu_from_catalog(gpu)))
 
 
@@ -162,3 +163,18 @@ def test_the_probes_peak_is_the_memory_models():
         scn = _scn("olmoe-1b-7b", **mix)
         for seq in (300, 2048):
             assert MemoryProbe(scn, seq).peak_at_one == memory_model(scn).peak_bytes(1, seq)
+
+
+def test_probes_that_share_equal_memory_models_answer_as_fresh_ones():
+    """classify lets probes with equal memory models share their peaks and solves: the answers stay each probe's."""
+    from ftscope.plan.bounds import MemoryProbe
+    memos: dict = {}
+    caps = [usable_bytes(gpu_from_catalog(g)) for g in ("t4", "a40", "h200")]
+    for mix in MIXES:
+        scn = _scn("olmoe-1b-7b", **mix)
+        shared, fresh = MemoryProbe(scn, 1024, memos), MemoryProbe(scn, 1024)
+        assert shared.batch_terms() == fresh.batch_terms()
+        for cap, gb in itertools.product(caps, (8, 512)):
+            assert shared.max_micro_batch(cap) == fresh.max_micro_batch(cap)
+            assert shared.fixed_batch_peak(cap, gb) == fresh.fixed_batch_peak(cap, gb)
+    assert len(memos) < len(MIXES)  # the sharing is exercised: some mixes have equal memory models

@@ -441,3 +441,19 @@ def test_with_refuses_a_name_that_is_no_field():
     assert scn.with_(micro_batch_size=3, zero_stage=2).workload.micro_batch_size == 3
     with pytest.raises(TypeError, match="micro_batch"):
         scn.with_(micro_batch=3)
+
+
+def test_with_builds_what_dataclasses_replace_builds():
+    """with_ copies the sections without re-running their __init__ (fast_replace): the result is the same."""
+    from dataclasses import replace
+
+    from ftscope.spec.hardware import gpu_from_catalog
+    scn = load_scenario({"model": "llama-2-7b", "workload": {"seq_len": 512}})
+    gpu = gpu_from_catalog("h200")
+    new = scn.with_(zero_stage=3, method="lora", micro_batch_size=4, nodes=2, gpus_per_node=8)
+    expected = replace(scn, mix=replace(scn.mix, zero_stage=3, method="lora"),
+                       workload=replace(scn.workload, micro_batch_size=4),
+                       cluster=replace(scn.cluster, nodes=2, gpus_per_node=8))
+    assert new == expected and type(new.mix) is type(scn.mix) and new.cluster.world_size == 16
+    assert scn.mix.zero_stage != 3 and scn.cluster.nodes == 1  # the original is untouched
+    assert scn.with_(gpu=gpu).cluster == replace(scn.cluster, gpu=gpu)

@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from ..spec.hardware import GIB, GpuSpec
-from ..spec.scenario import Scenario
+from ..spec.scenario import Scenario, fast_replace
 from .activations import ActivationCoefficients, activation_coefficients
+from .adapter_memory import kbit_autocast_copies, kbit_fp32_params, peft_merged_expert_bytes
 from .memory_layout import activation_policy, fsdp1_stream_bytes, paged_state_params, split_states
 
 NF4_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)
@@ -129,6 +130,10 @@ class MemoryModel:
         """Each point where memory can peak:
         end of forward, start of backward (all activations + loss gradients), under checkpointing the last
         block's recompute (the loss buffers are freed by then), end of backward (all gradients), optimizer step."""
+        return tuple(PhasePoint._make(p) for p in self._points(batch, seq))
+
+    def _points(self, batch: float, seq: float) -> tuple[tuple[str, float, float, float, float], ...]:
+        """phase_points' fields as plain tuples (the solvers read only the sums; no PhasePoint per call)."""
         a = self.acts
         t = batch * seq
         saved, layer = self.activation_bytes(batch, seq)
@@ -154,13 +159,13 @@ class MemoryModel:
         bt = wt + self.block_transient
         in_block = after_head - held - a.head_per_token * t + a.forward_transient_per_token * t  # last block's forward
         return (
-            PhasePoint("forward", g_fwd, fwd_act, wt, static + g_fwd + fwd_act + wt),
-            PhasePoint("forward", g_fwd, in_block, bt, static + g_fwd + in_block + bt),
-            PhasePoint("backward", g_fwd, bwd_act, wt, static + g_fwd + bwd_act + wt),
-            PhasePoint("backward", g_fwd, rec_act, bt, static + g_fwd + rec_act + bt),
-            PhasePoint("backward", g_end, end_act, bt, static + g_end + end_act + bt),
-            PhasePoint("optimizer", self.gradients, 0.0, self.optimizer_transient,
-                       static + self.gradients + self.optimizer_transient),
+            ("forward", g_fwd, fwd_act, wt, static + g_fwd + fwd_act + wt),
+            ("forward", g_fwd, in_block, bt, static + g_fwd + in_block + bt),
+            ("backward", g_fwd, bwd_act, wt, static + g_fwd + bwd_act + wt),
+            ("backward", g_fwd, rec_act, bt, static + g_fwd + rec_act + bt),
+            ("backward", g_end, end_act, bt, static + g_end + end_act + bt),
+            ("optimizer", self.gradients, 0.0, self.optimizer_transient,
+             static + self.gradients + self.optimizer_transient),
         )
 
     def overhead_bytes(self, activations: float, temporary: float) -> float:
@@ -176,13 +181,14 @@ class MemoryModel:
 
     def breakdown(self, batch: float, seq: float) -> MemoryBreakdown:
         """Memory at the phase where reserved memory (allocated + allocator overhead) peaks."""
-        phases = self.phase_points(batch, seq)
-        best = max(phases, key=self.reserved_bytes)
-        name, grads, act, temp, allocated = best
-        overhead = max(self.reserved_bytes(best), self.reserved_floor + self.stream_pool) - allocated
+        phases = self._points(batch, seq)  # (phase, gradients, activations, temporary, allocated), as PhasePoint
+        totals = self._reserved_of(phases)
+        i = max(range(len(phases)), key=totals.__getitem__)
+        name, grads, act, temp, allocated = phases[i]
+        overhead = max(totals[i], self.reserved_floor + self.stream_pool) - allocated
         per_phase: dict[str, float] = {}
-        for p in phases:
-            per_phase[p.phase] = max(per_phase.get(p.phase, 0.0), p.allocated)
+        for phase, _, _, _, held in phases:
+            per_phase[phase] = max(per_phase.get(phase, 0.0), held)
         cats = {"weights": self.weights, "gradients": grads, "optimizer": self.optimizer, "activations": act,
                 "temporary": temp, "overhead": overhead}
         return MemoryBreakdown(peak_bytes=allocated + overhead, allocated_bytes=allocated, phase=name,
@@ -190,52 +196,22 @@ class MemoryModel:
 
     def peak_bytes(self, batch: float, seq: float) -> float:
         """breakdown(batch, seq).peak_bytes without building the breakdown (the solvers' hot path)."""
-        return max(self.reserved_floor + self.stream_pool, *(self.reserved_bytes(p) for p in self.phase_points(batch, seq)))
+        return max(self.reserved_floor + self.stream_pool, *self.reserved_totals(batch, seq))
+
+    def reserved_totals(self, batch: float, seq: float) -> list[float]:
+        """reserved_bytes of every phase point, in order (the same sums, without building PhasePoints)."""
+        return self._reserved_of(self._points(batch, seq))
+
+    def _reserved_of(self, points) -> list[float]:
+        """reserved_bytes of these point tuples: the compute stream's part (gathered units moved to the other
+        stream's pool outside the optimizer step) plus that pool."""
+        al, g, pool = self.allocator, self.stream_gathered, self.stream_pool
+        ws, fr = al.workspace_gib * GIB, al.fragmentation
+        owns = [g if p[0] != "optimizer" else 0.0 for p in points]
+        return [p[4] - own + ws + fr * (p[2] + p[3] - own) + pool for p, own in zip(points, owns)]
 
     def fits(self, batch: float, seq: float, margin: float = 0.0) -> bool:
         return self.peak_bytes(batch, seq) <= self.capacity_bytes * (1.0 - margin)
-
-
-def peft_merged_expert_bytes(scn: Scenario) -> float:
-    """PEFT's LoRA on fused 3-D experts computes W + B @ A for the whole expert stack in forward and autograd
-    keeps it for backward: every MoE layer's stack without checkpointing, one layer's with it."""
-    m, mix = scn.model, scn.mix
-    if not (mix.trains_lora and m.is_moe and mix.fused_experts):
-        return 0.0
-    c = 4.0 if mix.precision == "fp32" else 2.0
-    targeted = {id(lin) for lin, _ in m.lora_targets(mix.lora_targets) if lin.group == "experts"}
-    per_layer = [sum(lin.params for lin in layer.linears if id(lin) in targeted) * c for layer, _ in m.layer_groups]
-    counts = [n for _, n in m.layer_groups]
-    if mix.gradient_checkpointing:
-        return max(per_layer, default=0.0)
-    return sum(b * n for b, n in zip(per_layer, counts))
-
-
-def kbit_fp32_params(scn: Scenario, quantized: int) -> int:
-    """QLoRA: parameters left out of 4-bit that the recipe's k-bit preparation keeps in fp32 (embeddings, norms,
-    LM head, and the rest: routers, fused expert stacks, biases)."""
-    rec, m = scn.recipe, scn.model
-    if scn.mix.method != "qlora" or not rec.kbit_fp32_params:
-        return 0
-    norms = m.final_norm_params + sum(layer.other_params * n for layer, n in m.layer_groups)
-    groups = {"embeddings": m.embedding_params, "lm_head": m.lm_head_params, "norms": norms}
-    groups["other"] = max(m.total_params - quantized - sum(groups.values()), 0)
-    return sum(n for g, n in groups.items() if rec.kbit_fp32(g))
-
-
-def kbit_autocast_copies(scn: Scenario) -> tuple[float, list[float]]:
-    """Bytes of the bf16 copies autocast makes of frozen weights a k-bit preparation left in fp32, which the
-    matmul keeps for the input gradient: (the LM head's, from its forward to its backward; each block's fused
-    expert stacks, one block at a time under checkpointing)."""
-    rec, m, mix = scn.recipe, scn.model, scn.mix
-    if mix.method != "qlora" or mix.precision not in ("bf16-mixed", "fp16-mixed"):
-        return 0.0, []
-    head = 2.0 * (m.lm_head_params or m.embedding_params) if rec.kbit_fp32("lm_head") else 0.0
-    stacks = []
-    if rec.kbit_fp32("other") and m.is_moe and mix.fused_experts:
-        for layer, n in m.layer_groups:
-            stacks += [2.0 * sum(lin.params for lin in layer.linears if lin.group == "experts")] * n
-    return head, stacks
 
 
 def trainable_params(scn: Scenario) -> int:
@@ -334,8 +310,27 @@ def forward_transients(scn: Scenario, shards: int) -> tuple[float, float]:
     return transient, block
 
 
+_MODELS: dict[tuple, MemoryModel] = {}
+"""Memory models by what they read of the scenario: a search asks for the same one on every GPU type."""
+
+
 def memory_model(scn: Scenario, allocator: AllocatorModel = DEFAULT_ALLOCATOR) -> MemoryModel:
-    """Build the per-GPU memory model of a scenario."""
+    """The per-GPU memory model of a scenario. It reads the GPU only for its capacity, so one model is built per
+    model, mix, accumulation, recipe and GPU count, and shared across GPU types with the capacity replaced."""
+    key = (scn.model, scn.mix, scn.workload.gradient_accumulation > 1, scn.recipe, scn.cluster.world_size, allocator)
+    mm = _MODELS.get(key)
+    if mm is None:
+        if len(_MODELS) >= 4096:
+            _MODELS.clear()
+        mm = _MODELS[key] = _build_memory_model(scn, allocator)
+        mm.__dict__["_curves"] = []  # solvers.reserved_curves fills it once for every copy: it ignores the capacity
+    capacity = usable_bytes(scn.cluster.gpu, allocator)
+    if mm.capacity_bytes == capacity:
+        return mm
+    return fast_replace(mm, capacity_bytes=capacity)
+
+
+def _build_memory_model(scn: Scenario, allocator: AllocatorModel) -> MemoryModel:
     m, mix, cl = scn.model, scn.mix, scn.cluster
     n = cl.world_size // mix.model_parallel  # ZeRO / FSDP shard over the data-parallel ranks
     stage = mix.shard_stage

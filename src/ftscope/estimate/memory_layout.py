@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..spec.model import ModelSpec
-from ..spec.scenario import Scenario
+from ..spec.scenario import Scenario, fast_replace
 from .activations import ActivationCoefficients
 
 PAGED_MIN_NUMEL = 100_000
@@ -71,7 +71,7 @@ def elementwise_saved_per_token(model: ModelSpec, mix) -> float:
 
 
 def _scale_acts(acts: ActivationCoefficients, factor: float) -> ActivationCoefficients:
-    return replace(acts, **{k: getattr(acts, k) * factor for k in (
+    return fast_replace(acts, **{k: getattr(acts, k) * factor for k in (
         "saved_per_token", "saved_per_token_quadratic", "layer_per_token", "layer_per_token_quadratic",
         "layer_ffn_per_token", "forward_transient_per_token", "checkpoint_per_token", "checkpoint_layer_per_token")})
 
@@ -120,7 +120,7 @@ def split_states(mm, scn: Scenario):
         layer = scn.model.largest_layer_params() / scn.model.total_params
         shards = scn.cluster.world_size // mix.model_parallel
         grads, grads_fwd = grads * shards * min(layer * 2, 1.0), 0.0
-    return replace(mm, weights=mm.weights * f, gradients=grads, gradients_in_forward=grads_fwd,
+    return fast_replace(mm, weights=mm.weights * f, gradients=grads, gradients_in_forward=grads_fwd,
                    reserved_floor=mm.reserved_floor * f, optimizer=mm.optimizer * f, paged_optimizer=mm.paged_optimizer * f,
                    optimizer_transient=opt_transient,
                    weight_transient=mm.weight_transient * f, block_transient=mm.block_transient * f,

@@ -18,7 +18,7 @@ BATCH_CAP = 65_536
 
 def phase_totals(mem: MemoryModel, batch: float, seq: float) -> list[float]:
     """Reserved bytes of every phase point at this batch shape (what max_micro_batch compares to the capacity)."""
-    return [mem.reserved_bytes(p) for p in mem.phase_points(batch, seq)]
+    return mem.reserved_totals(batch, seq)
 
 
 class ReservedCurve(NamedTuple):
@@ -33,12 +33,18 @@ class ReservedCurve(NamedTuple):
 
 
 def reserved_curves(mem: MemoryModel) -> list[ReservedCurve]:
-    """The curve of each phase point, from three evaluations of the memory model."""
+    """The curve of each phase point, from three evaluations of the memory model; once for all the copies of a
+    model memory_model shares across GPU types (they differ only in the capacity, which the curves ignore)."""
+    shared = mem.__dict__.get("_curves")
+    if shared:
+        return shared
     p0, p1, p2 = (phase_totals(mem, b, s) for b, s in ((0, 0), (1, 1), (1, 2)))
     out = []
     for k, a, b in zip(p0, p1, p2):
         q = (b - 2 * a + k) / 2
         out.append(ReservedCurve(k, a - k - q, q))
+    if shared is not None:
+        shared[:] = out  # one step: a reader on another thread sees no curve or all of them
     return out
 
 
@@ -56,17 +62,26 @@ def max_micro_batch(mem: MemoryModel, seq: float, margin: float = 0.0, cap: int 
                     curves: list[ReservedCurve] | None = None) -> int:
     """Largest micro-batch that fits at this (padded) sequence length; 0 if none. `curves`: reserved_curves(mem),
     when already known (they do not depend on the capacity: a search solves one model for many GPUs)."""
-    limit = mem.capacity_bytes * (1.0 - margin)
-    if mem.reserved_floor + mem.stream_pool > limit:  # what init left reserved does not fit: no batch does
+    return solve_batch(mem.capacity_bytes * (1.0 - margin), curves if curves is not None else reserved_curves(mem),
+                       lambda b: mem.peak_bytes(b, seq), seq, cap, mem.reserved_floor + mem.stream_pool)
+
+
+def solve_batch(limit: float, curves: list[ReservedCurve], peak: Callable[[int], float], seq: float,
+                cap: int = BATCH_CAP, floor: float = 0.0) -> int:
+    """max_micro_batch for a limit in bytes, given the curves and the model's peak bytes as a function of the
+    micro-batch at `seq` (a search passes a memoized one: it solves one model for many capacities). `floor`: what
+    init left reserved plus another stream's pool (MemoryModel.reserved_floor + stream_pool); above the limit no
+    batch fits."""
+    if floor > limit:
         return 0
     best = float(cap)
-    for k, lin, q in curves if curves is not None else reserved_curves(mem):
+    for k, lin, q in curves:
         per_sample = lin * seq + q * seq * seq
         if k > limit:
             return 0
         if per_sample > 0:
             best = min(best, (limit - k) / per_sample)
-    return _settle(int(best), lambda b: mem.peak_bytes(b, seq) <= limit, cap)
+    return _settle(int(best), lambda b: peak(b) <= limit, cap)
 
 
 def max_seq_len(mem: MemoryModel, batch: int, margin: float = 0.0, cap: int = SEQ_CAP) -> int:

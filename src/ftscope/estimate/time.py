@@ -174,15 +174,14 @@ def _activation_offload_s(scn: Scenario, batch: int, seq: float, eff: Efficiency
     return 2.0 * saved / (scn.cluster.gpu.host_link_gbs * 1e9 * eff.communication)
 
 
-def step_time(scn: Scenario, batch: int, eff: Efficiency, trainable: int, ops: Sequence[Op] | None = None) -> TimeEstimate:
-    """One optimizer step of `batch`-sequence micro-batches (`ops`: its micro_batch_ops, when already known)."""
-    wl, mix = scn.workload, scn.mix
-    lay = layout(scn)
-    seq = wl.mean_padded_len(batch)
+def micro_batch_times(scn: Scenario, batch: int, eff: Efficiency, ops: Sequence[Op] | None = None):
+    """(pass_times of one `batch`-sequence micro-batch, its mean padded length, the GPU's rates): what step_time
+    builds a step from, cached by model, mix, batch shape and rates unless `ops` are given."""
+    seq = scn.workload.mean_padded_len(batch)
     given = ops
     ops = ops if ops is not None else cached_ops(scn, batch, seq)
     r = rates(scn, eff)
-    key = (scn.model, mix, batch, seq, r)
+    key = (scn.model, scn.mix, batch, seq, r)
     cached = _PASS_CACHE.get(key) if given is None else None
     if cached is None:
         cached = pass_times(ops, scn, eff, r)
@@ -190,7 +189,14 @@ def step_time(scn: Scenario, batch: int, eff: Efficiency, trainable: int, ops: S
             if len(_PASS_CACHE) >= 4096:
                 _PASS_CACHE.clear()
             _PASS_CACHE[key] = cached
-    mb, mb_layers, att = cached
+    return cached, seq, r
+
+
+def step_time(scn: Scenario, batch: int, eff: Efficiency, trainable: int, ops: Sequence[Op] | None = None) -> TimeEstimate:
+    """One optimizer step of `batch`-sequence micro-batches (`ops`: its micro_batch_ops, when already known)."""
+    wl, mix = scn.workload, scn.mix
+    lay = layout(scn)
+    (mb, mb_layers, att), seq, r = micro_batch_times(scn, batch, eff, ops)
     ga = wl.gradient_accumulation
     runs = ga + lay.bubble   # micro-batches, plus the pipeline's idle time in micro-batch units
     parts = {k: v * runs for k, v in mb.items()}

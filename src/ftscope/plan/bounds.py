@@ -42,32 +42,49 @@ One memory model per mix and count is cheap enough; tests/plan/test_bounds.py ch
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from ..estimate.compute import Op, micro_batch_ops, recomputed
 from ..estimate.efficiency import Efficiency
 from ..estimate.layout import layout
 from ..estimate.memory import MemoryModel, memory_model, trainable_params
-from ..estimate.time import Rates, rates, step_time
+from ..estimate.time import Rates, micro_batch_times, rates, step_time
 from ..spec.scenario import Scenario
-from ..estimate.solvers import BATCH_CAP, ReservedCurve, max_micro_batch, phase_totals, reserved_curves
+from ..estimate.solvers import BATCH_CAP, ReservedCurve, phase_totals, reserved_curves, solve_batch
 from .layouts import keep_global_batch, replicas
 
 SAFETY = 1.0 - 1e-6
 
 
-class MemoryProbe:
-    """Exact per-GPU memory of one mix at one GPU count, for every GPU type at once."""
+class _ModelMemo:
+    """What a probe computes from its memory model alone, shared by the probes whose models are equal (mixes that
+    differ only where memory does not look, such as sdpa and flash attention): pure functions of model and length."""
 
-    def __init__(self, scn: Scenario, seq: int) -> None:
+    def __init__(self, model: MemoryModel, seq: int) -> None:
+        self.at_one = phase_totals(model, 1, seq)
+        self.peaks: dict[int, float] = {1: max(self.at_one)}
+        self.curves: list[ReservedCurve] | None = None
+        self.solved: dict[float, int] = {}
+        self.terms: list[tuple[float, float, float]] | None = None
+
+
+class MemoryProbe:
+    """Exact per-GPU memory of one mix at one GPU count, for every GPU type at once. `memos`: a dict the probes of
+    one search share, so that equal memory models are solved once."""
+
+    def __init__(self, scn: Scenario, seq: int, memos: dict | None = None) -> None:
         self.scenario = scn
         self.model: MemoryModel = memory_model(scn)
         self.seq = seq
-        self._at_one = phase_totals(self.model, 1, seq)
-        self.peak_at_one = max(self._at_one)
+        key = (self.model, seq)
+        memo = None if memos is None else memos.get(key)
+        if memo is None:
+            memo = _ModelMemo(self.model, seq)
+            if memos is not None:
+                memos[key] = memo
+        self._memo = memo
+        self.peak_at_one = memo.peaks[1]
         """The same number as MemoryModel.peak_bytes(1, seq): the max of the phases' reserved bytes."""
-        self._peaks: dict[int, float] = {}
-        self._curves: list[ReservedCurve] | None = None
         self._by_accumulation: dict[bool, MemoryModel] = {}
 
     def batch_terms(self) -> list[tuple[float, float, float]]:
@@ -75,15 +92,32 @@ class MemoryProbe:
         length. A phase's reserved bytes grow linearly with the micro-batch (activations scale with tokens and
         tokens x length) plus terms that stop growing (a fused loss's logits tile), so they lie between the two
         lines these slopes draw from the fixed bytes."""
-        empty = phase_totals(self.model, 0, self.seq)
-        far, farther = (phase_totals(self.model, b, self.seq) for b in (BATCH_CAP, 2 * BATCH_CAP))
-        return [(k, a - k, (f2 - f1) / BATCH_CAP) for k, a, f1, f2 in zip(empty, self._at_one, far, farther)]
+        memo = self._memo
+        if memo.terms is None:
+            empty = phase_totals(self.model, 0, self.seq)
+            far, farther = (phase_totals(self.model, b, self.seq) for b in (BATCH_CAP, 2 * BATCH_CAP))
+            memo.terms = [(k, a - k, (f2 - f1) / BATCH_CAP) for k, a, f1, f2 in zip(empty, memo.at_one, far, farther)]
+        return memo.terms
 
     def max_micro_batch(self, capacity: float) -> int:
-        """The solver's answer on a GPU with this capacity (the capacity-free curves solved once per probe)."""
-        if self._curves is None:
-            self._curves = reserved_curves(self.model)
-        return max_micro_batch(replace(self.model, capacity_bytes=capacity), self.seq, curves=self._curves)
+        """The solver's answer on a GPU with this capacity (the capacity-free curves solved once per model, the
+        peak at each micro-batch computed once for every capacity)."""
+        memo = self._memo
+        hit = memo.solved.get(capacity)
+        if hit is None:
+            if memo.curves is None:
+                memo.curves = reserved_curves(self.model)
+            hit = memo.solved[capacity] = solve_batch(capacity, memo.curves, self.peak, self.seq,
+                                                      floor=self.model.reserved_floor + self.model.stream_pool)
+        return hit
+
+    def peak(self, batch: int) -> float:
+        """MemoryModel.peak_bytes(batch, seq), memoized."""
+        peaks = self._memo.peaks
+        hit = peaks.get(batch)
+        if hit is None:
+            hit = peaks[batch] = self.model.peak_bytes(batch, self.seq)
+        return hit
 
     def fixed_batch_peak(self, capacity: float, global_batch: int) -> float:
         """Peak bytes of the layout recommend picks to keep the global batch (micro-batch as large as fits up to
@@ -93,15 +127,14 @@ class MemoryProbe:
         scn = self.scenario
         reps, stages = replicas(scn), scn.mix.pipeline_parallel
         cap = max(1, global_batch // (reps * stages))
-        if cap not in self._peaks:
-            self._peaks[cap] = self.model.peak_bytes(cap, self.seq) if cap <= BATCH_CAP else math.inf
-        fitting = cap if self._peaks[cap] <= capacity else self.max_micro_batch(capacity)
+        fits_cap = cap <= BATCH_CAP and self.peak(cap) <= capacity
+        fitting = cap if fits_cap else self.max_micro_batch(capacity)
         mb, ga = keep_global_batch(fitting, global_batch, reps, stages)
         accumulates = ga > 1  # all the memory model reads of the accumulation (tests/plan/test_bounds.py)
+        if accumulates == (scn.workload.gradient_accumulation > 1):
+            return self.peak(mb)
         if accumulates not in self._by_accumulation:
-            same = accumulates == (scn.workload.gradient_accumulation > 1)
-            self._by_accumulation[accumulates] = self.model if same else memory_model(
-                scn.with_(gradient_accumulation=ga))
+            self._by_accumulation[accumulates] = memory_model(scn.with_(gradient_accumulation=ga))
         return self._by_accumulation[accumulates].peak_bytes(mb, self.seq)
 
 
@@ -224,7 +257,8 @@ def micro_batch_seconds(scn: Scenario, batch: int, length: float, eff: Efficienc
     bubble, which a candidate with more accumulation spreads thinner)."""
     runs = scn.workload.gradient_accumulation + layout(scn).bubble
     fixed = scn.with_(padding="max_length", seq_len=max(1, math.floor(length)))
-    parts = step_time(fixed, batch, eff, 0).breakdown_s
+    (mb, _, _), _, _ = micro_batch_times(fixed, batch, eff)
+    parts = {k: v * runs for k, v in mb.items()}  # step_time's own parts (the same runs), without its other terms
     return (parts["forward"] + parts["backward"] + parts["recompute"] + parts["dequant"]) / runs
 
 

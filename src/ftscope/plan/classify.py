@@ -10,7 +10,6 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from ..estimate import unsupported_reason
 from ..estimate.cost import price_of
 from ..estimate.efficiency import Calibration
 from ..estimate.memory import usable_bytes
@@ -20,6 +19,7 @@ from .bounds import (MemoryProbe, hours_per_gpu_second, micro_batch_seconds, op_
 from .layouts import layout_reason
 from .ranking import mix_complexity, refusal
 from ..estimate.solvers import BATCH_CAP
+from ..spec.rules import gpu_problem
 from .space import Space, with_mix
 
 UNSEARCHED, UNSUPPORTED, NO_FIT, FITS, FEASIBLE, OVER_BUDGET, OVER_DEADLINE = range(7)
@@ -66,6 +66,7 @@ class _Scan:
         self.at_world = [next(b.base for b in space.blocks if b.world == w) for w in worlds]
         self.caps = np.array([usable_bytes(b.gpu) for b in space.blocks], float)
         self.safe_caps = self.caps * (1.0 - margin)  # the same product max_micro_batch's limit computes
+        self.cap_lists = self.caps.tolist(), self.safe_caps.tolist()
         self.seq = space.scenario.workload.peak_seq_len()
         self.searched, self.valid = np.zeros(nm, bool), np.zeros(nm, bool)
         self.supported = np.zeros((len(gpus), nm), bool)
@@ -75,12 +76,14 @@ class _Scan:
         self.fixed_peak = np.full((nb, nm), np.inf) if global_batch is not None else None
         self.safe_fixed_peak = (np.full((nb, nm), np.inf) if global_batch is not None and margin
                                 else self.fixed_peak)  # the fixed-batch peak solved leaving the margin free
-        self.terms: dict[str, Any] = {}  # fixed bytes and bytes per sequence: worlds x mixes x phases
+        self.terms: dict[str, Any] = {}  # fixed bytes and bytes per sequence: worlds x phases x mixes
         self.sig = np.zeros(nm, np.int32)
         self.signatures: dict[tuple, int] = {}
         self.accept = {name: np.zeros(nm, bool) for name in accepts}
         self.complexity = np.zeros(nm, np.int16)
         self.compute_dims = [d for d in space.dimensions if d.affects_compute]
+        self.memos: dict = {}  # MemoryProbe's work per distinct memory model
+        self.world_blocks: list[list[tuple[int, int]]] | None = None
 
     def mix(self, k: int, mix: Any) -> None:
         np = self.np
@@ -93,29 +96,33 @@ class _Scan:
             self.accept[name][k] = f is None or f(mix)
         self.sig[k] = self.signatures.setdefault(tuple(d.get(mix) for d in self.compute_dims), len(self.signatures))
         self.split[:, k] = mix.model_parallel, mix.pipeline_parallel
-        for g, base in enumerate(self.on_gpu):
-            self.supported[g, k] = unsupported_reason(with_mix(base, mix)) is None
+        model = self.space.scenario.model
+        for g, base in enumerate(self.on_gpu):  # unsupported_reason, whose mix and model rules refusal just read
+            self.supported[g, k] = gpu_problem(mix, model, base.cluster.gpu) is None
         if not self.supported[:, k].any():
             return
         for w, base in enumerate(self.at_world):
             scn = with_mix(base, mix)
             self.layout_ok[w, k] = layout_reason(scn, self.global_batch) is None
             if self.layout_ok[w, k]:
-                self._probe(k, w, MemoryProbe(scn, self.seq))
+                self._probe(k, w, MemoryProbe(scn, self.seq, self.memos))
 
     def _probe(self, k: int, w: int, probe: MemoryProbe) -> None:
         np = self.np
         self.peak[w, k] = probe.peak_at_one
         phases = probe.batch_terms()
         if not self.terms:
-            shape = (len(self.at_world), self.space.mixes_per_block, len(phases))
+            shape = (len(self.at_world), len(phases), self.space.mixes_per_block)  # phases before mixes: min is fast
             self.terms = {key: np.full(shape, np.nan) for key in ("fixed", "first", "far")}
-        self.terms["fixed"][w, k], self.terms["first"][w, k], self.terms["far"][w, k] = zip(*phases)
+        self.terms["fixed"][w, :, k], self.terms["first"][w, :, k], self.terms["far"][w, :, k] = zip(*phases)
         if self.fixed_peak is not None:  # at the full capacity, and less the margin when there is one
-            blocks = np.flatnonzero(self.w_of == w)
-            _fixed_batch(np, probe, k, blocks, self.g_of, self.supported, self.caps, self.fixed_peak, self.global_batch)
+            if self.world_blocks is None:  # (block, GPU type) pairs per GPU count, as plain ints for the loop
+                self.world_blocks = [[(b, int(self.g_of[b])) for b in np.flatnonzero(self.w_of == x).tolist()]
+                                     for x in range(len(self.at_world))]
+            blocks, supported = self.world_blocks[w], self.supported[:, k].tolist()
+            _fixed_batch(probe, k, blocks, supported, self.cap_lists[0], self.fixed_peak, self.global_batch)
             if self.safe_fixed_peak is not self.fixed_peak:
-                _fixed_batch(np, probe, k, blocks, self.g_of, self.supported, self.safe_caps, self.safe_fixed_peak,
+                _fixed_batch(probe, k, blocks, supported, self.cap_lists[1], self.safe_fixed_peak,
                              self.global_batch)
 
 
@@ -168,13 +175,14 @@ def classify(np, space: Space, by: str, cal: Calibration, accepts: dict[str, Cal
                           scan.complexity, scan.accept, tier), cut
 
 
-def _fixed_batch(np, probe: MemoryProbe, k: int, blocks, g_of, supported, caps, fixed_peak, global_batch: int) -> None:
+def _fixed_batch(probe: MemoryProbe, k: int, blocks: list[tuple[int, int]], supported: list[bool], caps: list[float],
+                 fixed_peak, global_batch: int) -> None:
     """Peak bytes of the layout that keeps the global batch, for every block at this GPU count that fits at
-    micro-batch 1 (one solve per distinct capacity)."""
+    micro-batch 1 (one solve per distinct capacity). blocks: (block, GPU type) pairs; supported: per GPU type."""
     memo: dict[float, float] = {}
-    for b in blocks.tolist():
-        cap = float(caps[b])
-        if supported[g_of[b], k] and probe.peak_at_one <= cap:
+    for b, g in blocks:
+        cap = caps[b]
+        if supported[g] and probe.peak_at_one <= cap:
             if cap not in memo:
                 memo[cap] = probe.fixed_batch_peak(cap, global_batch)
             fixed_peak[b, k] = memo[cap]
@@ -192,7 +200,7 @@ def _micro_batch_bounds(np, terms, w_of, caps, fits, per_replica):
 
     def largest(fixed, per, cap):
         with np.errstate(divide="ignore", invalid="ignore"):
-            return np.where(per > 0, (cap - fixed) / per, np.inf).min(axis=1)
+            return np.where(per > 0, (cap - fixed) / per, np.inf).min(axis=0)  # over the phases
 
     for b in range(fits.shape[0]):
         w = w_of[b]
@@ -210,8 +218,9 @@ def _time_bounds(np, space: Space, cal: Calibration, on_gpu: Sequence[Any], g_of
     seconds per sequence (bounds.op_rates) at the shortest padded length its micro-batch bound can have."""
     wl = space.scenario.workload
     shortest = shortest_sequence(space.scenario)
-    lengths = {b: wl.mean_padded_len(int(b)) for b in np.unique(batch).tolist()}
-    seq = np.maximum(np.vectorize(lengths.__getitem__, otypes=[float])(batch), shortest)
+    batches, which = np.unique(batch, return_inverse=True)
+    lengths = np.array([wl.mean_padded_len(int(b)) for b in batches.tolist()], float)
+    seq = np.maximum(lengths[which.reshape(batch.shape)], shortest)
     per_seq = np.zeros(batch.shape)
     for s, mix in representative.items():
         work = sequence_work(with_mix(on_gpu[0], mix), shortest)

@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterator, Sequence
 from ..errors import FtscopeError
 from ..spec.hardware import GpuSpec
 from ..spec.mix import Mix
-from ..spec.scenario import Scenario
+from ..spec.scenario import Scenario, fast_replace
 
 SHARDING = ((0, None), (1, None), (2, None), (3, None), (0, "full_shard"), (0, "shard_grad_op"))
 ENGINES: dict[str, tuple[tuple[int, str | None], ...]] = {
@@ -131,12 +131,8 @@ that divide its GPUs, the heads, the layers, the experts) plan/layouts.py decide
 
 
 def with_mix(base: Scenario, mix: Mix) -> Scenario:
-    """`replace(base, mix=mix)` without dataclasses.replace's per-field work: the search builds one per mix and
-    GPU type or count, so this is its hot path. Scenario and Mix are plain frozen dataclasses (no __post_init__)."""
-    new = object.__new__(Scenario)
-    new.__dict__.update(base.__dict__)
-    new.__dict__["mix"] = mix
-    return new
+    """`replace(base, mix=mix)` (spec.scenario.fast_replace): the search builds one per mix and GPU type or count."""
+    return fast_replace(base, mix=mix)
 
 
 def _mix_with(values: dict[str, Any], changes: dict[str, Any]) -> Mix:

@@ -7,7 +7,7 @@ meta device to check that the sums are exact.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -54,7 +54,7 @@ class Layer:
     other_params: int
     """Norm weights/biases, Mamba conv/A/D: trained in full fine-tuning, never LoRA targets."""
 
-    @property
+    @cached_property  # frozen: read once per layer, not once per memory model
     def params(self) -> int:
         return sum(lin.params for lin in self.linears) + self.other_params
 
@@ -88,7 +88,7 @@ class ModelSpec:
     """How a reference that names no preset exactly was matched to one (empty when it needed no matching)."""
 
     # ---- counts -------------------------------------------------------------------------------------------
-    @property
+    @cached_property  # frozen: a search builds thousands of memory models that read it
     def total_params(self) -> int:
         return self.embedding_params + self.lm_head_params + self.final_norm_params + self.vision_params + sum(
             layer.params * n for layer, n in self.layer_groups

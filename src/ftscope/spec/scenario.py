@@ -7,7 +7,7 @@ so one `validate` call checks types, ranges and unknown keys; the rules across k
 from __future__ import annotations
 
 import copy
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Annotated, Any, Mapping, Sequence
 
@@ -82,6 +82,16 @@ SECTIONS = {
 TOP_KEYS = {f.name for f in fields(ScenarioInput)}
 
 
+def fast_replace(obj: Any, **changes: Any) -> Any:
+    """dataclasses.replace for frozen dataclasses whose __init__ only stores the fields (no __post_init__, no
+    init=False field: Scenario, Mix, Workload, Cluster, the memory model's), without re-running __init__ field by
+    field: the searches build hundreds of thousands. The caller passes only field names. A MemoryModel that
+    memory_model returned only for its capacity: the copy keeps the reserved curves attached to it."""
+    new = object.__new__(type(obj))
+    new.__dict__.update(obj.__dict__, **changes)
+    return new
+
+
 @dataclass(frozen=True)
 class Scenario:
     """Model x hardware x mix x workload (x price), resolved and checked."""
@@ -109,11 +119,11 @@ class Scenario:
             raise TypeError(f"Scenario.with_: no mix, workload or cluster field named {', '.join(unknown)}")
         new = self
         if mix_f:
-            new = replace(new, mix=replace(new.mix, **mix_f))
+            new = fast_replace(new, mix=fast_replace(new.mix, **mix_f))
         if wl_f:
-            new = replace(new, workload=replace(new.workload, **wl_f))
+            new = fast_replace(new, workload=fast_replace(new.workload, **wl_f))
         if cl_f:
-            new = replace(new, cluster=replace(new.cluster, **cl_f))
+            new = fast_replace(new, cluster=fast_replace(new.cluster, **cl_f))
         return new
 
     @property

@@ -58,6 +58,21 @@ def test_expected_longest_approaches_the_tail_for_large_batches():
     assert MATH.p99_tokens < MATH.expected_longest(10**6) <= MATH.max_tokens
 
 
+def test_expected_longest_matches_sampled_batches_of_a_two_mode_dataset():
+    """Short answers plus a long-prompt tail (p95 far above a single log-normal's): the expected longest follows
+    batches drawn from the real lengths at every batch size, from the body (2) to the tail (32)."""
+    import numpy as np
+    rng = np.random.default_rng(0)
+    lengths = np.concatenate([rng.lognormal(math.log(70), 0.45, 9000),
+                              rng.lognormal(math.log(290), 0.15, 1000)]).round().clip(1, 512)
+    d = DatasetStats(num_samples=lengths.size, mean_tokens=float(lengths.mean()),
+                     median_tokens=float(np.median(lengths)), p95_tokens=float(np.quantile(lengths, 0.95)),
+                     p99_tokens=float(np.quantile(lengths, 0.99)), max_tokens=int(lengths.max()))
+    for batch in (2, 4, 8, 16, 32):
+        sampled = rng.choice(lengths, size=(20000, batch)).max(axis=1).mean()
+        assert d.expected_longest(batch) == pytest.approx(sampled, rel=0.07)
+
+
 def test_constant_length_dataset_has_no_padding():
     d = DatasetStats(num_samples=100, mean_tokens=512, median_tokens=512, max_tokens=512)
     assert d.expected_longest(64) == 512

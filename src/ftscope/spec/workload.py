@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
+from functools import lru_cache
 from typing import Literal
 
 from ..errors import FtscopeError
@@ -43,13 +44,23 @@ class DatasetStats:
         cap = min(self.max_tokens, cutoff) if cutoff else self.max_tokens
         if batch <= 1:
             return min(self.mean_tokens, cap)
-        mu, sigma = self._lognormal()
-        if not sigma:
-            return min(self.mean_tokens, cap)
-        # Blom's plotting position: the largest of n draws sits near quantile (n - 0.375) / (n + 0.25);
         # the max of n draws is never expected below one draw's mean, which bounds very skewed data
-        z = _norm_ppf((batch - 0.375) / (batch + 0.25))
-        return min(max(math.exp(mu + sigma * z), self.mean_tokens), cap)
+        return min(max(_expected_max(self, batch, cap), self.mean_tokens), cap)
+
+    def log_quantile_knots(self) -> tuple[tuple[tuple[float, float], ...], float, float]:
+        """The length distribution as knots (z, log tokens) at the stated quantiles (median, p95, p99; z the
+        standard-normal score), log-linear in z between them, and the slopes below the first and above the
+        last: a log-normal piece per interval, so a p95 or p99 the single log-normal misses is still met."""
+        median = self.median_tokens or self.mean_tokens
+        knots = [(0.0, math.log(max(median, 1.0)))]
+        for z, value in ((Z95, self.p95_tokens), (Z99, self.p99_tokens)):
+            if value and math.log(value) > knots[-1][1]:
+                knots.append((z, math.log(value)))
+        if len(knots) == 1:  # only the median and the mean: the log-normal they give
+            sigma = self._lognormal()[1]
+            return tuple(knots), sigma, sigma
+        slope = [(y1 - y0) / (z1 - z0) for (z0, y0), (z1, y1) in zip(knots, knots[1:])]
+        return tuple(knots), slope[0], slope[-1]
 
     def mean_truncated(self, cutoff: int | None) -> float:
         """Mean tokens per sample after truncation at `cutoff`."""
@@ -64,6 +75,34 @@ class DatasetStats:
         z2 = (c - mu) / sigma
         trunc = math.exp(mu + sigma**2 / 2) * _norm_cdf(z1) + cutoff * (1 - _norm_cdf(z2))
         return min(self.mean_tokens, trunc)
+
+
+Z95, Z99 = 1.6448536269514722, 2.3263478740408408
+"""Standard-normal scores of the 95th and 99th percentiles."""
+EXPECTED_MAX_NODES = 96
+"""Midpoint nodes of the expected-maximum integral (within 0.2 % of a 20,000-node sum on the bundled datasets)."""
+
+
+@lru_cache(maxsize=4096)
+def _expected_max(stats: DatasetStats, batch: int, cap: float) -> float:
+    """E[min(max of `batch` draws, cap)] = integral over v in (0, 1) of Q(v ** (1 / batch)), Q the quantile
+    function of stats' lengths: the max of n draws has CDF F ** n, so v = F ** n is uniform."""
+    knots, below, above = stats.log_quantile_knots()
+    total = 0.0
+    for i in range(EXPECTED_MAX_NODES):
+        tail = -math.expm1(math.log((i + 0.5) / EXPECTED_MAX_NODES) / batch)  # 1 - v ** (1 / n), kept exact near 1
+        z = -_norm_ppf(tail)
+        total += min(math.exp(_log_length_at(z, knots, below, above)), cap)
+    return total / EXPECTED_MAX_NODES
+
+
+def _log_length_at(z: float, knots: tuple[tuple[float, float], ...], below: float, above: float) -> float:
+    if z <= knots[0][0]:
+        return knots[0][1] + below * (z - knots[0][0])
+    for (z0, y0), (z1, y1) in zip(knots, knots[1:]):
+        if z <= z1:
+            return y0 + (y1 - y0) * (z - z0) / (z1 - z0)
+    return knots[-1][1] + above * (z - knots[-1][0])
 
 
 def _norm_cdf(z: float) -> float:

@@ -168,16 +168,10 @@ class MemoryModel:
              static + self.gradients + self.optimizer_transient),
         )
 
-    def overhead_bytes(self, activations: float, temporary: float) -> float:
-        """Allocator overhead (reserved - allocated) at a point holding these churning bytes."""
-        al = self.allocator
-        return al.workspace_gib * GIB + al.fragmentation * (activations + temporary)
-
     def reserved_bytes(self, point: PhasePoint) -> float:
         """What the caching allocator holds at a phase point: the compute stream's allocated + overhead, plus what
         another stream's pool holds (the solvers' curves; `reserved_floor` bounds the compute stream's part)."""
-        own = self.stream_gathered if point.phase != "optimizer" else 0.0
-        return point.allocated - own + self.overhead_bytes(point.activations, point.temporary - own) + self.stream_pool
+        return self._reserved_of((point,))[0]
 
     def breakdown(self, batch: float, seq: float) -> MemoryBreakdown:
         """Memory at the phase where reserved memory (allocated + allocator overhead) peaks."""
@@ -203,8 +197,9 @@ class MemoryModel:
         return self._reserved_of(self._points(batch, seq))
 
     def _reserved_of(self, points) -> list[float]:
-        """reserved_bytes of these point tuples: the compute stream's part (gathered units moved to the other
-        stream's pool outside the optimizer step) plus that pool."""
+        """reserved_bytes of these point tuples: the compute stream's part (allocated plus the allocator's overhead:
+        its workspace and a fragmentation share of the churning activations and temporaries; gathered units moved to
+        the other stream's pool outside the optimizer step) plus that pool."""
         al, g, pool = self.allocator, self.stream_gathered, self.stream_pool
         ws, fr = al.workspace_gib * GIB, al.fragmentation
         owns = [g if p[0] != "optimizer" else 0.0 for p in points]

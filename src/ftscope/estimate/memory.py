@@ -179,7 +179,7 @@ class MemoryModel:
         totals = self._reserved_of(phases)
         i = max(range(len(phases)), key=totals.__getitem__)
         name, grads, act, temp, allocated = phases[i]
-        overhead = max(totals[i], self.reserved_floor + self.stream_pool) - allocated
+        overhead = max(totals[i], self.least_reserved) - allocated
         per_phase: dict[str, float] = {}
         for phase, _, _, _, held in phases:
             per_phase[phase] = max(per_phase.get(phase, 0.0), held)
@@ -190,7 +190,7 @@ class MemoryModel:
 
     def peak_bytes(self, batch: float, seq: float) -> float:
         """breakdown(batch, seq).peak_bytes without building the breakdown (the solvers' hot path)."""
-        return max(self.reserved_floor + self.stream_pool, *self.reserved_totals(batch, seq))
+        return max(self.least_reserved, *self.reserved_totals(batch, seq))
 
     def reserved_totals(self, batch: float, seq: float) -> list[float]:
         """reserved_bytes of every phase point, in order (the same sums, without building PhasePoints)."""
@@ -204,6 +204,11 @@ class MemoryModel:
         ws, fr = al.workspace_gib * GIB, al.fragmentation
         owns = [g if p[0] != "optimizer" else 0.0 for p in points]
         return [p[4] - own + ws + fr * (p[2] + p[3] - own) + pool for p, own in zip(points, owns)]
+
+    @property
+    def least_reserved(self) -> float:
+        """Reserved bytes no batch shape reads below: what init left cached plus another stream's pool."""
+        return self.reserved_floor + self.stream_pool
 
     def fits(self, batch: float, seq: float, margin: float = 0.0) -> bool:
         return self.peak_bytes(batch, seq) <= self.capacity_bytes * (1.0 - margin)

@@ -63,14 +63,14 @@ def max_micro_batch(mem: MemoryModel, seq: float, margin: float = 0.0, cap: int 
     """Largest micro-batch that fits at this (padded) sequence length; 0 if none. `curves`: reserved_curves(mem),
     when already known (they do not depend on the capacity: a search solves one model for many GPUs)."""
     return solve_batch(mem.capacity_bytes * (1.0 - margin), curves if curves is not None else reserved_curves(mem),
-                       lambda b: mem.peak_bytes(b, seq), seq, cap, mem.reserved_floor + mem.stream_pool)
+                       lambda b: mem.peak_bytes(b, seq), seq, cap, mem.least_reserved)
 
 
 def solve_batch(limit: float, curves: list[ReservedCurve], peak: Callable[[int], float], seq: float,
                 cap: int = BATCH_CAP, floor: float = 0.0) -> int:
     """max_micro_batch for a limit in bytes, given the curves and the model's peak bytes as a function of the
     micro-batch at `seq` (a search passes a memoized one: it solves one model for many capacities). `floor`: what
-    init left reserved plus another stream's pool (MemoryModel.reserved_floor + stream_pool); above the limit no
+    init left reserved plus another stream's pool (MemoryModel.least_reserved); above the limit no
     batch fits."""
     if floor > limit:
         return 0
@@ -87,7 +87,7 @@ def solve_batch(limit: float, curves: list[ReservedCurve], peak: Callable[[int],
 def max_seq_len(mem: MemoryModel, batch: int, margin: float = 0.0, cap: int = SEQ_CAP) -> int:
     """Largest sequence length that fits at this micro-batch; 0 if none."""
     limit = mem.capacity_bytes * (1.0 - margin)
-    if mem.reserved_floor + mem.stream_pool > limit:
+    if mem.least_reserved > limit:
         return 0
     best = float(cap)
     for k, lin, q in reserved_curves(mem):

@@ -108,7 +108,7 @@ class MemoryProbe:
             if memo.curves is None:
                 memo.curves = reserved_curves(self.model)
             hit = memo.solved[capacity] = solve_batch(capacity, memo.curves, self.peak, self.seq,
-                                                      floor=self.model.reserved_floor + self.model.stream_pool)
+                                                      floor=self.model.least_reserved)
         return hit
 
     def peak(self, batch: int) -> float:

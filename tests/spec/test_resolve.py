@@ -129,3 +129,43 @@ def test_cli_prints_the_note_on_stderr_and_only_json_on_stdout():
     assert r.stderr.startswith("ftscope: note: mistralai/Mistral-7B-Instruct-v0.3") and r.stderr.count("\n") == 1
     data = json.loads(r.stdout)
     assert data["name"] == "mistral-7b-v0.3" and "mistral-7b-v0.3" in data["resolution"]
+
+
+# issue 19: the published Instruct / chat / -it (or other training-stage) model of every preset that has one
+PUBLISHED_VARIANTS = {
+    "llama-2-7b": ["meta-llama/Llama-2-7b-chat-hf"], "llama-2-13b": ["meta-llama/Llama-2-13b-chat-hf"],
+    "llama-2-70b": ["meta-llama/Llama-2-70b-chat-hf"],
+    "llama-3.1-8b": ["meta-llama/Llama-3.1-8B-Instruct"], "llama-3.1-70b": ["meta-llama/Llama-3.1-70B-Instruct"],
+    "llama-3.1-405b": ["meta-llama/Llama-3.1-405B-Instruct", "meta-llama/Llama-3.1-405B-Instruct-FP8"],
+    "llama-3.2-1b": ["meta-llama/Llama-3.2-1B-Instruct"], "llama-3.2-3b": ["meta-llama/Llama-3.2-3B-Instruct"],
+    "llama-3.3-70b": ["meta-llama/Llama-3.3-70B-Instruct"],
+    "llama-4-scout": ["meta-llama/Llama-4-Scout-17B-16E", "meta-llama/Llama-4-Scout-17B-16E-Instruct"],
+    "llama-4-maverick": ["meta-llama/Llama-4-Maverick-17B-128E", "meta-llama/Llama-4-Maverick-17B-128E-Instruct-FP8"],
+    "mistral-7b": ["mistralai/Mistral-7B-Instruct-v0.1"], "mistral-7b-v0.3": ["mistralai/Mistral-7B-Instruct-v0.3"],
+    "mixtral-8x7b": ["mistralai/Mixtral-8x7B-Instruct-v0.1"],
+    "mixtral-8x22b": ["mistralai/Mixtral-8x22B-Instruct-v0.1"],
+    "mistral-small-24b": ["mistralai/Mistral-Small-24B-Instruct-2501"],
+    "qwen2.5-7b": ["Qwen/Qwen2.5-7B-Instruct"], "qwen2.5-14b": ["Qwen/Qwen2.5-14B-Instruct"],
+    "qwen2.5-72b": ["Qwen/Qwen2.5-72B-Instruct", "Qwen/Qwen2.5-72B-Instruct-AWQ"],
+    "qwen1.5-moe-a2.7b": ["Qwen/Qwen1.5-MoE-A2.7B-Chat"],
+    "qwen3-30b-a3b": ["Qwen/Qwen3-30B-A3B-Base", "Qwen/Qwen3-30B-A3B-Instruct-2507"],
+    "qwen3-0.6b": ["Qwen/Qwen3-0.6B-Base"], "qwen3-8b": ["Qwen/Qwen3-8B-Base"], "qwen3-32b": ["Qwen/Qwen3-32B-FP8"],
+    "olmoe-1b-7b": ["allenai/OLMoE-1B-7B-0924-Instruct"], "deepseek-v2-lite": ["deepseek-ai/DeepSeek-V2-Lite-Chat"],
+    "deepseek-v3": ["deepseek-ai/DeepSeek-V3-Base", "deepseek-ai/DeepSeek-V3-0324"],
+    "falcon-180b": ["tiiuae/falcon-180B-chat"], "gemma-2-9b": ["google/gemma-2-9b-it"],
+    "gemma-3-1b": ["google/gemma-3-1b-pt"], "gemma-3-4b": ["google/gemma-3-4b-pt"],
+    "gemma-3-27b": ["google/gemma-3-27b-pt"],
+    "phi-3-mini-4k": ["microsoft/Phi-3-mini-4k-instruct"], "phi-4": ["unsloth/phi-4-bnb-4bit"],
+    "olmo-2-7b": ["allenai/OLMo-2-1124-7B-Instruct"], "olmo-2-13b": ["allenai/OLMo-2-1124-13B-Instruct"],
+    "smollm3-3b": ["HuggingFaceTB/SmolLM3-3B-Base"],
+}
+NO_PUBLISHED_VARIANT = {"phi-2", "blackmamba-2.8b", "gpt-oss-20b", "gpt-oss-120b"}  # one training stage published
+
+
+def test_every_preset_is_listed_with_its_published_variants_or_as_having_none():
+    assert set(PUBLISHED_VARIANTS) | NO_PUBLISHED_VARIANT == set(catalog.model_index())
+
+
+@pytest.mark.parametrize("ref, preset", [(ref, p) for p, refs in PUBLISHED_VARIANTS.items() for ref in refs])
+def test_published_variants_of_every_preset_resolve_to_it_without_a_config(ref, preset):
+    assert (catalog.resolve_model_name(ref) or preset_by_name(ref)) == preset  # an alias, else the name rule

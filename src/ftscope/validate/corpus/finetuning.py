@@ -63,7 +63,16 @@ def answerai(raw: Mapping[str, Any], src: Mapping[str, Any]) -> Mapped:
 
 TORCHTUNE_LORA_TARGETS = ["q_proj", "v_proj", "output_proj"]
 """torchtune's Llama 3.1 LoRA single-device recipes: lora_attn_modules q, v, output (as ftscope's copy of the
-bundled cases reads them)."""
+bundled cases reads them), for a row that names no config below."""
+
+TORCHTUNE_CONFIG_LORA = {
+    "llama3_1/8B_lora_single_device": (8, ["q_proj", "v_proj"]),
+    "llama3_1/8B_qlora_single_device": (8, ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]),
+    "llama3_1/70B_lora": (16, ["q_proj", "k_proj", "v_proj"]),
+    "llama3_1/405B_qlora": (16, ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]),
+}
+"""lora_rank and lora_attn_modules (+ apply_lora_to_mlp) of the named configs (recipes/configs/<name>.yaml at
+30b8519e), for rows that do not repeat them."""
 
 
 TORCHTUNE_GIB_FROM = "2024-08-15"
@@ -150,8 +159,10 @@ def _torchtune_mix(raw: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
     needs: list[str] = []
     if method in ("lora", "qlora"):
         lora = raw.get("lora") or {}
-        mix["lora_rank"] = int(lora.get("r", 8))
-        mix["lora_targets"] = lora_targets(lora["targets"]) if lora.get("targets") else TORCHTUNE_LORA_TARGETS
+        rank, targets = next((v for name, v in TORCHTUNE_CONFIG_LORA.items() if name.lower() in text),
+                             (8, TORCHTUNE_LORA_TARGETS))
+        mix["lora_rank"] = int(lora.get("r", rank))
+        mix["lora_targets"] = lora_targets(lora["targets"]) if lora.get("targets") else targets
     if raw.get("optimizer_in_bwd") or "optimizer_in_bwd" in text:
         needs.append("optimizer in backward")
         mix["optimizer_in_backward"] = True

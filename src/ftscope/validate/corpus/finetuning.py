@@ -130,9 +130,9 @@ TORCHTUNE_CONFIGS = {
 
 
 TORCHTUNE_UNSTATED_CONFIG = {
-    ("30b8519e", "a6000"): "config not stated: the 2024-09 table names none (only batch 2, packed 2,048, compile); "
-    "the same stated settings measure 1.9x the 4090 row's peak (30.3 vs 16.2, 37.4 vs 18.9 GiB), which the 4090's "
-    "24 GB could not hold without the default configs' checkpointing; on 48 GB both fit, so which config ran is unknown",
+    ("30b8519e", "a6000"): "config not stated: the 2024-09 table names none (only batch 2, packed 2,048, compile), "
+    "and the same stated settings measure 1.9x the 4090 row's peak (30.3 vs 16.2, 37.4 vs 18.9 GiB); nothing in "
+    "that README or its configs says what differs on the A6000",
 }
 """Rows whose figure cannot be tied to a config: (README commit, GPU word) -> why their peak is not compared."""
 

@@ -128,6 +128,18 @@ def test_chunked_loss_upcasts_one_chunk_at_a_time():
     assert ch.saved_per_token == std.saved_per_token
 
 
+def test_compiled_chunked_loss_keeps_the_logits_and_writes_only_their_gradient():
+    """torchtune's compile_loss: Inductor saves each chunk's bf16 logits and per-row statistics, fuses the fp32
+    upcast away, and its backward writes only the bf16 logits gradient (benchmarks/compiled_ce_saved.py)."""
+    eager, s = coeffs("llama-3.1-8b", method="lora", loss="chunked")
+    compiled, _ = coeffs("llama-3.1-8b", method="lora", loss="chunked", compile=True)
+    v = s.model.arch.vocab_size
+    assert compiled.logits_saved_per_token == 2 * v
+    assert compiled.logits_forward_extra_per_token == 0.0
+    assert compiled.logits_backward_extra_per_token == pytest.approx(2 * v / LOSS_CHUNKS)
+    assert eager.logits_backward_extra_per_token == pytest.approx((4 + 2) * v / LOSS_CHUNKS)
+
+
 # --- 4-bit inputs a k-bit matmul keeps under non-reentrant checkpointing (recipe kbit_matmul_keeps_input) -----
 
 def held(model="llama-2-7b", framework="llama-factory-2024", **mix):

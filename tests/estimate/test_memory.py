@@ -327,6 +327,20 @@ def test_bf16_adapters_halve_adapter_state():
     assert bf16.acts.saved_per_token < fp32.acts.saved_per_token  # no per-adapter fp32 -> bf16 input copies
 
 
+def test_fp32_loaded_lora_base_stays_fp32_except_under_deepspeed():
+    """peft-sft-2024 loads a LoRA base without torch_dtype: fp32 frozen weights and (PEFT 0.10) fp32 adapters;
+    DeepSpeed's bf16 engine casts the module; a QLoRA base's adapters follow its bf16 quant storage."""
+    from ftscope.estimate.memory import frozen_weight_bytes, memory_model
+
+    peft, hf = _fw("peft-sft-2024", method="lora"), _fw("hf-trainer", method="lora")
+    assert frozen_weight_bytes(peft) == pytest.approx(2 * frozen_weight_bytes(hf))
+    assert memory_model(peft).optimizer == pytest.approx(memory_model(hf).optimizer)  # fp32 adapters either way
+    z3 = dict(method="lora", zero_stage=3)
+    assert frozen_weight_bytes(_fw("peft-sft-2024", **z3)) == frozen_weight_bytes(_fw("hf-trainer", **z3))
+    q_peft, q_hf = memory_model(_fw("peft-sft-2024")), memory_model(_fw("hf-trainer"))
+    assert q_peft.optimizer == pytest.approx(q_hf.optimizer / 2)  # bf16 adapters: bf16 AdamW states
+
+
 def test_fused_linear_loss_keeps_no_logits_and_its_tile_stops_growing():
     std = ftscope.estimate(_fw("hf-trainer", loss="standard"), with_time=False)
     fused = ftscope.estimate(_fw("hf-trainer", loss="fused_linear"), with_time=False)

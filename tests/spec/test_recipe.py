@@ -6,7 +6,8 @@ from ftscope.errors import FtscopeError
 from ftscope.spec.recipe import DEFAULT_FRAMEWORK, framework_names, load_recipe, recipe_from_dict
 
 FRAMEWORKS = ("hf-trainer", "peft-kbit", "trl-sft", "axolotl", "llama-factory", "llama-factory-2024", "unsloth",
-              "torchtune", "litgpt", "torchtitan", "fsdp-qlora", "torchtune-0.1", "llama-factory-0.4", "trl-sft-0.4")
+              "torchtune", "litgpt", "torchtitan", "fsdp-qlora", "torchtune-0.1", "llama-factory-0.4", "trl-sft-0.4",
+              "peft-sft-2024")
 
 
 def _scn(**top):

@@ -248,10 +248,13 @@ def _loss_bytes(mix: Mix, recipe: Recipe, c: int, v: int, h: int) -> tuple[float
         # kept for all tokens; the fp32 upcast and the loss gradients exist for one chunk at a time
         chunk = 1.0 / (recipe.loss_chunks or LOSS_CHUNKS)
         log_softmax = 4.0 if recipe.loss_fp32 else float(c)
-        if recipe.compile or getattr(mix, "compile", False):  # mix.compile: issue #16's scenario key
-            log_softmax = 0.0  # a compiled cross-entropy recomputes the softmax in backward from the logits
         upcast = 4.0 if recipe.loss_fp32 else 0.0
-        return (c + log_softmax) * v, upcast * v * chunk, (4.0 + c) * v * chunk, 0.0
+        grads = 4.0 + c  # a chunk's fp32 log-softmax input gradient and its compute-dtype cast
+        if recipe.compile or getattr(mix, "compile", False):  # mix.compile: issue #16's scenario key
+            # a compiled cross-entropy (torchtune's compile_loss) saves the chunk's logits and per-row statistics,
+            # never materializes the fp32 upcast, and its backward writes only the logits' gradient
+            log_softmax, upcast, grads = 0.0, 0.0, float(c)
+        return (c + log_softmax) * v, upcast * v * chunk, grads * v * chunk, 0.0
     if mix.loss == "fused_linear":
         # logits are never materialized: per-token fp32 statistics are kept, the hidden-state gradient is fp32;
         # the logits tile buffer is added by the caller (it stops growing at the tile's token count)

@@ -272,7 +272,14 @@ def frozen_weight_bytes(scn: Scenario) -> float:
             quantized -= sum(lin.params * k for lin, k in m.linears() if lin.group == "experts")
         return quantized * NF4_BYTES + (total - quantized) * 2.0 + kbit_fp32_params(scn, quantized) * 2.0
     frozen = 0 if mix.method == "full" else total
-    return frozen * (4.0 if mix.precision == "fp32" else 2.0)
+    return frozen * (4.0 if mix.precision == "fp32" or fp32_lora_base(scn) else 2.0)
+
+
+def fp32_lora_base(scn: Scenario) -> bool:
+    """A LoRA base the recipe loads in fp32 and keeps so under mixed precision (DeepSpeed's bf16 engine casts it)."""
+    mix = scn.mix
+    return (scn.recipe.lora_base_fp32 and mix.method == "lora" and mix.zero_stage == 0
+            and mix.precision in ("bf16-mixed", "fp16-mixed"))
 
 
 def forward_transients(scn: Scenario, shards: int) -> tuple[float, float]:

@@ -58,6 +58,10 @@ class Recipe:
     """Dtype of LoRA adapters over a 4-bit base: fp32 (PEFT's autocast_adapter_dtype) | bf16 | base."""
     lora_adapter_dtype: str = "fp32"
     """Dtype of LoRA adapters over a bf16 base under bf16-mixed: fp32 (PEFT's default) | bf16 | base."""
+    lora_base_fp32: bool = False
+    """LoRA over a 16-bit base under bf16-mixed: the script loads the model without torch_dtype, so transformers
+    (before 5) builds it in fp32 and the frozen base stays fp32 (FSDP shards it so and gathers bf16 copies under
+    its MixedPrecision); DeepSpeed's bf16 engine casts the module to bf16. Adapters of dtype `base` follow it."""
     loss_chunks: int = 8
     """mix.loss chunked: number of output chunks (torchtune's num_output_chunks); 0: fixed-size chunks of
     loss_chunk_tokens tokens (LitGPT)."""
@@ -133,8 +137,10 @@ class Recipe:
         return group in self.kbit_fp32_params or "all" in self.kbit_fp32_params
 
     def adapter_dtype(self, method: str) -> str:
-        """Adapter dtype for a LoRA method: fp32, bf16 or base."""
-        return self.qlora_adapter_dtype if method == "qlora" else self.lora_adapter_dtype
+        """Adapter dtype for a LoRA method: fp32, bf16 or base (an fp32-loaded base's adapters are fp32)."""
+        if method == "qlora":
+            return self.qlora_adapter_dtype
+        return "fp32" if self.lora_base_fp32 and self.lora_adapter_dtype == "base" else self.lora_adapter_dtype
 
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("sources", "notes")}

@@ -90,3 +90,12 @@ def test_torchtune_named_configs_supply_what_their_rows_omit(point):
     assert big.scenario["mix"]["loss"] == "standard"
     paged32 = torchtune(*point(TORCHTUNE, "torchtune-2404-llama2-7b-full-1x4090"))
     assert "paged 32-bit" in paged32.why_not()
+
+
+def test_torchtune_a6000_rows_peak_is_listed_config_unstated(point):
+    """The 2024-09 table names no config; on a 48 GB card its rows' peak cannot be tied to one."""
+    a6000 = torchtune(*point(TORCHTUNE, "torchtune-2409-llama31-8b-lora-a6000-48gbx1"))
+    why = {x.metric: x.reason for x in a6000.measures}
+    assert why["peak_gib:reserved"].startswith("config not stated") and why["tokens_per_s_per_gpu"] is None
+    rtx = torchtune(*point(TORCHTUNE, "torchtune-2409-llama31-8b-lora-rtx4090-24gbx1"))
+    assert all(x.reason is None for x in rtx.measures)

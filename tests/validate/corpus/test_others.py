@@ -25,6 +25,9 @@ def test_peft_rows(point):
     m = peft(*point("peft-docs-and-readme-memory", "peft-doc-zero3-lora-llama2-70b-8xh100"))
     assert load_scenario(m.scenario).mix.zero_stage == 3
     assert m.measures[0].metric == "peak_gib:smi" and m.measures[0].value == 64
+    fsdp = load_scenario(peft(*point("peft-docs-and-readme-memory", "peft-doc-fsdp-lora-llama2-70b-8xh100")).scenario)
+    assert fsdp.recipe.name == "peft-sft-2024" and fsdp.recipe.lora_base_fp32  # the script's fp32 load
+    assert fsdp.mix.precision == "bf16-mixed" and fsdp.mix.lora_dropout == 0.1  # --bf16 True, --lora_dropout 0.1
     m = peft(*point("peft-docs-and-readme-memory", "peft-readme-bloomz-7b1-full"))
     assert "no architecture" in m.reason and m.measures[0].metric == "oom"
 

@@ -53,6 +53,10 @@ def hf_4bit(raw: Mapping[str, Any], src: Mapping[str, Any]) -> Mapped:
 
 # ---- PEFT docs ----------------------------------------------------------------------------------------------------
 
+PEFT_SFT_DROPOUT = 0.1
+"""lora_dropout of every run_peft_*.sh script behind the docs (aa2ca83c, 6008f272)."""
+
+
 def _peft_memory(raw: Mapping[str, Any]) -> tuple[Measure, ...]:
     r = raw["result"]
     if r.get("oom"):
@@ -73,19 +77,21 @@ def peft(raw: Mapping[str, Any], src: Mapping[str, Any]) -> Mapped:
     gpu, gnote = gpu_key(raw["gpu"])
     n = int(raw["n_gpus"])
     sharding = str(raw["sharding"])
+    # the scripts pass --bf16 True (the Trainer's autocast) and --lora_dropout 0.1 (run_peft_*.sh)
     mix: dict[str, Any] = {"method": raw["method"], "lora_rank": int(raw["lora"]["r"]),
                            "lora_targets": lora_targets(raw["lora"]["targets"]), "gradient_checkpointing": True,
-                           "attention": "flash", "precision": "bf16"}
+                           "attention": "flash", "precision": "bf16-mixed",
+                           "lora_dropout": float(raw["lora"].get("dropout", PEFT_SFT_DROPOUT))}
     if "zero3" in sharding:
         mix["zero_stage"] = 3
     else:
         mix["fsdp"] = "full_shard"
-    scenario = {"model": model, "framework": "hf-trainer", "hardware": {"gpu": gpu, "gpus_per_node": n}, "mix": mix,
+    scenario = {"model": model, "framework": "peft-sft-2024", "hardware": {"gpu": gpu, "gpus_per_node": n}, "mix": mix,
                 "workload": {"micro_batch_size": int(raw["mbs"]), "gradient_accumulation": int(raw["ga"]),
                              "seq_len": int(raw["seq_len"]), "padding": "packed"}}
-    notes = tuple(x for x in (gnote, "frozen base in bf16 (loaded with torch_dtype bfloat16), as ftscope's copy of "
-                              "the bundled cases reads these runs") if x)
-    return Mapped(raw["id"], src["id"], "hf-trainer", scenario, measures, notes=notes)
+    notes = tuple(x for x in (gnote, "PEFT's examples/sft/train.py of the docs' date: LoRA base loaded in fp32 (no "
+                              "torch_dtype), QLoRA's non-4-bit weights in bf16 (quant storage)") if x)
+    return Mapped(raw["id"], src["id"], "peft-sft-2024", scenario, measures, notes=notes)
 
 
 # ---- headline-only sources ----------------------------------------------------------------------------------------

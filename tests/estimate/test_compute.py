@@ -184,3 +184,19 @@ def test_mfu_does_not_depend_on_weight_tying(tmp_path):
     assert et.time.step_s == pytest.approx(eu.time.step_s, rel=1e-12)
     assert model_flops(tied, 2048, 512) == pytest.approx(model_flops(untied, 2048, 512), rel=1e-9)
     assert et.time.mfu == pytest.approx(eu.time.mfu, rel=1e-9)
+
+
+def test_fused_cross_entropy_reads_the_logits_once_per_pass():
+    """flash-attn's cross-entropy kernel moves the compute-dtype logits (read in forward; read + gradient written in
+    backward) where the standard loss upcasts and log-softmaxes them in fp32 by separate kernels."""
+    b, seq = 2, 128
+    loss_op = {}
+    for loss in ("standard", "fused"):
+        s = scn("llama-3.2-1b", {"method": "full", "loss": loss}, b, seq)
+        [loss_op[loss]] = [op for op in micro_batch_ops(s, b, seq) if op.kind == "stream" and op.layer == "lm_head"]
+    v = s.model.arch.vocab_size
+    assert loss_op["fused"].bytes == pytest.approx(2.0 * b * seq * v)
+    assert loss_op["fused"].bytes * loss_op["fused"].backward == pytest.approx(2 * 2.0 * b * seq * v)
+    fused = loss_op["fused"].bytes * (1 + loss_op["fused"].backward)
+    standard = loss_op["standard"].bytes * (1 + loss_op["standard"].backward)
+    assert fused < standard / 5

@@ -14,6 +14,15 @@ from ..spec.scenario import Scenario
 from .layout import Layout, layout
 from .memory import NF4_BYTES
 
+LOSS_TRAFFIC = {
+    "standard": (lambda c: c + 4 * 4, 1.5, 6),
+    "fused": (lambda c: c, 2.0, 1),
+}
+"""mix.loss -> (bytes per logit the loss moves in forward, given the compute dtype's size; backward traffic as a
+multiple of it; kernels). standard: the logits upcast to fp32 and log-softmaxed by separate kernels (read c, write
+4, read 4, write 4, gather), the backward about 1.5x that. fused: flash-attn's cross-entropy kernel (llm-foundry's
+default loss_fn) reads the compute-dtype logits once in forward, and in backward reads them again and writes their
+gradient (2x). The other losses are counted as standard."""
 PEFT_ADAPTER_KERNELS = 4
 """Kernels one PEFT LoRA adapter launches besides its two GEMMs: dropout (identity at p=0 launches none), the
 input cast to the adapter's dtype and back, the scaling multiply and the residual add."""
@@ -208,7 +217,8 @@ def micro_batch_ops(scn: Scenario, batch: int, seq: float) -> list[Op]:
     v, h = a.vocab_size / lay.tp, a.hidden_size
     ops.append(Op("matmul", "lm_head", 2.0 * tokens * h * v, c * (h * v + tokens * (h + v)), 1, tokens,
                   2.0 if mix.method == "full" else 1.0, recompute=False, n=int(v), k=h, fp8=False, head=True))
-    ops.append(Op("stream", "lm_head", 0.0, tokens * v * (c + 4 * 4), 6, tokens, 1.5, recompute=False,
+    per_logit, back, kernels = LOSS_TRAFFIC.get(mix.loss, LOSS_TRAFFIC["standard"])
+    ops.append(Op("stream", "lm_head", 0.0, tokens * v * per_logit(c), kernels, tokens, back, recompute=False,
                   fusible=True, head=True))
     return ops
 

@@ -200,3 +200,20 @@ def test_fused_cross_entropy_reads_the_logits_once_per_pass():
     fused = loss_op["fused"].bytes * (1 + loss_op["fused"].backward)
     standard = loss_op["standard"].bytes * (1 + loss_op["standard"].backward)
     assert fused < standard / 5
+
+
+def test_eager_elementwise_traffic_counts_the_fp32_norms_rope_and_gated_activation():
+    """An eager Llama block: two RMSNorms with fp32 upcast (28 + 4c each) and residual adds (3c each) per hidden
+    element, 10c per rotated element of q and k, 5c per gated-activation element; fused kernels move far less."""
+    b, seq = 2, 128
+    by = {}
+    for fused in (False, True):
+        s = scn("llama-3.1-8b", {"method": "full", "fused_elementwise": fused}, b, seq)
+        by[fused] = [op for op in micro_batch_ops(s, b, seq) if op.layer == "norms_other" and op.kind == "stream"]
+    a, layers = s.model.arch, s.model.num_layers
+    rotated = (a.num_heads + a.num_kv_heads) * a.head_dim
+    eager = (2 * (28 + 7 * 2) * a.hidden_size + 10 * 2 * rotated + 5 * 2 * a.intermediate_size) * b * seq * layers
+    fused = (2 * 4 * 2 * a.hidden_size + 2 * 2 * rotated + 3 * 2 * a.intermediate_size) * b * seq * layers
+    assert sum(op.bytes for op in by[False]) == pytest.approx(eager)
+    assert sum(op.bytes for op in by[True]) == pytest.approx(fused)
+    assert all(op.fusible for op in by[False]) and not any(op.fusible for op in by[True])

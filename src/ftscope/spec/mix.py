@@ -68,6 +68,9 @@ class Mix:
     flash-attn's CrossEntropyLoss, llm-foundry's default) | fused_linear (TRL's fused LM head, Liger, Unsloth:
     no logits kept).
     A `framework:` recipe sets it unless the scenario does."""
+    fused_elementwise: bool = False
+    """Norms, residual adds, RoPE and the gated activation run as fused kernels (Transformer Engine / Megatron,
+    llm-foundry's MPT, Triton or Liger norms); false: eager PyTorch (Hugging Face, torchtune without compile)."""
     lora_dropout: Number(ge=0, lt=1) = 0.0
     """LoRA dropout probability; above 0 every adapted linear keeps its own dropped-out input and mask."""
     checkpointing: Literal["full", "selective", "per-op"] = "full"

@@ -134,7 +134,7 @@ BAD_VALUES = {
     "model an empty inline config": {"model": {}}, "model an inline config with NaN": {"model": {**fx.LLAMA, "hidden_size": float("nan")}},
     "framework unknown": {"framework": "trl-sftt"}, "framework a number": {"framework": 7},
     "mix.lora_dropout 1.5": {"mix__lora_dropout": 1.5}, "mix.lora_dropout NaN": {"mix__lora_dropout": float("nan")},
-    "mix.loss unknown": {"mix__loss": "fused"},
+    "mix.loss unknown": {"mix__loss": "fused_ce"},
 }
 
 

@@ -140,6 +140,16 @@ def test_compiled_chunked_loss_keeps_the_logits_and_writes_only_their_gradient()
     assert eager.logits_backward_extra_per_token == pytest.approx((4 + 2) * v / LOSS_CHUNKS)
 
 
+def test_fused_loss_keeps_the_compute_dtype_logits_and_no_fp32_copy():
+    std, s = coeffs("llama-3.1-8b", method="full", precision="bf16")
+    fu, _ = coeffs("llama-3.1-8b", method="full", precision="bf16", loss="fused")
+    v = s.model.arch.vocab_size
+    assert fu.logits_saved_per_token == 2 * v
+    assert fu.logits_forward_extra_per_token == 0
+    assert fu.logits_backward_extra_per_token == 2 * v < std.logits_backward_extra_per_token
+    assert fu.saved_per_token == std.saved_per_token
+
+
 # --- 4-bit inputs a k-bit matmul keeps under non-reentrant checkpointing (recipe kbit_matmul_keeps_input) -----
 
 def held(model="llama-2-7b", framework="llama-factory-2024", **mix):

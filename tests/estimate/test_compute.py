@@ -184,3 +184,36 @@ def test_mfu_does_not_depend_on_weight_tying(tmp_path):
     assert et.time.step_s == pytest.approx(eu.time.step_s, rel=1e-12)
     assert model_flops(tied, 2048, 512) == pytest.approx(model_flops(untied, 2048, 512), rel=1e-9)
     assert et.time.mfu == pytest.approx(eu.time.mfu, rel=1e-9)
+
+
+def test_fused_cross_entropy_reads_the_logits_once_per_pass():
+    """flash-attn's cross-entropy kernel moves the compute-dtype logits (read in forward; read + gradient written in
+    backward) where the standard loss upcasts and log-softmaxes them in fp32 by separate kernels."""
+    b, seq = 2, 128
+    loss_op = {}
+    for loss in ("standard", "fused"):
+        s = scn("llama-3.2-1b", {"method": "full", "loss": loss}, b, seq)
+        [loss_op[loss]] = [op for op in micro_batch_ops(s, b, seq) if op.kind == "stream" and op.layer == "lm_head"]
+    v = s.model.arch.vocab_size
+    assert loss_op["fused"].bytes == pytest.approx(2.0 * b * seq * v)
+    assert loss_op["fused"].bytes * loss_op["fused"].backward == pytest.approx(2 * 2.0 * b * seq * v)
+    fused = loss_op["fused"].bytes * (1 + loss_op["fused"].backward)
+    standard = loss_op["standard"].bytes * (1 + loss_op["standard"].backward)
+    assert fused < standard / 5
+
+
+def test_eager_elementwise_traffic_counts_the_fp32_norms_rope_and_gated_activation():
+    """An eager Llama block: two RMSNorms with fp32 upcast (28 + 4c each) and residual adds (3c each) per hidden
+    element, 10c per rotated element of q and k, 5c per gated-activation element; fused kernels move far less."""
+    b, seq = 2, 128
+    by = {}
+    for fused in (False, True):
+        s = scn("llama-3.1-8b", {"method": "full", "fused_elementwise": fused}, b, seq)
+        by[fused] = [op for op in micro_batch_ops(s, b, seq) if op.layer == "norms_other" and op.kind == "stream"]
+    a, layers = s.model.arch, s.model.num_layers
+    rotated = (a.num_heads + a.num_kv_heads) * a.head_dim
+    eager = (2 * (28 + 7 * 2) * a.hidden_size + 10 * 2 * rotated + 5 * 2 * a.intermediate_size) * b * seq * layers
+    fused = (2 * 4 * 2 * a.hidden_size + 2 * 2 * rotated + 3 * 2 * a.intermediate_size) * b * seq * layers
+    assert sum(op.bytes for op in by[False]) == pytest.approx(eager)
+    assert sum(op.bytes for op in by[True]) == pytest.approx(fused)
+    assert all(op.fusible for op in by[False]) and not any(op.fusible for op in by[True])

@@ -78,7 +78,8 @@ def test_compute_never_shrinks_with_the_length_nor_the_micro_batch():
     for model, mix in itertools.product(("llama-3.2-1b", "olmoe-1b-7b"), MIXES[::4]):
         scn = _scn(model, **mix)
         by_length = [per_sequence(scn, 4, s) for s in (64, 65, 700, 4096)]
-        assert by_length == sorted(by_length)
+        # host-bound: flat, up to the rounding of splitting a pass between dequantization and the rest
+        assert all(b >= a * (1 - 1e-12) for a, b in zip(by_length, by_length[1:])), (model, mix)
         whole = [per_sequence(scn, b, 700) * b for b in (1, 2, 3, 8, 64)]  # a micro-batch's time grows with it
         assert all(b >= a * (1 - 1e-12) for a, b in zip(whole, whole[1:])), (model, mix)  # host-bound: flat
 

@@ -15,7 +15,7 @@ def test_default_mix_is_valid():
 
 @pytest.mark.parametrize("field, value", [
     ("method", "prefix"), ("attention", "xformers"), ("offload", "nvme"), ("precision", "fp8"),
-    ("optimizer", "adafactor"), ("fsdp", "hybrid_shard"), ("experts_backend", "triton"), ("loss", "fused"),
+    ("optimizer", "adafactor"), ("fsdp", "hybrid_shard"), ("experts_backend", "triton"), ("loss", "fused_ce"),
 ])
 def test_value_outside_its_choices_lists_the_choices(field, value):
     with pytest.raises(FtscopeError, match=rf"mix.{field} must be one of .*got '{value}'"):

@@ -255,6 +255,10 @@ def _loss_bytes(mix: Mix, recipe: Recipe, c: int, v: int, h: int) -> tuple[float
             # never materializes the fp32 upcast, and its backward writes only the logits' gradient
             log_softmax, upcast, grads = 0.0, 0.0, float(c)
         return (c + log_softmax) * v, upcast * v * chunk, grads * v * chunk, 0.0
+    if mix.loss == "fused":
+        # flash-attn's cross-entropy kernel: saves the compute-dtype logits and a per-token log-sum-exp for backward,
+        # which writes the logits' gradient in the compute dtype; no fp32 copy at any point
+        return float(c) * v, 0.0, float(c) * v, 0.0
     if mix.loss == "fused_linear":
         # logits are never materialized: per-token fp32 statistics are kept, the hidden-state gradient is fp32;
         # the logits tile buffer is added by the caller (it stops growing at the tile's token count)

@@ -14,6 +14,15 @@ from ..spec.scenario import Scenario
 from .layout import Layout, layout
 from .memory import NF4_BYTES
 
+LOSS_TRAFFIC = {
+    "standard": (lambda c: c + 4 * 4, 1.5, 6),
+    "fused": (lambda c: c, 2.0, 1),
+}
+"""mix.loss -> (bytes per logit the loss moves in forward, given the compute dtype's size; backward traffic as a
+multiple of it; kernels). standard: the logits upcast to fp32 and log-softmaxed by separate kernels (read c, write
+4, read 4, write 4, gather), the backward about 1.5x that. fused: flash-attn's cross-entropy kernel (llm-foundry's
+default loss_fn) reads the compute-dtype logits once in forward, and in backward reads them again and writes their
+gradient (2x). The other losses are counted as standard."""
 PEFT_ADAPTER_KERNELS = 4
 """Kernels one PEFT LoRA adapter launches besides its two GEMMs: dropout (identity at p=0 launches none), the
 input cast to the adapter's dtype and back, the scaling multiply and the residual add."""
@@ -82,7 +91,7 @@ def _expert_op(scn: Scenario, lin, n: int, tokens: float, bwd: float, c: float, 
               n=max(lin.out_features // lay.tp, 1), k=lin.in_features, groups=groups)]
     if mix.method == "qlora" and not mix.fused_experts:  # bitsandbytes quantizes per-expert modules only
         ops.append(Op("dequant", "experts", 0.0, (NF4_BYTES + 2.0) * w * hit * n, hit * n, 1, 1.0))
-    if mix.experts_backend in ("eager", "modules") and lin.role == "gate":
+    if mix.experts_backend in ("eager", "modules") and lin.role == "down":
         ops.append(Op("dispatch", "experts", 0.0, 0.0, hit * n, 1, 1.0))
     return ops
 
@@ -164,6 +173,37 @@ def _attention_op(scn: Scenario, n: int, batch: int, seq: float, c: float, lay: 
               seq=kernel_seq, k=qk)
 
 
+EAGER_NORM_BYTES = 28.0
+"""Bytes per element an eager RMSNorm moves beyond its compute-dtype input and output (4 c, added by the caller):
+Hugging Face's and torchtune's upcast the input to fp32 (write 4), square it (read 4, write 4), take the mean (read
+4), scale (read 4, write 4) and cast back (read 4): 28 bytes in five kernels, then the weight multiply."""
+EAGER_KERNELS, FUSED_KERNELS = 18, 6
+"""Elementwise kernels per block: eager (two norms of five, residual adds, RoPE's multiply / rotate / add on q and
+k, the gated activation) and fused (a norm with its residual add twice, one RoPE kernel, one activation)."""
+
+
+def _elementwise_op(scn: Scenario, layer, n: float, tokens: float, c: float, lay: Layout) -> Op:
+    """A block's norms, residual adds, RoPE and gated activation. Eager PyTorch (Hugging Face, torchtune
+    uncompiled): per element of the hidden state and norm 28 + 4c for the RMSNorm and 3c for its residual add,
+    10c per rotated element of q and k (multiply by cos, negate and concatenate the halves, multiply by sin, add),
+    5c per element of the gated activation (SiLU, then the product with up). Fused kernels (Transformer Engine,
+    Megatron, llm-foundry's MPT, Triton norms; `mix.fused_elementwise`): each norm reads the input and the
+    residual and writes both (4c), RoPE reads and writes q and k once (2c), the activation reads two and writes
+    one (3c). torch.compile fuses the eager kernels (`compile_stream_bytes`)."""
+    a, mix = scn.model.arch, scn.mix
+    gated = any(lin.role in ("gate", "gate_up") for lin in layer.linears) or layer.ffn == "moe"
+    inter = {"dense": a.intermediate_size, "moe": a.moe_intermediate_size * max(scn.top_k, 1)}.get(layer.ffn, 0)
+    inter /= lay.tp
+    hidden = a.hidden_size / (lay.tp if lay.sequence_parallel else 1)
+    norms = 2 if layer.mixer == "attention" else 1   # BlackMamba's blocks are a mixer or an MoE, one norm each
+    rotated = (a.num_heads + a.num_kv_heads) * a.head_dim / lay.tp if layer.mixer == "attention" else 0.0
+    if mix.fused_elementwise:
+        per_token = norms * 4 * c * hidden + 2 * c * rotated + 3 * c * inter
+        return Op("stream", "norms_other", 0.0, per_token * tokens * n, FUSED_KERNELS * n, tokens, 2.0)
+    per_token = (norms * (EAGER_NORM_BYTES + 7 * c)) * hidden + 10 * c * rotated + (5 if gated else 2) * c * inter
+    return Op("stream", "norms_other", 0.0, per_token * tokens * n, EAGER_KERNELS * n, tokens, 2.0, fusible=True)
+
+
 _OPS_CACHE: dict[tuple, tuple[Op, ...]] = {}
 _OPS_CACHE_SIZE = 4096
 
@@ -199,16 +239,13 @@ def micro_batch_ops(scn: Scenario, batch: int, seq: float) -> list[Op]:
         elif layer.mixer == "mamba":
             di, ds = a.mamba_d_inner, a.mamba_d_state
             ops.append(Op("stream", "mamba", 9.0 * tokens * di * ds * n, c * tokens * di * 8 * n, 6 * n, tokens, 2.0))
-        # norms, residuals, activations, RoPE: about a dozen passes over hidden-sized tensors per block
-        inter = a.intermediate_size if layer.ffn == "dense" else a.moe_intermediate_size * max(scn.top_k, 1)
-        sp = lay.tp if lay.sequence_parallel else 1
-        stream_bytes = c * tokens * (12 * a.hidden_size / sp + 4 * inter / lay.tp)
-        ops.append(Op("stream", "norms_other", 0.0, stream_bytes * n, 18 * n, tokens, 2.0, fusible=True))
+        ops.append(_elementwise_op(scn, layer, n, tokens, c, lay))
     # LM head and loss (not inside a checkpointed block; on the last pipeline stage; vocabulary split by TP)
     v, h = a.vocab_size / lay.tp, a.hidden_size
     ops.append(Op("matmul", "lm_head", 2.0 * tokens * h * v, c * (h * v + tokens * (h + v)), 1, tokens,
                   2.0 if mix.method == "full" else 1.0, recompute=False, n=int(v), k=h, fp8=False, head=True))
-    ops.append(Op("stream", "lm_head", 0.0, tokens * v * (c + 4 * 4), 6, tokens, 1.5, recompute=False,
+    per_logit, back, kernels = LOSS_TRAFFIC.get(mix.loss, LOSS_TRAFFIC["standard"])
+    ops.append(Op("stream", "lm_head", 0.0, tokens * v * per_logit(c), kernels, tokens, back, recompute=False,
                   fusible=True, head=True))
     return ops
 

@@ -62,10 +62,15 @@ class Mix:
     experts_backend: Literal["eager", "batched_mm", "grouped_mm", "modules"] = "grouped_mm"
     """transformers 5 fused 3-D experts: eager (loop) | batched_mm | grouped_mm; or modules: one nn.Linear per
     expert (transformers 4.x), which bitsandbytes quantizes and PEFT adapts without merging the stack."""
-    loss: Literal["standard", "chunked", "fused_linear"] = "standard"
+    loss: Literal["standard", "chunked", "fused", "fused_linear"] = "standard"
     """standard (HF: fp32 logits for the whole batch) | chunked (torchtune / LitGPT: the LM head and the
-    cross-entropy per chunk of tokens) | fused_linear (TRL's fused LM head, Liger, Unsloth: no logits kept).
+    cross-entropy per chunk of tokens) | fused (one cross-entropy kernel over the compute-dtype logits:
+    flash-attn's CrossEntropyLoss, llm-foundry's default) | fused_linear (TRL's fused LM head, Liger, Unsloth:
+    no logits kept).
     A `framework:` recipe sets it unless the scenario does."""
+    fused_elementwise: bool = False
+    """Norms, residual adds, RoPE and the gated activation run as fused kernels (Transformer Engine / Megatron,
+    llm-foundry's MPT, Triton or Liger norms); false: eager PyTorch (Hugging Face, torchtune without compile)."""
     lora_dropout: Number(ge=0, lt=1) = 0.0
     """LoRA dropout probability; above 0 every adapted linear keeps its own dropped-out input and mask."""
     checkpointing: Literal["full", "selective", "per-op"] = "full"

@@ -17,6 +17,7 @@ def test_foundry_point_is_packed_fsdp_with_its_layout(point):
     assert s.mix.fsdp == "full_shard" and s.mix.gradient_checkpointing and s.mix.method == "full"
     assert s.workload.padding == "packed" and s.workload.seq_len == 2048 and s.workload.micro_batch_size == 8
     assert m.needs == () and m.framework == "llm-foundry"
+    assert s.mix.loss == "fused" and s.mix.fused_elementwise   # flash-attn's cross-entropy; MPT's fused blocks
     metrics = {x.metric: x.value for x in m.measures}
     assert metrics == {"tokens_per_s_per_gpu": 1007, "mfu": pytest.approx(0.4125)}
 

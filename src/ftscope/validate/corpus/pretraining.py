@@ -80,8 +80,11 @@ def foundry(raw: Mapping[str, Any], src: Mapping[str, Any]) -> Mapped:
     model = mpt_config(src["models"][raw["model"]], int(raw["seq_len"]))
     attention = foundry_attention(raw)
     notes.append(f"attention kernel: {'FlashAttention-2' if attention == 'flash' else 'the 2022 Triton / v1 flash kernel'}")
+    notes.append("loss: fused (ComposerMPTCausalLM's default loss_fn 'fused_crossentropy': flash-attn's cross-entropy kernel)")
+    notes.append("fused_elementwise: MPT's blocks run one low-precision LayerNorm kernel per norm, ALiBi (no RoPE) and GELU")
     mix = {"method": "full", "precision": "bf16-mixed", "attention": attention, "fsdp": raw["sharding"].split("-", 1)[1],
-           "gradient_checkpointing": bool(raw["act_ckpt"]), "optimizer": "adamw"}
+           "gradient_checkpointing": bool(raw["act_ckpt"]), "optimizer": "adamw", "loss": "fused",
+           "fused_elementwise": True}
     if needs:
         mix["fp8"] = True
     scenario = {"model": model, "hardware": hardware(gpu, int(raw["n_gpus"]), inter_node_gbs=FOUNDRY_INTER_NODE_GBS),

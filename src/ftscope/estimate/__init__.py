@@ -9,6 +9,7 @@ from ..spec.rules import problem
 from ..spec.scenario import Scenario
 from .memory import memory_model
 from .result import TIGHT_MARGIN, Estimate
+from .shared import Shared, shared_for
 from .solvers import max_micro_batch
 
 DEFAULT_MARGIN = 0.0
@@ -61,32 +62,40 @@ def scn_name(scn: Scenario) -> str:
 
 
 def estimate(scn: Scenario, margin: float = DEFAULT_MARGIN, strict: bool = True, with_time: bool = True,
-             calibration=None, tight_margin: float = TIGHT_MARGIN) -> Estimate:
+             calibration=None, tight_margin: float = TIGHT_MARGIN, shared: Shared | None = None) -> Estimate:
     """Estimate one scenario. With strict=True an unsupported mix raises FtscopeError (exit 2 in the CLI);
     with strict=False it comes back with `reason` set and `fits` false (what plan/recommend list). A fit with
-    less than `tight_margin` of usable memory left is "tight" (Estimate.status)."""
+    less than `tight_margin` of usable memory left is "tight" (Estimate.status). `shared`: a sweep's memo of the
+    work its candidates share (estimate/shared.py); the same numbers, computed once."""
     for name, value in (("margin", margin), ("tight_margin", tight_margin)):
         if not 0 <= value < 1:
             raise FtscopeError(f"{name} must be in [0, 1); got {value}")
-    reason = unsupported_reason(scn)
+    sh = shared_for(shared, scn)
+    reason = sh.per_gpu("reason", scn, lambda: unsupported_reason(scn)) if sh else unsupported_reason(scn)
     if reason and strict:
         raise FtscopeError(reason)
-    mem = memory_model(scn)
+    world = scn.cluster.world_size
+    mem = sh.per_gpu(("memory", world), scn, lambda: memory_model(scn)) if sh else memory_model(scn)
     if not mem.capacity_bytes > 0:
         raise FtscopeError(f"{scn.cluster.gpu.key} has {scn.cluster.gpu.memory_gib:.2f} GiB: nothing is left after the "
                            f"CUDA context ({mem.allocator.cuda_context_gib} GiB); give hardware.gpu more memory")
     wl = scn.workload
     seq = wl.peak_seq_len()
-    max_b = max_micro_batch(mem, seq, margin)
+    if sh:  # the memory models of one GPU count differ only in the capacity, which the breakdown ignores
+        max_b = sh.get(("max_b", world, mem.capacity_bytes, margin), lambda: max_micro_batch(mem, seq, margin))
+    else:
+        max_b = max_micro_batch(mem, seq, margin)
     batch = (max_b or 1) if wl.solve_batch else int(wl.micro_batch_size)
-    breakdown = mem.breakdown(batch, seq)
+    breakdown = (sh.get(("breakdown", world, batch), lambda: mem.breakdown(batch, seq)) if sh
+                 else mem.breakdown(batch, seq))
     if reason is None and breakdown.peak_bytes > mem.capacity_bytes * (1 - margin):
         reason = (f"does not fit: needs {breakdown.peak_bytes / 2**30:.1f} GiB per GPU at micro-batch {batch}, "
                   f"seq {seq}; {scn.cluster.gpu.key} has {mem.capacity_bytes / 2**30:.1f} GiB usable")
     result = Estimate(scenario=scn, micro_batch_size=batch, seq_len=seq, memory=breakdown, model_memory=mem,
                       max_micro_batch_size=max_b, margin=margin, reason=reason,
-                      warnings=_warnings(scn, seq), tight_margin=tight_margin)
+                      warnings=sh.get(("warnings",), lambda: _warnings(scn, seq)) if sh else _warnings(scn, seq),
+                      tight_margin=tight_margin)
     if with_time:
         from .time import attach_time
-        result = attach_time(result, calibration)
+        result = attach_time(result, calibration, sh)
     return _sane(result)

@@ -13,6 +13,7 @@ from ..errors import FtscopeError
 from ..estimate import estimate
 from ..estimate.efficiency import Calibration, load_calibration
 from ..estimate.result import Estimate
+from ..estimate.shared import Shared
 from ..spec.hardware import gpu_from_catalog
 from ..spec.scenario import Scenario
 from .fixes import Fix, fixes_per_gpu
@@ -53,14 +54,14 @@ def _rank_key(est: Estimate, by: str) -> tuple:
     return (tier, usd, hours) if by == "cost" else (tier, hours, usd)
 
 
-def estimate_with_margin(cand: Scenario, margin: float, cal: Calibration) -> Estimate:
+def estimate_with_margin(cand: Scenario, margin: float, cal: Calibration, shared: Shared | None = None) -> Estimate:
     """The candidate at the largest micro-batch that leaves `margin` of usable memory free; when none does (or the
-    batch is fixed), as it is, tight when it eats into the margin (Estimate.status)."""
+    batch is fixed), as it is, tight when it eats into the margin (Estimate.status). `shared`: the sweep's memo."""
     if margin and cand.workload.solve_batch:
-        est = estimate(cand, margin=margin, strict=False, calibration=cal, tight_margin=margin)
+        est = estimate(cand, margin=margin, strict=False, calibration=cal, tight_margin=margin, shared=shared)
         if est.fits or not (est.reason or "").startswith("does not fit"):
             return est
-    return estimate(cand, strict=False, calibration=cal, tight_margin=margin)
+    return estimate(cand, strict=False, calibration=cal, tight_margin=margin, shared=shared)
 
 
 def pareto_front(rows: Sequence[Estimate]) -> list[int]:
@@ -96,13 +97,12 @@ def plan(scn: Scenario, gpus: Sequence[str] | None = None, counts: Sequence[int]
         raise FtscopeError(f"no GPU count fits --max-gpus {max_gpus}")
     cal = calibration if isinstance(calibration, Calibration) else load_calibration(calibration)
     rows: list[Estimate] = []
+    base = scn.with_(micro_batch_size="max") if solve_batch else scn
+    shared = Shared(base)  # the candidates differ only in GPU type and count
     for key in candidate_gpus(gpus):
         gpu = gpu_from_catalog(key)
         for count in counts:
-            cand = scn.with_(gpu=gpu, gpus_per_node=count, nodes=nodes)
-            if solve_batch:
-                cand = cand.with_(micro_batch_size="max")
-            rows.append(estimate_with_margin(cand, margin, cal))
+            rows.append(estimate_with_margin(base.with_(gpu=gpu, gpus_per_node=count, nodes=nodes), margin, cal, shared))
     rows.sort(key=lambda e: _rank_key(e, by))
     best = rows[0] if rows and rows[0].fits and rows[0].time is not None else None
     return Plan(rows=rows, best=best, pareto=pareto_front(rows), by=by, fixes=fixes_per_gpu(rows, margin))

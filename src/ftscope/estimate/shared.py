@@ -17,7 +17,8 @@ from ..spec.scenario import Scenario
 
 
 class Shared:
-    """Memo of one sweep's shared work (see the module docstring). Not thread-safe: one per sweep."""
+    """Memo of one sweep's shared work (see the module docstring). Two threads may both make a value the memo
+    lacks; they make the same one, so either may stay."""
 
     def __init__(self, scn: Scenario) -> None:
         self.scenario = scn

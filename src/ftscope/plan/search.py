@@ -6,6 +6,7 @@ study, every row is predicted from the GPU's datasheet and the fitted efficienci
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from typing import Any, Sequence
 
 from .. import catalog
@@ -97,15 +98,33 @@ def plan(scn: Scenario, gpus: Sequence[str] | None = None, counts: Sequence[int]
         raise FtscopeError(f"no GPU count fits --max-gpus {max_gpus}")
     cal = calibration if isinstance(calibration, Calibration) else load_calibration(calibration)
     rows: list[Estimate] = []
-    base = scn.with_(micro_batch_size="max") if solve_batch else scn
-    shared = Shared(base)  # the candidates differ only in GPU type and count
+    shared = _sweep(scn, solve_batch)
+    base = shared.scenario
     for key in candidate_gpus(gpus):
-        gpu = gpu_from_catalog(key)
+        gpu = _catalog_gpu(key)
         for count in counts:
             rows.append(estimate_with_margin(base.with_(gpu=gpu, gpus_per_node=count, nodes=nodes), margin, cal, shared))
     rows.sort(key=lambda e: _rank_key(e, by))
     best = rows[0] if rows and rows[0].fits and rows[0].time is not None else None
-    return Plan(rows=rows, best=best, pareto=pareto_front(rows), by=by, fixes=fixes_per_gpu(rows, margin))
+    fixes = fixes_per_gpu(rows, margin, shared.get(("fixes",), dict))
+    return Plan(rows=rows, best=best, pareto=pareto_front(rows), by=by, fixes=fixes)
+
+
+_catalog_gpu = lru_cache(maxsize=None)(gpu_from_catalog)
+"""One GpuSpec per catalog GPU (the catalog is read once): the sweeps' memos know a GPU type by its object."""
+_SWEEPS: dict[tuple, Shared] = {}
+"""The shared work of the plans of one scenario (by value): plans over other counts and nodes reuse what does not
+depend on them (support and price per GPU type, pass times per GPU and micro-batch)."""
+
+
+def _sweep(scn: Scenario, solve_batch: bool) -> Shared:
+    key = (scn, solve_batch)
+    hit = _SWEEPS.get(key)
+    if hit is None:
+        if len(_SWEEPS) >= 64:
+            _SWEEPS.clear()
+        hit = _SWEEPS[key] = Shared(scn.with_(micro_batch_size="max") if solve_batch else scn)
+    return hit
 
 
 def one_row_per_gpu(p: Plan) -> list[Estimate]:

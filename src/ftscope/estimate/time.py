@@ -9,10 +9,10 @@ not hide + host overhead. All GPUs run in lock-step.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Sequence
 
-from ..spec.scenario import Scenario
+from ..spec.scenario import Scenario, fast_replace
 from .comm import collectives, exposed
 from .compute import Op, cached_ops, model_flops, recomputed
 from .cost import price_of, run_cost
@@ -248,6 +248,6 @@ def attach_time(est: Estimate, calibration: Calibration | str | None = None, sha
     scn = est.scenario
     eff, calibrated = cal.for_gpu(scn.cluster.gpu.key)
     t = step_time(scn, est.micro_batch_size, eff, est.model_memory.trainable_params, shared=shared)
-    t = replace(t, calibrated=calibrated)
+    t = fast_replace(t, calibrated=calibrated)  # plain frozen dataclasses: copied without re-running __init__
     price = shared.per_gpu("price", scn, lambda: price_of(scn)) if shared is not None else None
-    return replace(est, time=t, run=run_cost(scn, t, est.micro_batch_size, price))
+    return fast_replace(est, time=t, run=run_cost(scn, t, est.micro_batch_size, price))

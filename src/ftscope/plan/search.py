@@ -6,7 +6,7 @@ study, every row is predicted from the GPU's datasheet and the fitted efficienci
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from typing import Any, Sequence
 
 from .. import catalog
@@ -32,8 +32,15 @@ class Plan:
     pareto: list[int] = field(default_factory=list)
     """Indices into rows of candidates no other candidate beats on both hours and dollars."""
     by: str = "cost"
-    fixes: dict[str, list[Fix]] = field(default_factory=dict)
-    """Per GPU type on which nothing fits: the single changes (checkpointing, ZeRO-3, QLoRA, more GPUs) that fit."""
+    margin: float = 0.0
+    fix_memo: dict = field(default_factory=dict, repr=False, compare=False)
+    """The fixes' shared work (plan/fixes.py)."""
+
+    @cached_property
+    def fixes(self) -> dict[str, list[Fix]]:
+        """Per GPU type on which nothing fits: the single changes (checkpointing, ZeRO-3, QLoRA, more GPUs) that fit
+        (tried when first read: a ranking does not need them)."""
+        return fixes_per_gpu(self.rows, self.margin, self.fix_memo)
 
     def to_dict(self) -> dict[str, Any]:
         rows = []
@@ -106,8 +113,8 @@ def plan(scn: Scenario, gpus: Sequence[str] | None = None, counts: Sequence[int]
             rows.append(estimate_with_margin(base.with_(gpu=gpu, gpus_per_node=count, nodes=nodes), margin, cal, shared))
     rows.sort(key=lambda e: _rank_key(e, by))
     best = rows[0] if rows and rows[0].fits and rows[0].time is not None else None
-    fixes = fixes_per_gpu(rows, margin, shared.get(("fixes",), dict))
-    return Plan(rows=rows, best=best, pareto=pareto_front(rows), by=by, fixes=fixes)
+    return Plan(rows=rows, best=best, pareto=pareto_front(rows), by=by, margin=margin,
+                fix_memo=shared.get(("fixes",), dict))
 
 
 _catalog_gpu = lru_cache(maxsize=None)(gpu_from_catalog)

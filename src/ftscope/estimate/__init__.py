@@ -40,6 +40,13 @@ SLOW_STEP_S = 86_400.0
 def _sane(result: Estimate) -> Estimate:
     """The result boundary: no NaN, inf or negative figure leaves the estimator (an error naming it instead)."""
     mem, t, run = result.memory, result.time, result.run
+    values = [mem.peak_bytes, mem.allocated_bytes, *mem.categories.values()]
+    if t is not None:
+        values += [t.step_s, t.tokens_per_s, t.samples_per_s, t.mfu, *t.breakdown_s.values()]
+    if run is not None:
+        values += [run.hours, run.usd if run.usd is not None else 0.0]
+    if min(values) >= 0 and math.isfinite(sum(values)):  # every figure finite and not negative (else find which)
+        return _slow_step_warning(result)
     figures = {"memory.peak": mem.peak_bytes, "memory.allocated": mem.allocated_bytes,
                **{f"memory.{k}": v for k, v in mem.categories.items()}}
     if t is not None:
@@ -51,6 +58,11 @@ def _sane(result: Estimate) -> Estimate:
     if bad is not None:
         raise FtscopeError(f"the estimate of {scn_name(result.scenario)} came out {bad[0]} = {bad[1]}: check the GPU's "
                            "rates and memory (hardware.gpu) and the workload sizes")
+    return _slow_step_warning(result)
+
+
+def _slow_step_warning(result: Estimate) -> Estimate:
+    t = result.time
     if t is not None and t.step_s > SLOW_STEP_S:
         result = replace(result, warnings=(*result.warnings, f"one step takes {t.step_s:,.0f} s (over a day): check the "
                                                              "GPU's rates (hardware.gpu) and the workload sizes"))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from functools import cached_property, lru_cache
+from itertools import groupby
 from typing import Any, Sequence
 
 from .. import catalog
@@ -16,7 +17,7 @@ from ..estimate.efficiency import Calibration, load_calibration
 from ..estimate.result import Estimate
 from ..estimate.shared import Shared
 from ..spec.hardware import gpu_from_catalog
-from ..spec.scenario import Scenario
+from ..spec.scenario import Scenario, fast_replace
 from .fixes import Fix, fixes_per_gpu
 
 DEFAULT_COUNTS = (1, 2, 4, 8)
@@ -44,9 +45,10 @@ class Plan:
 
     def to_dict(self) -> dict[str, Any]:
         rows = []
+        front = set(self.pareto)
         for i, est in enumerate(self.rows):
             d = est.to_dict()
-            d["pareto"] = i in self.pareto
+            d["pareto"] = i in front
             rows.append(d)
         return {"rows": rows, "best": self.best.to_dict() if self.best else None, "by": self.by,
                 "fixes": {gpu: [f.to_dict() for f in found] for gpu, found in self.fixes.items()}}
@@ -74,13 +76,17 @@ def estimate_with_margin(cand: Scenario, margin: float, cal: Calibration, shared
 
 def pareto_front(rows: Sequence[Estimate]) -> list[int]:
     """Indices of feasible rows with a price that no other row beats on both hours and dollars."""
-    pts = [(i, e.run.hours, e.run.usd) for i, e in enumerate(rows)
-           if e.fits and e.run is not None and e.run.usd is not None]
+    pts = sorted((e.run.hours, e.run.usd, i) for i, e in enumerate(rows)
+                 if e.fits and e.run is not None and e.run.usd is not None)
     front = []
-    for i, h, u in pts:
-        if not any((h2 <= h and u2 <= u) and (h2 < h or u2 < u) for _, h2, u2 in pts):
-            front.append(i)
-    return front
+    cheapest_faster = float("inf")  # the lowest dollars of the rows strictly faster than the group at hand
+    for _, group in groupby(pts, key=lambda p: p[0]):
+        group = list(group)
+        lowest = group[0][1]  # sorted: the group's cheapest comes first
+        # a row is beaten by a faster one no dearer, or by an equally fast one strictly cheaper
+        front += [i for _, u, i in group if cheapest_faster > u and not lowest < u]
+        cheapest_faster = min(cheapest_faster, lowest)
+    return sorted(front)
 
 
 def candidate_gpus(gpus: Sequence[str] | None) -> list[str]:
@@ -109,8 +115,9 @@ def plan(scn: Scenario, gpus: Sequence[str] | None = None, counts: Sequence[int]
     base = shared.scenario
     for key in candidate_gpus(gpus):
         gpu = _catalog_gpu(key)
-        for count in counts:
-            rows.append(estimate_with_margin(base.with_(gpu=gpu, gpus_per_node=count, nodes=nodes), margin, cal, shared))
+        for count in counts:  # base.with_(gpu=..., gpus_per_node=..., nodes=...), without sorting the names
+            cand = fast_replace(base, cluster=fast_replace(base.cluster, gpu=gpu, gpus_per_node=count, nodes=nodes))
+            rows.append(estimate_with_margin(cand, margin, cal, shared))
     rows.sort(key=lambda e: _rank_key(e, by))
     best = rows[0] if rows and rows[0].fits and rows[0].time is not None else None
     return Plan(rows=rows, best=best, pareto=pareto_front(rows), by=by, margin=margin,

@@ -181,11 +181,22 @@ def micro_batch_times(scn: Scenario, batch: int, eff: Efficiency, ops: Sequence[
     builds a step from, cached by model, mix, batch shape and rates unless `ops` are given; `shared` (a sweep's
     memo that covers `scn`) keeps them per GPU type, efficiency and batch."""
     if shared is not None and ops is None:
-        return shared.per_gpu(("micro", batch, id(eff)), scn, lambda: micro_batch_times(scn, batch, eff), eff)
-    seq = scn.workload.mean_padded_len(batch)
-    given = ops
-    ops = ops if ops is not None else cached_ops(scn, batch, seq)
-    r = rates(scn, eff)
+        return shared.per_gpu(("micro", batch, id(eff)), scn, lambda: _micro_batch_times(scn, batch, eff, None, shared),
+                              eff)
+    return _micro_batch_times(scn, batch, eff, ops, None)
+
+
+def _micro_batch_times(scn: Scenario, batch: int, eff: Efficiency, ops: Sequence[Op] | None, shared: Shared | None):
+    if shared is not None:  # a micro-batch's padded length and ops do not depend on the GPU
+        seq = shared.get(("padded", batch), lambda: scn.workload.mean_padded_len(batch))
+        ops = shared.get(("ops", batch), lambda: cached_ops(scn, batch, seq))
+        r = shared.per_gpu(("rates", id(eff)), scn, lambda: rates(scn, eff), eff)
+        given = None
+    else:
+        seq = scn.workload.mean_padded_len(batch)
+        given = ops
+        ops = ops if ops is not None else cached_ops(scn, batch, seq)
+        r = rates(scn, eff)
     key = (scn.model, scn.mix, batch, seq, r)
     cached = _PASS_CACHE.get(key) if given is None else None
     if cached is None:

@@ -62,3 +62,12 @@ def test_a_scenario_the_memo_does_not_cover_takes_the_unshared_path():
     alone = estimate(other, strict=False, calibration=cal)
     assert swept.to_dict() == alone.to_dict()
     assert swept.memory.peak_bytes != estimate(base, strict=False, calibration=cal).memory.peak_bytes
+
+
+def test_a_full_memo_starts_over_and_still_answers(monkeypatch):
+    import importlib
+
+    monkeypatch.setattr(importlib.import_module("ftscope.estimate.shared"), "MEMO_LIMIT", 3)
+    memo = Shared(_scenario(*CASES["dense LoRA, ZeRO-2"]))
+    assert [memo.get(("k", i), lambda i=i: i * i) for i in range(10)] == [i * i for i in range(10)]
+    assert len(memo._memo) <= 3

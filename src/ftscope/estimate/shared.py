@@ -16,6 +16,10 @@ from typing import Any, Callable
 from ..spec.scenario import Scenario
 
 
+MEMO_LIMIT = 100_000
+"""Values one memo keeps at most (a plan over every GPU type and 1-512 GPUs keeps a few thousand)."""
+
+
 class Shared:
     """Memo of one sweep's shared work (see the module docstring). Two threads may both make a value the memo
     lacks; they make the same one, so either may stay."""
@@ -35,6 +39,9 @@ class Shared:
         """The value under `key`, made once; `alive`: objects whose id() the key holds."""
         hit = self._memo.get(key, self)
         if hit is self:
+            if len(self._memo) >= MEMO_LIMIT:  # a long-lived memo (ftscope serve) starts over rather than grow
+                self._memo.clear()
+                self._kept.clear()
             hit = self._memo[key] = make()
             self._kept.extend(alive)
         return hit

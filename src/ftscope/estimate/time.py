@@ -14,7 +14,7 @@ from typing import Sequence
 
 from ..spec.scenario import Scenario, fast_replace
 from .comm import collectives, exposed
-from .compute import Op, cached_ops, model_flops, recomputed
+from .compute import Op, cached_ops, compute_mix, model_flops, recomputed
 from .cost import price_of, run_cost
 from .efficiency import Calibration, Efficiency, load_calibration
 from .kernels import attention_fraction, gemm_fraction, gemm_utilization
@@ -29,7 +29,7 @@ OPTIMIZER_KERNELS = 40
 """Kernel launches of a foreach (multi-tensor) optimizer step."""
 PASSES = ("forward", "backward", "recompute")
 _PASS_CACHE: dict[tuple, tuple] = {}
-"""pass_times by (model, mix, batch shape, rates): a plan evaluates the same GPU at 1, 2, 4, 8 of them."""
+"""pass_times by (model, compute_mix(mix), batch shape, rates): a plan evaluates the same GPU at 1, 2, 4, 8 of them."""
 
 
 @dataclass(frozen=True)
@@ -197,7 +197,7 @@ def _micro_batch_times(scn: Scenario, batch: int, eff: Efficiency, ops: Sequence
         given = ops
         ops = ops if ops is not None else cached_ops(scn, batch, seq)
         r = rates(scn, eff)
-    key = (scn.model, scn.mix, batch, seq, r)
+    key = (scn.model, compute_mix(scn.mix), batch, seq, r)
     cached = _PASS_CACHE.get(key) if given is None else None
     if cached is None:
         cached = pass_times(ops, scn, eff, r)

@@ -217,3 +217,31 @@ def test_eager_elementwise_traffic_counts_the_fp32_norms_rope_and_gated_activati
     assert sum(op.bytes for op in by[False]) == pytest.approx(eager)
     assert sum(op.bytes for op in by[True]) == pytest.approx(fused)
     assert all(op.fusible for op in by[False]) and not any(op.fusible for op in by[True])
+
+
+@pytest.mark.parametrize("model, mix", [
+    ("llama-2-7b", {"method": "full"}),
+    ("llama-2-7b", {"method": "lora", "gradient_checkpointing": True, "attention": "eager"}),
+    ("mixtral-8x7b", {"method": "qlora", "experts_backend": "modules", "gradient_checkpointing": True}),
+    ("mixtral-8x7b", {"method": "lora", "experts_backend": "grouped_mm", "tensor_parallel": 2,
+                      "sequence_parallel": True, "expert_parallel": 2}),
+])
+def test_the_fields_the_compute_caches_leave_out_change_no_op_and_no_pass_time(model, mix):
+    """NOT_COMPUTE: sharding, optimizer offload and the optimizer change neither the ops nor their pass times (the
+    uncached functions), so the caches that key on compute_mix may share them."""
+    from ftscope.estimate.compute import NOT_COMPUTE, compute_mix
+    from ftscope.estimate.efficiency import load_calibration
+    from ftscope.estimate.time import pass_times
+
+    base = ftscope.load_scenario({"model": model, "hardware": {"gpu": "a100-80gb", "gpus_per_node": 4},
+                                  "mix": {"attention": "flash", **mix},
+                                  "workload": {"micro_batch_size": 4, "seq_len": 512}})
+    eff = load_calibration().for_gpu("a100-80gb")[0]
+    reference = (micro_batch_ops(base, 4, 512.0), pass_times(micro_batch_ops(base, 4, 512.0), base, eff))
+    variants = [{"zero_stage": z} for z in (1, 2, 3)] + [{"fsdp": f} for f in ("full_shard", "shard_grad_op")] + [
+        {"offload": "optimizer+params", "optimizer": "adamw_8bit"}]
+    for change in variants:
+        other = base.with_(**change)
+        assert compute_mix(other.mix) == compute_mix(base.mix) and set(change) <= set(NOT_COMPUTE)
+        ops = micro_batch_ops(other, 4, 512.0)
+        assert (ops, pass_times(ops, other, eff)) == reference, change

@@ -41,3 +41,16 @@ def test_progress_is_reported_and_a_spent_clock_leaves_candidates_unsearched():
                         lambda stage, done, total: calls.append((stage, done, total)))
     assert cut and (cls.status == UNSEARCHED).all()
     assert calls and calls[0] == ("classify", 0, len(space))
+
+
+def test_distinct_batches_are_what_np_unique_gives():
+    """The table of whole micro-batches present equals np.unique's values and inverse; anything else goes to
+    np.unique itself."""
+    from ftscope.plan.classify import _distinct_batches
+
+    rng = np.random.default_rng(3)
+    for batch in (np.floor(rng.uniform(1, 300, (40, 50))), np.array([[1.0, 65536.0, 7.0]]), np.array([[1.5, 2.0]])):
+        values, which = _distinct_batches(np, batch)
+        ref_values, ref_which = np.unique(batch, return_inverse=True)
+        assert values.tolist() == ref_values.tolist()
+        assert which.reshape(batch.shape).tolist() == ref_which.reshape(batch.shape).tolist()

@@ -180,3 +180,19 @@ def test_a_margin_solves_the_batch_to_leave_it_free_and_ranks_tight_rows_last():
     assert "tight" in tiers and "fits" in tiers and tiers == sorted(tiers, key=lambda t: t == "tight")
     with pytest.raises(FtscopeError, match="--margin"):
         ftscope.plan(s, gpus=["l40s"], margin=1.0)
+
+
+def test_pareto_front_is_every_row_no_other_beats_on_both():
+    """The sorted sweep equals the definition (no other row at most as slow and as dear, and better on one), ties
+    and rows without a price included."""
+    import random
+    from types import SimpleNamespace as Row
+
+    rng = random.Random(7)
+    for _ in range(500):
+        rows = [Row(fits=rng.random() < 0.8, run=Row(hours=rng.choice([1.0, 2.0, rng.random()]),
+                                                     usd=rng.choice([None, 1.0, 2.0, rng.random()])))
+                for _ in range(rng.randint(0, 20))]
+        pts = [(i, r.run.hours, r.run.usd) for i, r in enumerate(rows) if r.fits and r.run.usd is not None]
+        expected = [i for i, h, u in pts if not any(h2 <= h and u2 <= u and (h2 < h or u2 < u) for _, h2, u2 in pts)]
+        assert pareto_front(rows) == expected

@@ -9,6 +9,7 @@ from ..spec.rules import problem
 from ..spec.scenario import Scenario
 from .memory import memory_model
 from .result import TIGHT_MARGIN, Estimate
+from .shared import Shared, shared_for
 from .solvers import max_micro_batch
 
 DEFAULT_MARGIN = 0.0
@@ -39,6 +40,13 @@ SLOW_STEP_S = 86_400.0
 def _sane(result: Estimate) -> Estimate:
     """The result boundary: no NaN, inf or negative figure leaves the estimator (an error naming it instead)."""
     mem, t, run = result.memory, result.time, result.run
+    values = [mem.peak_bytes, mem.allocated_bytes, *mem.categories.values()]
+    if t is not None:
+        values += [t.step_s, t.tokens_per_s, t.samples_per_s, t.mfu, *t.breakdown_s.values()]
+    if run is not None:
+        values += [run.hours, run.usd if run.usd is not None else 0.0]
+    if min(values) >= 0 and math.isfinite(sum(values)):  # every figure finite and not negative (else find which)
+        return _slow_step_warning(result)
     figures = {"memory.peak": mem.peak_bytes, "memory.allocated": mem.allocated_bytes,
                **{f"memory.{k}": v for k, v in mem.categories.items()}}
     if t is not None:
@@ -50,6 +58,11 @@ def _sane(result: Estimate) -> Estimate:
     if bad is not None:
         raise FtscopeError(f"the estimate of {scn_name(result.scenario)} came out {bad[0]} = {bad[1]}: check the GPU's "
                            "rates and memory (hardware.gpu) and the workload sizes")
+    return _slow_step_warning(result)
+
+
+def _slow_step_warning(result: Estimate) -> Estimate:
+    t = result.time
     if t is not None and t.step_s > SLOW_STEP_S:
         result = replace(result, warnings=(*result.warnings, f"one step takes {t.step_s:,.0f} s (over a day): check the "
                                                              "GPU's rates (hardware.gpu) and the workload sizes"))
@@ -61,32 +74,40 @@ def scn_name(scn: Scenario) -> str:
 
 
 def estimate(scn: Scenario, margin: float = DEFAULT_MARGIN, strict: bool = True, with_time: bool = True,
-             calibration=None, tight_margin: float = TIGHT_MARGIN) -> Estimate:
+             calibration=None, tight_margin: float = TIGHT_MARGIN, shared: Shared | None = None) -> Estimate:
     """Estimate one scenario. With strict=True an unsupported mix raises FtscopeError (exit 2 in the CLI);
     with strict=False it comes back with `reason` set and `fits` false (what plan/recommend list). A fit with
-    less than `tight_margin` of usable memory left is "tight" (Estimate.status)."""
+    less than `tight_margin` of usable memory left is "tight" (Estimate.status). `shared`: a sweep's memo of the
+    work its candidates share (estimate/shared.py); the same numbers, computed once."""
     for name, value in (("margin", margin), ("tight_margin", tight_margin)):
         if not 0 <= value < 1:
             raise FtscopeError(f"{name} must be in [0, 1); got {value}")
-    reason = unsupported_reason(scn)
+    sh = shared_for(shared, scn)
+    reason = sh.per_gpu("reason", scn, lambda: unsupported_reason(scn)) if sh else unsupported_reason(scn)
     if reason and strict:
         raise FtscopeError(reason)
-    mem = memory_model(scn)
+    world = scn.cluster.world_size
+    mem = sh.per_gpu(("memory", world), scn, lambda: memory_model(scn)) if sh else memory_model(scn)
     if not mem.capacity_bytes > 0:
         raise FtscopeError(f"{scn.cluster.gpu.key} has {scn.cluster.gpu.memory_gib:.2f} GiB: nothing is left after the "
                            f"CUDA context ({mem.allocator.cuda_context_gib} GiB); give hardware.gpu more memory")
     wl = scn.workload
     seq = wl.peak_seq_len()
-    max_b = max_micro_batch(mem, seq, margin)
+    if sh:  # the memory models of one GPU count differ only in the capacity, which the breakdown ignores
+        max_b = sh.get(("max_b", world, mem.capacity_bytes, margin), lambda: max_micro_batch(mem, seq, margin))
+    else:
+        max_b = max_micro_batch(mem, seq, margin)
     batch = (max_b or 1) if wl.solve_batch else int(wl.micro_batch_size)
-    breakdown = mem.breakdown(batch, seq)
+    breakdown = (sh.get(("breakdown", world, batch), lambda: mem.breakdown(batch, seq)) if sh
+                 else mem.breakdown(batch, seq))
     if reason is None and breakdown.peak_bytes > mem.capacity_bytes * (1 - margin):
         reason = (f"does not fit: needs {breakdown.peak_bytes / 2**30:.1f} GiB per GPU at micro-batch {batch}, "
                   f"seq {seq}; {scn.cluster.gpu.key} has {mem.capacity_bytes / 2**30:.1f} GiB usable")
     result = Estimate(scenario=scn, micro_batch_size=batch, seq_len=seq, memory=breakdown, model_memory=mem,
                       max_micro_batch_size=max_b, margin=margin, reason=reason,
-                      warnings=_warnings(scn, seq), tight_margin=tight_margin)
+                      warnings=sh.get(("warnings",), lambda: _warnings(scn, seq)) if sh else _warnings(scn, seq),
+                      tight_margin=tight_margin)
     if with_time:
         from .time import attach_time
-        result = attach_time(result, calibration)
+        result = attach_time(result, calibration, sh)
     return _sane(result)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..spec.scenario import Scenario
+from ..spec.scenario import Scenario, fast_replace
 from .layout import Layout, layout
 from .memory import NF4_BYTES
 
@@ -206,12 +206,30 @@ def _elementwise_op(scn: Scenario, layer, n: float, tokens: float, c: float, lay
 
 _OPS_CACHE: dict[tuple, tuple[Op, ...]] = {}
 _OPS_CACHE_SIZE = 4096
+NOT_COMPUTE = {"zero_stage": 0, "fsdp": None, "offload": "none", "optimizer": "adamw"}
+"""Mix fields that neither the ops of a micro-batch nor their pass times read (sharding, optimizer offload, the
+optimizer: they change memory, collectives and the optimizer step only; plan/space.py declares the same dimensions
+affects_compute=False). The ops and pass-time caches key on the mix with these set to one value (compute_mix), so
+a sweep over them computes each micro-batch's work once; tests/estimate/test_compute.py checks they change
+nothing there."""
+_COMPUTE_MIXES: dict = {}
+
+
+def compute_mix(mix):
+    """The mix with the NOT_COMPUTE fields at one value: the part of it a micro-batch's work depends on."""
+    hit = _COMPUTE_MIXES.get(mix)
+    if hit is None:
+        if len(_COMPUTE_MIXES) >= _OPS_CACHE_SIZE:
+            _COMPUTE_MIXES.clear()
+        hit = _COMPUTE_MIXES[mix] = fast_replace(mix, **NOT_COMPUTE)
+    return hit
 
 
 def cached_ops(scn: Scenario, batch: int, seq: float) -> tuple[Op, ...]:
-    """micro_batch_ops, shared by scenarios that differ only in GPU and GPU count (what a plan sweeps): the ops
-    depend on the model, the mix (layout included) and the batch shape alone."""
-    key = (scn.model, scn.mix, batch, seq)
+    """micro_batch_ops, shared by scenarios that differ only in GPU and GPU count (what a plan sweeps) or in the
+    NOT_COMPUTE mix fields: the ops depend on the model, the rest of the mix (layout included) and the batch shape
+    alone."""
+    key = (scn.model, compute_mix(scn.mix), batch, seq)
     ops = _OPS_CACHE.get(key)
     if ops is None:
         if len(_OPS_CACHE) >= _OPS_CACHE_SIZE:

@@ -21,7 +21,8 @@ def price_of(scn: Scenario) -> tuple[float | None, str]:
     return float(p["usd_per_gpu_hour"]), f"{p['provider']} {p['date']}"
 
 
-def run_cost(scn: Scenario, t: TimeEstimate, batch: int) -> RunCost:
+def run_cost(scn: Scenario, t: TimeEstimate, batch: int, price: tuple[float | None, str] | None = None) -> RunCost:
+    """The run's hours and dollars at step time `t` (`price`: price_of(scn), when already known)."""
     wl = scn.workload
     world = scn.cluster.world_size
     replicas = max(world // scn.mix.model_parallel, 1)  # a tensor / pipeline / context group runs one micro-batch
@@ -29,6 +30,6 @@ def run_cost(scn: Scenario, t: TimeEstimate, batch: int) -> RunCost:
     steps = math.ceil(wl.samples_per_epoch() * wl.epochs / samples_per_step)
     hours = steps * t.step_s / 3600.0
     gpu_hours = hours * world
-    usd, source = price_of(scn)
+    usd, source = price if price is not None else price_of(scn)
     return RunCost(hours=hours, gpu_hours=gpu_hours, usd=None if usd is None else gpu_hours * usd,
                    usd_per_gpu_hour=usd, price_source=source, steps=steps)

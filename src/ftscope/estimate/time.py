@@ -9,17 +9,18 @@ not hide + host overhead. All GPUs run in lock-step.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Sequence
 
-from ..spec.scenario import Scenario
+from ..spec.scenario import Scenario, fast_replace
 from .comm import collectives, exposed
-from .compute import Op, cached_ops, model_flops, recomputed
-from .cost import run_cost
+from .compute import Op, cached_ops, compute_mix, model_flops, recomputed
+from .cost import price_of, run_cost
 from .efficiency import Calibration, Efficiency, load_calibration
 from .kernels import attention_fraction, gemm_fraction, gemm_utilization
 from .layout import Layout, layout
 from .result import Estimate, TimeEstimate
+from .shared import Shared
 
 ADAM_BYTES_PER_PARAM = {"adamw": 84.0, "adamw_8bit": 24.0, "paged_adamw_8bit": 24.0, "sgd": 16.0}
 """Optimizer-step memory traffic per parameter with fp32 state: foreach AdamW reads and writes params,
@@ -28,7 +29,7 @@ OPTIMIZER_KERNELS = 40
 """Kernel launches of a foreach (multi-tensor) optimizer step."""
 PASSES = ("forward", "backward", "recompute")
 _PASS_CACHE: dict[tuple, tuple] = {}
-"""pass_times by (model, mix, batch shape, rates): a plan evaluates the same GPU at 1, 2, 4, 8 of them."""
+"""pass_times by (model, compute_mix(mix), batch shape, rates): a plan evaluates the same GPU at 1, 2, 4, 8 of them."""
 
 
 @dataclass(frozen=True)
@@ -174,14 +175,29 @@ def _activation_offload_s(scn: Scenario, batch: int, seq: float, eff: Efficiency
     return 2.0 * saved / (scn.cluster.gpu.host_link_gbs * 1e9 * eff.communication)
 
 
-def micro_batch_times(scn: Scenario, batch: int, eff: Efficiency, ops: Sequence[Op] | None = None):
+def micro_batch_times(scn: Scenario, batch: int, eff: Efficiency, ops: Sequence[Op] | None = None,
+                      shared: Shared | None = None):
     """(pass_times of one `batch`-sequence micro-batch, its mean padded length, the GPU's rates): what step_time
-    builds a step from, cached by model, mix, batch shape and rates unless `ops` are given."""
-    seq = scn.workload.mean_padded_len(batch)
-    given = ops
-    ops = ops if ops is not None else cached_ops(scn, batch, seq)
-    r = rates(scn, eff)
-    key = (scn.model, scn.mix, batch, seq, r)
+    builds a step from, cached by model, mix, batch shape and rates unless `ops` are given; `shared` (a sweep's
+    memo that covers `scn`) keeps them per GPU type, efficiency and batch."""
+    if shared is not None and ops is None:
+        return shared.per_gpu(("micro", batch, id(eff)), scn, lambda: _micro_batch_times(scn, batch, eff, None, shared),
+                              eff)
+    return _micro_batch_times(scn, batch, eff, ops, None)
+
+
+def _micro_batch_times(scn: Scenario, batch: int, eff: Efficiency, ops: Sequence[Op] | None, shared: Shared | None):
+    if shared is not None:  # a micro-batch's padded length and ops do not depend on the GPU
+        seq = shared.get(("padded", batch), lambda: scn.workload.mean_padded_len(batch))
+        ops = shared.get(("ops", batch), lambda: cached_ops(scn, batch, seq))
+        r = shared.per_gpu(("rates", id(eff)), scn, lambda: rates(scn, eff), eff)
+        given = None
+    else:
+        seq = scn.workload.mean_padded_len(batch)
+        given = ops
+        ops = ops if ops is not None else cached_ops(scn, batch, seq)
+        r = rates(scn, eff)
+    key = (scn.model, compute_mix(scn.mix), batch, seq, r)
     cached = _PASS_CACHE.get(key) if given is None else None
     if cached is None:
         cached = pass_times(ops, scn, eff, r)
@@ -192,11 +208,13 @@ def micro_batch_times(scn: Scenario, batch: int, eff: Efficiency, ops: Sequence[
     return cached, seq, r
 
 
-def step_time(scn: Scenario, batch: int, eff: Efficiency, trainable: int, ops: Sequence[Op] | None = None) -> TimeEstimate:
-    """One optimizer step of `batch`-sequence micro-batches (`ops`: its micro_batch_ops, when already known)."""
+def step_time(scn: Scenario, batch: int, eff: Efficiency, trainable: int, ops: Sequence[Op] | None = None,
+              shared: Shared | None = None) -> TimeEstimate:
+    """One optimizer step of `batch`-sequence micro-batches (`ops`: its micro_batch_ops, when already known;
+    `shared`: a sweep's memo that covers `scn`)."""
     wl, mix = scn.workload, scn.mix
-    lay = layout(scn)
-    (mb, mb_layers, att), seq, r = micro_batch_times(scn, batch, eff, ops)
+    lay = shared.per_cluster("layout", scn, lambda: layout(scn)) if shared is not None else layout(scn)
+    (mb, mb_layers, att), seq, r = micro_batch_times(scn, batch, eff, ops, shared)
     ga = wl.gradient_accumulation
     runs = ga + lay.bubble   # micro-batches, plus the pipeline's idle time in micro-batch units
     parts = {k: v * runs for k, v in mb.items()}
@@ -218,7 +236,9 @@ def step_time(scn: Scenario, batch: int, eff: Efficiency, trainable: int, ops: S
     replicas = lay.dp
     samples = batch * ga * replicas * wl.samples_per_sequence()
     tokens = samples * wl.mean_tokens_per_sample() if wl.padding != "packed" else batch * ga * replicas * wl.peak_seq_len()
-    useful = model_flops(scn, batch * seq * ga, seq) * replicas
+    flops = (shared.get(("flops", batch, seq), lambda: model_flops(scn, batch * seq * ga, seq)) if shared is not None
+             else model_flops(scn, batch * seq * ga, seq))
+    useful = flops * replicas
     mfu = useful / (step * world * (r.fp8_peak if mix.fp8 else r.peak))
     return TimeEstimate(step_s=step, tokens_per_s=tokens / step, samples_per_s=samples / step, mfu=mfu,
                         breakdown_s=parts, by_layer_s=by_layer, communication_hidden_s=hidden)
@@ -230,12 +250,15 @@ def communication_s(scn: Scenario, eff: Efficiency, trainable: int) -> tuple[flo
     return sum(t.seconds for t in ts if t.window != "none"), sum(t.seconds for t in ts if t.window == "none")
 
 
-def attach_time(est: Estimate, calibration: Calibration | str | None = None) -> Estimate:
-    """The estimate with its time and run cost filled in (left empty when nothing fits)."""
+def attach_time(est: Estimate, calibration: Calibration | str | None = None, shared: Shared | None = None) -> Estimate:
+    """The estimate with its time and run cost filled in (left empty when nothing fits). `shared`: a sweep's
+    memo (estimate/shared.py) that covers the estimate's scenario."""
     if est.reason is not None and not est.fits and est.max_micro_batch_size == 0 and est.scenario.workload.solve_batch:
         return est
     cal = calibration if isinstance(calibration, Calibration) else load_calibration(calibration)
-    eff, calibrated = cal.for_gpu(est.scenario.cluster.gpu.key)
-    t = step_time(est.scenario, est.micro_batch_size, eff, est.model_memory.trainable_params)
-    t = replace(t, calibrated=calibrated)
-    return replace(est, time=t, run=run_cost(est.scenario, t, est.micro_batch_size))
+    scn = est.scenario
+    eff, calibrated = cal.for_gpu(scn.cluster.gpu.key)
+    t = step_time(scn, est.micro_batch_size, eff, est.model_memory.trainable_params, shared=shared)
+    t = fast_replace(t, calibrated=calibrated)  # plain frozen dataclasses: copied without re-running __init__
+    price = shared.per_gpu("price", scn, lambda: price_of(scn)) if shared is not None else None
+    return fast_replace(est, time=t, run=run_cost(scn, t, est.micro_batch_size, price))

@@ -12,6 +12,7 @@ from typing import Any, Callable
 from ..errors import FtscopeError
 from ..estimate import estimate
 from ..estimate.result import Estimate
+from ..estimate.shared import Shared
 from ..spec.scenario import Scenario
 
 
@@ -51,16 +52,34 @@ def _changes(scn: Scenario) -> list[tuple[str, Callable[[Scenario], Scenario]]]:
     return out
 
 
-def fixes(est: Estimate, margin: float = 0.0) -> list[Fix]:
-    """The single changes under which `est`'s scenario fits (leaving `margin` free when its batch is solved)."""
+def _changed(scn: Scenario, change: str, apply: Callable[[Scenario], Scenario],
+             memo: dict | None) -> tuple[Scenario, Shared | None]:
+    """`scn` with the change (solving the batch when it does), and the memo its GPU types share: with `memo`, the
+    changed scenario is built once per change, mix and cluster shape and only its GPU is replaced."""
+    def make(s: Scenario) -> Scenario:
+        cand = apply(s)
+        return cand.with_(micro_batch_size="max") if s.workload.solve_batch else cand
+    if memo is None:
+        return make(scn), None
+    cl = scn.cluster
+    key = (change, id(scn.mix), id(scn.workload), cl.gpus_per_node, cl.nodes, cl.inter_node_gbs)
+    hit = memo.get(key)
+    if hit is None:
+        base = make(scn)
+        hit = memo[key] = (base, Shared(base), scn)  # scn kept: its mix's and workload's ids are in the key
+    return hit[0].with_(gpu=cl.gpu), hit[1]
+
+
+def fixes(est: Estimate, margin: float = 0.0, memo: dict | None = None) -> list[Fix]:
+    """The single changes under which `est`'s scenario fits (leaving `margin` free when its batch is solved).
+    `memo`: one dict for the rows of one sweep, whose GPU types then share each change's work."""
     scn = est.scenario
     found = []
     for change, apply in _changes(scn):
-        cand = apply(scn)
-        if scn.workload.solve_batch:
-            cand = cand.with_(micro_batch_size="max")
+        cand, shared = _changed(scn, change, apply, memo)
         try:
-            after = estimate(cand, margin=margin if scn.workload.solve_batch else 0.0, strict=False, with_time=False)
+            after = estimate(cand, margin=margin if scn.workload.solve_batch else 0.0, strict=False, with_time=False,
+                             shared=shared)
         except FtscopeError:  # a change the estimator refuses for this model and GPU is not a fix
             continue
         if after.fits:
@@ -69,13 +88,14 @@ def fixes(est: Estimate, margin: float = 0.0) -> list[Fix]:
     return found
 
 
-def fixes_per_gpu(rows: list[Estimate], margin: float = 0.0) -> dict[str, list[Fix]]:
+def fixes_per_gpu(rows: list[Estimate], margin: float = 0.0, memo: dict | None = None) -> dict[str, list[Fix]]:
     """{GPU type: its fixes} for every GPU type on which no candidate fits only for lack of memory; each is tried
-    on the candidate with the most GPUs of that type."""
+    on the candidate with the most GPUs of that type. `memo`: see fixes (a new one when None)."""
     out: dict[str, list[Fix]] = {}
     fitting = {e.scenario.cluster.gpu.key for e in rows if e.fits}
+    memo = {} if memo is None else memo
     for est in sorted(rows, key=lambda e: -e.scenario.cluster.world_size):
         key = est.scenario.cluster.gpu.key
         if key not in fitting and key not in out and est.status == "does_not_fit":
-            out[key] = fixes(est, margin)
+            out[key] = fixes(est, margin, memo)
     return out

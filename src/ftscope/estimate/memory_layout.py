@@ -20,10 +20,12 @@ memory.py builds one data-parallel rank's memory as if it held the whole model; 
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import lru_cache
 
 from ..spec.model import ModelSpec
 from ..spec.scenario import Scenario, fast_replace
 from .activations import ActivationCoefficients
+from .caching_allocator import CachingAllocator
 
 PAGED_MIN_NUMEL = 100_000
 """bitsandbytes' paged optimizers put a parameter's states in CUDA managed memory (cudaMallocManaged, outside torch's
@@ -132,20 +134,71 @@ BROADCAST_BUCKET_BYTES = 250 * 2**20
 (PARAM_BROADCAST_BUCKET_SIZE), at most two in flight (c10d comm.cpp broadcast_coalesced: max_in_flight = 2)."""
 
 
+def broadcast_buckets(sizes: list[int], limit: int = BROADCAST_BUCKET_BYTES) -> list[int]:
+    """Bytes of each bucket _broadcast_coalesced flattens: tensors taken in order until the bucket reaches the limit
+    (torch/csrc/utils/tensor_flatten.cpp take_tensors: a tensor is added, then the bucket closes at >= limit)."""
+    out, cur = [], 0
+    for size in sizes:
+        cur += size
+        if cur >= limit:
+            out.append(cur)
+            cur = 0
+    return out + ([cur] if cur else [])
+
+
+@lru_cache(maxsize=256)
+def fsdp1_init_cache(units: tuple[tuple[int, ...], ...], shards: int) -> float:
+    """Bytes FSDP1's init with sync_module_states leaves cached beyond the live shards, by replaying its allocations
+    through the caching-allocator model, unit by unit in wrapping order (`units`: each unit's tensor sizes). Per
+    unit (torch/distributed/fsdp/_init_utils.py, _flat_param.py): each parameter moved to the GPU, the broadcast
+    buckets (two in flight, c10d broadcast_coalesced), the flattened copy of the unit (torch.cat), the parameters
+    freed (now views of it), the rank's shard cloned out of it, the flat copy freed. The live shards carve into the
+    cached blocks, so later units need segments of their own: more than the largest unit's three copies."""
+    alloc, key, live = CachingAllocator(), 0, 0
+    for sizes in units:
+        params = list(range(key, key + len(sizes)))
+        for k, size in zip(params, sizes):
+            alloc.malloc(k, size)
+        key += len(sizes)
+        flight: list[int] = []
+        for size in broadcast_buckets(list(sizes)):
+            if len(flight) == 2:
+                alloc.free(flight.pop(0))
+            alloc.malloc(key, size)
+            flight.append(key)
+            key += 1
+        for k in flight + params:
+            alloc.free(k)
+        unit = sum(sizes)
+        alloc.malloc(key, unit)
+        alloc.malloc(key + 1, -(-unit // shards))
+        alloc.free(key)
+        key, live = key + 2, live + -(-unit // shards)
+    return float(alloc.reserved - live)
+
+
+def fsdp1_units(scn: Scenario, per_param: float) -> tuple[tuple[int, ...], ...]:
+    """Each FSDP1 unit's tensor sizes in bytes, in wrapping order (the blocks, then the root: embeddings, final norm,
+    LM head in the working dtype); a block's matrices at `per_param` bytes, its norms in the working dtype."""
+    m = scn.model
+    work = 4 if scn.mix.precision == "fp32" else 2
+    units = []
+    for layer, n in m.layer_groups:
+        sizes = [int(lin.in_features * lin.out_features * per_param) for lin in layer.linears for _ in range(lin.count)]
+        units += [tuple(sizes + ([layer.other_params * work] if layer.other_params else []))] * n
+    root = (m.embedding_params, m.final_norm_params, m.lm_head_params)
+    return tuple(units) + (tuple(p * work for p in root if p),)
+
+
 def fsdp1_stream_bytes(scn: Scenario, per_param: float, shards: int) -> tuple[float, float, float]:
     """(init cache, unshard-stream pool, gathered bytes the step counts) of an FSDP1 recipe, per GPU.
 
-    The unit bytes are unsharded: the largest block's, and the root's (embeddings, final norm, LM head in the
-    working dtype). Init: the unit moved to the GPU (U), its broadcast buckets (up to two), its flattened copy (U);
-    the next unit of the same size reuses those blocks, so the cache is the largest unit's. In the step the gathered
-    units live on the unshard stream: the root (when the recipe keeps it gathered) and two blocks in flight."""
+    Init: fsdp1_init_cache's replay of every unit. In the step the gathered units live on the unshard stream: the
+    root (when the recipe keeps it gathered) and two blocks in flight (unsharded bytes)."""
     m, rec = scn.model, scn.recipe
     root_bytes = (m.embedding_params + m.lm_head_params + m.final_norm_params) * (4.0 if scn.mix.precision == "fp32" else 2.0)
     block_bytes = m.largest_layer_params() * per_param
-    init = 0.0
-    if rec.fsdp1_sync_init:
-        unit = max(root_bytes, block_bytes)
-        init = 2 * unit + min(unit, 2 * BROADCAST_BUCKET_BYTES)
+    init = fsdp1_init_cache(fsdp1_units(scn, per_param), shards) if rec.fsdp1_sync_init else 0.0
     pool = gathered = 0.0
     if rec.fsdp1_unshard_stream and shards > 1 and scn.mix.shard_stage == 3:
         root = root_bytes if rec.fsdp_root_gathered else 0.0

@@ -244,6 +244,10 @@ def test_rows_are_estimated_when_read():
     first = p.rows[3]
     assert p.rows[3] is first and p.rows[:4][3] is first and p.rows.scenario(3) is first.scenario
     assert len(p.rows) == len(list(p.rows)) == len(GPUS) * 3
+    import copy
+    import pickle
+    for copied in (pickle.loads(pickle.dumps(p.rows)), copy.deepcopy(p.rows)):  # as the list of its estimates
+        assert type(copied) is list and [e.to_dict() for e in copied] == [e.to_dict() for e in p.rows]
 
 
 def test_a_figure_that_is_not_a_number_leaves_the_row_to_the_estimate(monkeypatch):

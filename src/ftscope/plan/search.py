@@ -60,6 +60,9 @@ class Rows(Sequence[Estimate]):
     def __repr__(self) -> str:
         return f"Rows({len(self)} candidates)"
 
+    def __reduce__(self):  # pickled and copied as the plain list of its estimates
+        return (list, (list(self),))
+
 
 @dataclass(frozen=True)
 class Plan:

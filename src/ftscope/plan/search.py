@@ -175,7 +175,7 @@ def plan(scn: Scenario, gpus: Sequence[str] | None = None, counts: Sequence[int]
             cand = fast_replace(base, cluster=fast_replace(base.cluster, gpu=gpu, gpus_per_node=count, nodes=nodes))
             f = rank_figures(cand, margin, cal, shared)
             if f is None:  # a figure that is not a finite number: the estimate's own checks say which
-                f = _figures_of(estimate_with_margin(cand, margin, cal, shared), margin)
+                f = _figures_of(estimate_with_margin(cand, margin, cal, shared))
             keyed.append((_figures_key(f, by), len(cands), f))
             cands.append(cand)
     keyed.sort(key=lambda k: k[0])  # stable: equal keys keep the listing order, as sorting the estimates did
@@ -185,7 +185,7 @@ def plan(scn: Scenario, gpus: Sequence[str] | None = None, counts: Sequence[int]
     return Plan(rows=rows, best=best, pareto=front, by=by, margin=margin, fix_memo=shared.get(("fixes",), dict))
 
 
-def _figures_of(est: Estimate, margin: float) -> Figures:
+def _figures_of(est: Estimate) -> Figures:
     """An estimate's ranking figures (for the rare candidate rank_figures leaves to the estimate)."""
     fits = est.fits and est.time is not None
     dnf = (est.reason or "").startswith("does not fit")

@@ -443,3 +443,32 @@ def test_a_shared_memory_model_is_the_one_built_afresh(kw):
         assert shared == fresh
         assert reserved_curves(shared) == reserved_curves(fresh)
         assert shared.peak_bytes(3, 1000) == fresh.peak_bytes(3, 1000)
+
+
+@pytest.mark.parametrize("kw", VARIETY + [
+    dict(model="llama-2-7b", mix={"method": "full", "gradient_checkpointing": True, "checkpointing": "selective",
+                                  "tensor_parallel": 2, "sequence_parallel": True}, hw={"gpus_per_node": 4}),
+    dict(model="olmoe-1b-7b", mix={"method": "lora", "expert_parallel": 2, "experts_backend": "modules",
+                                   "offload": "optimizer", "zero_stage": 2}, hw={"gpus_per_node": 2}),
+    dict(model="llama-3.2-1b", mix={"method": "full", "activation_offload": True, "compile": True,
+                                    "loss": "chunked"}),
+])
+def test_memory_mix_leaves_out_only_what_the_memory_model_does_not_read(kw):
+    """Every fused attention kernel gives the model eager's sibling memory_mix maps it to, field for field;
+    eager keeps its own (its saved scores)."""
+    from typing import get_args, get_type_hints
+
+    from ftscope.estimate.memory import _build_memory_model, memory_mix
+    from ftscope.spec.mix import Mix
+    from ftscope.spec.scenario import fast_replace
+    base = scn(**kw)
+    built = {}
+    for attention in get_args(get_type_hints(Mix)["attention"]):  # every choice, whatever the GPU supports
+        s = fast_replace(base, mix=fast_replace(base.mix, attention=attention))
+        built[attention] = (memory_mix(s.mix), _build_memory_model(s, memory_model(s).allocator))
+    assert len(built) >= 5
+    for attention, (mix, model) in built.items():
+        assert (mix.attention == "eager") == (attention == "eager")
+        assert model == built[mix.attention][1], attention
+    if kw["model"] != "blackmamba-2.8b":  # no attention layers there
+        assert built["eager"][1] != built["sdpa"][1]

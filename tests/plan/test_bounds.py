@@ -105,16 +105,16 @@ def test_every_fitting_candidate_respects_its_bounds(model, batch, gpus, framewo
     gb = None if batch == "max" else batch * 2
     cls, _ = classify(np, space, "time", cal, {"top": None}, gb, None, None)
     evaluate = evaluator(gb, cal, None, None)
-    fits = np.flatnonzero(cls.status.ravel() == FITS)
+    fits = np.flatnonzero(cls.status.ravel() == FITS)  # positions in the classification's arrays
     assert len(fits) > 20
     for idx in fits.tolist():
-        c = evaluate(space.candidate(idx))
+        c = evaluate(space.candidate(cls.index(idx)))
         assert c.feasible, c.reason
         e = c.estimate
         assert cls.micro_batch.flat[idx] <= e.micro_batch_size <= cls.micro_batch_max.flat[idx]
         assert cls.hours.flat[idx] <= e.run.hours
-        eff, _ = cal.for_gpu(space.candidate(idx).cluster.gpu.key)
-        sharp = refined_hours(space.candidate(idx), int(cls.micro_batch.flat[idx]),
+        eff, _ = cal.for_gpu(space.candidate(cls.index(idx)).cluster.gpu.key)
+        sharp = refined_hours(space.candidate(cls.index(idx)), int(cls.micro_batch.flat[idx]),
                               int(cls.micro_batch_max.flat[idx]), gb, eff)
         assert cls.hours.flat[idx] * 0.5 < sharp <= e.run.hours
 
@@ -136,11 +136,11 @@ def test_parallel_layouts_respect_their_bounds(model, batch):
     gb = None if batch == "max" else 64
     cls, _ = classify(np, space, "time", cal, {"top": None}, gb, None, None)
     evaluate = evaluator(gb, cal, None, None)
-    fits = np.flatnonzero(cls.status.ravel() == FITS)
-    layouts = {space.candidate(i).mix.model_parallel for i in fits.tolist()}
+    fits = np.flatnonzero(cls.status.ravel() == FITS)  # positions in the classification's arrays
+    layouts = {space.candidate(cls.index(i)).mix.model_parallel for i in fits.tolist()}
     assert len(fits) > 20 and layouts >= {1, 2, 4, 8}
     for idx in fits.tolist()[::3]:
-        cand = space.candidate(idx)
+        cand = space.candidate(cls.index(idx))
         c = evaluate(cand)
         assert c.feasible, c.reason
         e = c.estimate

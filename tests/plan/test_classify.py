@@ -27,7 +27,7 @@ def test_statuses_equal_what_the_estimates_say():
         cal = load_calibration()
         cls, cut = classify(np, space, "time", cal, {"top": None}, global_batch, None, None)
         evaluate = evaluator(global_batch, cal, None, None)
-        got = cls.status.ravel()
+        got = cls.full(np).ravel()
         assert not cut and set(got.tolist()) == {UNSUPPORTED, NO_FIT, FITS}  # T4 lacks bf16 and FlashAttention
         for idx in range(len(space)):
             exact = status_of(evaluate(space.candidate(idx)).reason)
@@ -39,7 +39,7 @@ def test_progress_is_reported_and_a_spent_clock_leaves_candidates_unsearched():
     calls = []
     cls, cut = classify(np, space, "time", load_calibration(), {"top": None}, None, 0.0,
                         lambda stage, done, total: calls.append((stage, done, total)))
-    assert cut and (cls.status == UNSEARCHED).all()
+    assert cut and (cls.full(np) == UNSEARCHED).all()
     assert calls and calls[0] == ("classify", 0, len(space))
 
 
@@ -54,3 +54,22 @@ def test_distinct_batches_are_what_np_unique_gives():
         ref_values, ref_which = np.unique(batch, return_inverse=True)
         assert values.tolist() == ref_values.tolist()
         assert which.reshape(batch.shape).tolist() == ref_which.reshape(batch.shape).tolist()
+
+
+def test_only_mixes_some_block_can_run_have_columns():
+    """A mix refused, or unsupported on every block, has no column: its candidates are counted unsupported; the
+    positions of the others map to the space's candidate numbers in listing order."""
+    from ftscope.plan.engine import REJECTED, _first_rejected
+    space = _space("max")
+    cls, _ = classify(np, space, "time", load_calibration(), {"top": None}, None, None, None)
+    full = cls.full(np)
+    assert len(cls.dead) and len(cls.columns) and len(cls.dead) + len(cls.columns) == space.mixes_per_block
+    assert (full[:, cls.dead] == UNSUPPORTED).all()
+    assert ((full[:, cls.columns] != UNSUPPORTED).any(axis=0)).all()  # a column has a candidate that may run
+    positions = range(cls.status.size)
+    numbers = [cls.index(p) for p in positions]
+    assert numbers == sorted(numbers) and [cls.position(i) for i in numbers] == list(positions)
+    assert cls.position(int(cls.dead[0])) is None
+    assert full.ravel()[numbers].tolist() == cls.status.ravel().tolist()
+    for k in (1, 10, 10_000):
+        assert _first_rejected(np, cls, k) == np.flatnonzero(np.isin(full.ravel(), REJECTED))[:k].tolist()

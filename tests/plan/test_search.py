@@ -196,3 +196,66 @@ def test_pareto_front_is_every_row_no_other_beats_on_both():
         pts = [(i, r.run.hours, r.run.usd) for i, r in enumerate(rows) if r.fits and r.run.usd is not None]
         expected = [i for i, h, u in pts if not any(h2 <= h and u2 <= u and (h2 < h or u2 < u) for _, h2, u2 in pts)]
         assert pareto_front(rows) == expected
+
+
+def _eager(s, gpus, counts, nodes=1, by="cost", margin=0.0, solve_batch=True):
+    """Every candidate estimated in full (the path plan took before its rows became lazy), sorted by _rank_key."""
+    from ftscope.estimate.efficiency import load_calibration
+    from ftscope.estimate.shared import Shared
+    from ftscope.spec.hardware import gpu_from_catalog
+    from ftscope.plan.search import estimate_with_margin
+    cal = load_calibration()
+    base = s.with_(micro_batch_size="max") if solve_batch else s
+    shared = Shared(base)  # a fresh memo: nothing computed by the plan under test is reused
+    rows = [estimate_with_margin(base.with_(gpu=gpu_from_catalog(g), gpus_per_node=c, nodes=nodes), margin, cal, shared)
+            for g in gpus for c in counts]
+    return sorted(rows, key=lambda e: _rank_key(e, by))
+
+
+EAGER_CASES = [  # dense, MoE, QLoRA, multi-node, fixed batch, margins, both rankings
+    ("llama-2-7b", {"method": "full", "zero_stage": 3}, None, [1, 2, 4, 8], 1, "cost", 0.0, True),
+    ("llama-2-7b", {"method": "lora"}, None, [8], 4, "time", 0.1, True),
+    ("mixtral-8x7b", None, None, [1, 2, 4, 8], 1, "cost", 0.0, True),
+    ("mixtral-8x7b", {"zero_stage": 3}, None, [1, 2, 4], 1, "time", 0.05, True),
+    ("mixtral-8x7b", {"method": "full", "fsdp": "full_shard"}, None, [8], 8, "cost", 0.0, True),
+    ("mixtral-8x7b", None, {"micro_batch_size": 4}, [1, 2, 4], 1, "time", 0.1, False),
+]
+
+
+@pytest.mark.parametrize("model,mix,wl,counts,nodes,by,margin,solve", EAGER_CASES)
+def test_rows_rank_and_front_are_those_of_estimating_every_candidate(model, mix, wl, counts, nodes, by, margin, solve):
+    s = scn(model, mix, wl)
+    gpus = ["a40", "a100-80gb", "h100-80gb", "l4", "t4", "b200", "rtx-4090"]
+    p = ftscope.plan(s, gpus=gpus, counts=counts, nodes=nodes, by=by, margin=margin, solve_batch=solve)
+    eager = _eager(s, gpus, counts, nodes, by, margin, solve)
+    assert list(p.rows) == eager  # the same estimates (every field, floats equal), in the same order
+    assert [r.to_dict() for r in p.rows] == [r.to_dict() for r in eager]
+    assert p.pareto == pareto_front(eager)
+    assert p.best == (eager[0] if eager[0].fits and eager[0].time is not None else None)
+    assert one_row_per_gpu(p) == [r for i, r in enumerate(eager)
+                                  if r.scenario.cluster.gpu.key not in {e.scenario.cluster.gpu.key for e in eager[:i]}]
+
+
+def test_rows_are_estimated_when_read():
+    from ftscope.plan.search import Rows
+    p = ftscope.plan(scn(), gpus=GPUS, counts=[1, 2, 4])
+    assert isinstance(p.rows, Rows)
+    assert sum(e is not None for e in p.rows._made) == 1  # the best only
+    first = p.rows[3]
+    assert p.rows[3] is first and p.rows[:4][3] is first and p.rows.scenario(3) is first.scenario
+    assert len(p.rows) == len(list(p.rows)) == len(GPUS) * 3
+    import copy
+    import pickle
+    for copied in (pickle.loads(pickle.dumps(p.rows)), copy.deepcopy(p.rows)):  # as the list of its estimates
+        assert type(copied) is list and [e.to_dict() for e in copied] == [e.to_dict() for e in p.rows]
+
+
+def test_a_figure_that_is_not_a_number_leaves_the_row_to_the_estimate(monkeypatch):
+    """rank_figures returns None when a figure is not finite: plan then ranks on the estimate itself (whose own
+    checks raise when it is wrong)."""
+    import importlib
+    search = importlib.import_module("ftscope.plan.search")  # ftscope.plan is also the function
+    s = scn(mix={"method": "lora"})
+    expected = ftscope.plan(s, gpus=GPUS, counts=[1, 2])
+    monkeypatch.setattr(search, "rank_figures", lambda *a: None)
+    assert list(ftscope.plan(s, gpus=GPUS, counts=[1, 2]).rows) == list(expected.rows)

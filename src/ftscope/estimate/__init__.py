@@ -79,6 +79,24 @@ def estimate(scn: Scenario, margin: float = DEFAULT_MARGIN, strict: bool = True,
     with strict=False it comes back with `reason` set and `fits` false (what plan/recommend list). A fit with
     less than `tight_margin` of usable memory left is "tight" (Estimate.status). `shared`: a sweep's memo of the
     work its candidates share (estimate/shared.py); the same numbers, computed once."""
+    sh, reason, mem, seq, max_b, batch, breakdown = memory_stage(scn, margin, strict, tight_margin, shared)
+    if reason is None and breakdown.peak_bytes > mem.capacity_bytes * (1 - margin):
+        reason = (f"does not fit: needs {breakdown.peak_bytes / 2**30:.1f} GiB per GPU at micro-batch {batch}, "
+                  f"seq {seq}; {scn.cluster.gpu.key} has {mem.capacity_bytes / 2**30:.1f} GiB usable")
+    result = Estimate(scenario=scn, micro_batch_size=batch, seq_len=seq, memory=breakdown, model_memory=mem,
+                      max_micro_batch_size=max_b, margin=margin, reason=reason,
+                      warnings=sh.get(("warnings",), lambda: _warnings(scn, seq)) if sh else _warnings(scn, seq),
+                      tight_margin=tight_margin)
+    if with_time:
+        from .time import attach_time
+        result = attach_time(result, calibration, sh)
+    return _sane(result)
+
+
+def memory_stage(scn: Scenario, margin: float, strict: bool, tight_margin: float, shared: Shared | None):
+    """(the memo that covers scn or None, unsupported reason, memory model, padded length, largest micro-batch,
+    micro-batch, breakdown): what `estimate` reads before its result (also plan/search.py's ranking figures, so
+    both see the same numbers)."""
     for name, value in (("margin", margin), ("tight_margin", tight_margin)):
         if not 0 <= value < 1:
             raise FtscopeError(f"{name} must be in [0, 1); got {value}")
@@ -100,14 +118,4 @@ def estimate(scn: Scenario, margin: float = DEFAULT_MARGIN, strict: bool = True,
     batch = (max_b or 1) if wl.solve_batch else int(wl.micro_batch_size)
     breakdown = (sh.get(("breakdown", world, batch), lambda: mem.breakdown(batch, seq)) if sh
                  else mem.breakdown(batch, seq))
-    if reason is None and breakdown.peak_bytes > mem.capacity_bytes * (1 - margin):
-        reason = (f"does not fit: needs {breakdown.peak_bytes / 2**30:.1f} GiB per GPU at micro-batch {batch}, "
-                  f"seq {seq}; {scn.cluster.gpu.key} has {mem.capacity_bytes / 2**30:.1f} GiB usable")
-    result = Estimate(scenario=scn, micro_batch_size=batch, seq_len=seq, memory=breakdown, model_memory=mem,
-                      max_micro_batch_size=max_b, margin=margin, reason=reason,
-                      warnings=sh.get(("warnings",), lambda: _warnings(scn, seq)) if sh else _warnings(scn, seq),
-                      tight_margin=tight_margin)
-    if with_time:
-        from .time import attach_time
-        result = attach_time(result, calibration, sh)
-    return _sane(result)
+    return sh, reason, mem, seq, max_b, batch, breakdown

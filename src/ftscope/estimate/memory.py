@@ -319,12 +319,31 @@ def forward_transients(scn: Scenario, shards: int) -> tuple[float, float]:
 
 _MODELS: dict[tuple, MemoryModel] = {}
 """Memory models by what they read of the scenario: a search asks for the same one on every GPU type."""
+FUSED_ATTENTION = "sdpa"
+"""The attention memory_mix gives every fused kernel: the memory model tells eager attention (its saved scores)
+from the fused ones (sdpa, flash, flash1, flash3: none saves them) and nothing more."""
+_MEMORY_MIXES: dict = {}
+
+
+def memory_mix(mix):
+    """The mix with the fields the memory model does not read at one value (fused attention kernels as
+    FUSED_ATTENTION): mixes with the same memory_mix have equal memory models (tests/estimate/test_memory.py
+    checks it on every attention choice), so memory_model builds one for them."""
+    hit = _MEMORY_MIXES.get(mix)
+    if hit is None:
+        if len(_MEMORY_MIXES) >= 4096:
+            _MEMORY_MIXES.clear()
+        hit = _MEMORY_MIXES[mix] = (mix if mix.attention in ("eager", FUSED_ATTENTION)
+                                    else fast_replace(mix, attention=FUSED_ATTENTION))
+    return hit
 
 
 def memory_model(scn: Scenario, allocator: AllocatorModel = DEFAULT_ALLOCATOR) -> MemoryModel:
     """The per-GPU memory model of a scenario. It reads the GPU only for its capacity, so one model is built per
-    model, mix, accumulation, recipe and GPU count, and shared across GPU types with the capacity replaced."""
-    key = (scn.model, scn.mix, scn.workload.gradient_accumulation > 1, scn.recipe, scn.cluster.world_size, allocator)
+    model, mix (as memory_mix), accumulation, recipe and GPU count, and shared across GPU types with the capacity
+    replaced."""
+    key = (scn.model, memory_mix(scn.mix), scn.workload.gradient_accumulation > 1, scn.recipe,
+           scn.cluster.world_size, allocator)
     mm = _MODELS.get(key)
     if mm is None:
         if len(_MODELS) >= 4096:

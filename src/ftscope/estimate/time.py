@@ -212,13 +212,34 @@ def step_time(scn: Scenario, batch: int, eff: Efficiency, trainable: int, ops: S
               shared: Shared | None = None) -> TimeEstimate:
     """One optimizer step of `batch`-sequence micro-batches (`ops`: its micro_batch_ops, when already known;
     `shared`: a sweep's memo that covers `scn`)."""
+    parts, mb_layers, runs, hidden, lay, seq, r = step_parts(scn, batch, eff, trainable, ops, shared)
+    wl, mix = scn.workload, scn.mix
+    ga = wl.gradient_accumulation
+    by_layer = {k: v * runs for k, v in mb_layers.items()}
+    step = sum(parts.values())
+    world = scn.cluster.world_size
+    replicas = lay.dp
+    samples = batch * ga * replicas * wl.samples_per_sequence()
+    tokens = samples * wl.mean_tokens_per_sample() if wl.padding != "packed" else batch * ga * replicas * wl.peak_seq_len()
+    flops = (shared.get(("flops", batch, seq), lambda: model_flops(scn, batch * seq * ga, seq)) if shared is not None
+             else model_flops(scn, batch * seq * ga, seq))
+    useful = flops * replicas
+    mfu = useful / (step * world * (r.fp8_peak if mix.fp8 else r.peak))
+    return TimeEstimate(step_s=step, tokens_per_s=tokens / step, samples_per_s=samples / step, mfu=mfu,
+                        breakdown_s=parts, by_layer_s=by_layer, communication_hidden_s=hidden)
+
+
+def step_parts(scn: Scenario, batch: int, eff: Efficiency, trainable: int, ops: Sequence[Op] | None = None,
+               shared: Shared | None = None):
+    """(seconds per breakdown part of one step, in breakdown_s's order: their sum is the step; one micro-batch's
+    seconds per layer; micro-batch runs per step, bubble included; hidden communication seconds; the layout; the
+    mean padded length; the GPU's rates): step_time's work before its result (plan/search.py ranks on the sum)."""
     wl, mix = scn.workload, scn.mix
     lay = shared.per_cluster("layout", scn, lambda: layout(scn)) if shared is not None else layout(scn)
     (mb, mb_layers, att), seq, r = micro_batch_times(scn, batch, eff, ops, shared)
     ga = wl.gradient_accumulation
     runs = ga + lay.bubble   # micro-batches, plus the pipeline's idle time in micro-batch units
     parts = {k: v * runs for k, v in mb.items()}
-    by_layer = {k: v * runs for k, v in mb_layers.items()}
     parts["optimizer"] = optimizer_s(scn, eff, trainable, lay)
     compute_mb = mb["forward"] + mb["backward"] + mb["recompute"] + mb["dequant"]
     windows = {"fwd_bwd": compute_mb * ga, "bwd": mb["backward"] * ga, "last_bwd": mb["backward"],
@@ -231,17 +252,7 @@ def step_time(scn: Scenario, batch: int, eff: Efficiency, trainable: int, ops: S
         hidden += min(copy, eff.comm_overlap * compute_mb * ga)
     parts["communication"] = comm
     parts["other"] = eff.step_overhead_s + eff.microbatch_overhead_s * ga
-    step = sum(parts.values())
-    world = scn.cluster.world_size
-    replicas = lay.dp
-    samples = batch * ga * replicas * wl.samples_per_sequence()
-    tokens = samples * wl.mean_tokens_per_sample() if wl.padding != "packed" else batch * ga * replicas * wl.peak_seq_len()
-    flops = (shared.get(("flops", batch, seq), lambda: model_flops(scn, batch * seq * ga, seq)) if shared is not None
-             else model_flops(scn, batch * seq * ga, seq))
-    useful = flops * replicas
-    mfu = useful / (step * world * (r.fp8_peak if mix.fp8 else r.peak))
-    return TimeEstimate(step_s=step, tokens_per_s=tokens / step, samples_per_s=samples / step, mfu=mfu,
-                        breakdown_s=parts, by_layer_s=by_layer, communication_hidden_s=hidden)
+    return parts, mb_layers, runs, hidden, lay, seq, r
 
 
 def communication_s(scn: Scenario, eff: Efficiency, trainable: int) -> tuple[float, float]:

@@ -6,6 +6,7 @@ count): arrays of one byte of status and a few floats per candidate, never an ob
 """
 from __future__ import annotations
 
+import bisect
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -29,10 +30,14 @@ MIX_CHUNK = 256
 
 @dataclass
 class Classification:
-    """Per candidate (rows: blocks, columns: mixes): status and lower bounds; per mix: what ranking needs."""
+    """Per candidate that may run (rows: blocks, columns: the mixes in `columns`): status and lower bounds; per
+    mix: what ranking needs. A mix that no block can run (refused, or unsupported on every GPU type or layout
+    everywhere) has no column: all its candidates are unsupported (`dead`); one the clock left unseen has none
+    either (unsearched). Candidate `idx` of the space (block idx // mixes_per_block, mix idx % mixes_per_block)
+    is at position `position(idx)` of the flattened arrays when its mix has a column."""
 
     status: Any
-    """int8 status codes (UNSEARCHED ... OVER_DEADLINE)."""
+    """int8 status codes (UNSUPPORTED ... OVER_DEADLINE; UNSEARCHED where the clock stopped the settling)."""
     primary: Any
     """Lower bound of the ranking's primary value (hours, dollars or peak bytes); inf unless FITS."""
     hours: Any
@@ -48,6 +53,35 @@ class Classification:
     tier: Any = None
     """int8 per candidate: 0 fits leaving the margin free, 1 tight (fits only by using the margin); the bounds of a
     tight candidate are those of the full capacity, the way recommend's evaluate solves it."""
+    columns: Any = None
+    """The mixes with a column, ascending (so positions keep the space's listing order)."""
+    mixes_per_block: int = 0
+    dead: Any = None
+    """The mixes seen that no block can run, ascending: every candidate of theirs is unsupported."""
+
+    def index(self, pos: int) -> int:
+        """The space's candidate number at flat position `pos`."""
+        n = len(self.columns)
+        return pos // n * self.mixes_per_block + int(self.columns[pos % n])
+
+    def position(self, idx: int) -> int | None:
+        """The flat position of the space's candidate `idx`, or None when its mix has no column."""
+        b, k = divmod(idx, self.mixes_per_block)
+        j = bisect.bisect_left(self.columns, k) if len(self.columns) else 0
+        if j == len(self.columns) or self.columns[j] != k:
+            return None
+        return b * len(self.columns) + j
+
+    def full(self, np, name: str = "status") -> Any:
+        """One of the arrays over every block and mix (status: UNSUPPORTED for dead mixes, UNSEARCHED for unseen
+        ones; bounds: NaN outside the columns): for tests and small spaces."""
+        values = getattr(self, name)
+        fill = UNSEARCHED if name == "status" else (0 if values.dtype.kind in "iu" else np.nan)
+        out = np.full((values.shape[0], self.mixes_per_block), fill, values.dtype)
+        out[:, self.columns] = values
+        if name == "status":
+            out[:, self.dead] = UNSUPPORTED
+        return out
 
 
 class _Scan:
@@ -145,34 +179,49 @@ def classify(np, space: Space, by: str, cal: Calibration, accepts: dict[str, Cal
         scan.mix(k, mix)
     if progress:
         progress("classify", int(scan.searched.sum()) * nb, nb * nm)
-    g_of, w_of, caps, fixed_peak = scan.g_of, scan.w_of, scan.caps, scan.fixed_peak
-    safe_caps, safe_fixed_peak = scan.safe_caps, scan.safe_fixed_peak
-    status = np.full((nb, nm), UNSEARCHED, np.int8)
-    ok = scan.valid[None, :] & scan.supported[g_of] & scan.layout_ok[w_of]
+    g_of, w_of, caps = scan.g_of, scan.w_of, scan.caps
+    safe_caps = scan.safe_caps
+    # only the mixes some block can run get a column: the others' candidates are all unsupported (or unseen)
+    live = scan.valid & scan.searched
+    pairs = sorted(set(zip(g_of.tolist(), w_of.tolist())))  # the (GPU type, GPU count) of some block
+    runs = np.zeros(nm, bool)
+    for g, w in pairs:
+        runs |= scan.supported[g] & scan.layout_ok[w]
+    live &= runs
+    cols = np.flatnonzero(live)
+    dead = np.flatnonzero(scan.searched & ~live)
+    fixed_peak = None if scan.fixed_peak is None else scan.fixed_peak[:, cols]
+    safe_fixed_peak = (fixed_peak if scan.safe_fixed_peak is scan.fixed_peak
+                       else scan.safe_fixed_peak[:, cols])
+    peak = scan.peak[:, cols]
+    split = scan.split[:, cols]
+    sig = scan.sig[cols]
+    terms = {key: value[:, :, cols] for key, value in scan.terms.items()}
+    ok = scan.supported[:, cols][g_of] & scan.layout_ok[:, cols][w_of]
     world = np.array([b.world for b in space.blocks])[:, None]
-    replicas = np.maximum(world // scan.split[0], 1)  # data-parallel replicas per candidate (plan/layouts.replicas)
-    fits = (scan.peak[w_of] <= caps[:, None]) if fixed_peak is None else (fixed_peak <= caps[:, None])
-    safe = (scan.peak[w_of] <= safe_caps[:, None]) if fixed_peak is None else (safe_fixed_peak <= safe_caps[:, None])
-    status[:, scan.searched] = UNSUPPORTED
+    replicas = np.maximum(world // split[0], 1)  # data-parallel replicas per candidate (plan/layouts.replicas)
+    fits = (peak[w_of] <= caps[:, None]) if fixed_peak is None else (fixed_peak <= caps[:, None])
+    safe = (peak[w_of] <= safe_caps[:, None]) if fixed_peak is None else (safe_fixed_peak <= safe_caps[:, None])
+    status = np.full((nb, len(cols)), UNSUPPORTED, np.int8)
     status[ok & ~fits] = NO_FIT
     status[ok & fits] = FITS
     tier = np.where(ok & fits & ~safe, 1, 0).astype(np.int8)
-    per_replica = None if global_batch is None else np.maximum(global_batch // (replicas * scan.split[1]), 1)
-    batch, batch_max = _micro_batch_bounds(np, scan.terms, w_of, caps, status == FITS, per_replica)
+    per_replica = None if global_batch is None else np.maximum(global_batch // (replicas * split[1]), 1)
+    batch, batch_max = _micro_batch_bounds(np, terms, w_of, caps, status == FITS, per_replica)
     if margin:  # a safe candidate runs the batch that leaves the margin free, a tight one the full capacity's
-        low, high = _micro_batch_bounds(np, scan.terms, w_of, safe_caps, (status == FITS) & (tier == 0), per_replica)
+        low, high = _micro_batch_bounds(np, terms, w_of, safe_caps, (status == FITS) & (tier == 0), per_replica)
         batch, batch_max = np.where(tier == 0, low, batch), np.where(tier == 0, high, batch_max)
     # one representative mix per compute signature that has a candidate to rank
     mixes: dict[int, Any] = {}
-    for k in np.flatnonzero((status == FITS).any(axis=0)).tolist():
-        if scan.sig[k] not in mixes:
-            mixes[scan.sig[k]] = space.mix(k)
-    hours, usd = _time_bounds(np, space, cal, scan.on_gpu, g_of, scan.sig, mixes, batch, batch_max, replicas)
+    for j in np.flatnonzero((status == FITS).any(axis=0)).tolist():
+        if sig[j] not in mixes:
+            mixes[sig[j]] = space.mix(int(cols[j]))
+    hours, usd = _time_bounds(np, space, cal, scan.on_gpu, g_of, sig, mixes, batch, batch_max, replicas)
     chosen_peak = fixed_peak if fixed_peak is None else np.where(tier == 0, safe_fixed_peak, fixed_peak)
     primary = {"time": hours, "cost": np.where(np.isnan(usd), np.inf, usd),
-               "memory": scan.peak[w_of] if fixed_peak is None else chosen_peak}[by]
+               "memory": peak[w_of] if fixed_peak is None else chosen_peak}[by]
     return Classification(status, np.where(status == FITS, primary, np.inf), hours, usd, batch, batch_max,
-                          scan.complexity, scan.accept, tier), cut
+                          scan.complexity, scan.accept, tier, cols, nm, dead), cut
 
 
 def _fixed_batch(probe: MemoryProbe, k: int, blocks: list[tuple[int, int]], supported: list[bool], caps: list[float],

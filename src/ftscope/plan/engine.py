@@ -125,6 +125,19 @@ class Outcome:
     summary: SearchSummary
 
 
+def _first_rejected(np, cls: Classification, k: int) -> list[int]:
+    """The first k candidate numbers, in listing order, that are rejected: those of the columns' rejected
+    statuses and every candidate of a dead mix, merged block by block."""
+    out: list[int] = []
+    nm, status = cls.mixes_per_block, cls.status
+    for b in range(status.shape[0]):
+        if len(out) >= k:
+            break
+        cols = cls.columns[np.isin(status[b], REJECTED)]
+        out += (np.union1d(cols, cls.dead)[:k - len(out)] + b * nm).tolist()
+    return out
+
+
 class Engine:
     """One search over a Space. `evaluate(scenario)` is the exact estimate of one candidate; `key(candidate)`
     its ranking key ((1, ...) when it cannot run)."""
@@ -221,9 +234,11 @@ class Engine:
             self.cache.clear()
             return self.exhaustive()
         flat = status.ravel()
-        rejected = np.flatnonzero(np.isin(flat, REJECTED))[:self.rankings[0].k].tolist()
+        dead = len(cls.dead) * len(self.space.blocks)  # the candidates of mixes no block can run: unsupported
+        rejected = _first_rejected(np, cls, self.rankings[0].k)
         tally = {code: int((flat == code).sum()) for code in (FEASIBLE, *REJECTED)}
-        classified = int((flat != UNSEARCHED).sum())
+        tally[UNSUPPORTED] += dead
+        classified = int((flat != UNSEARCHED).sum()) + dead
         return self._finish(ranked, rejected, tally, classified, classified - unsettled, exhaustive=False)
 
     def _settle_limits(self, np, cls: Classification) -> None:
@@ -238,42 +253,42 @@ class Engine:
         if self.deadline is not None and self.budget is None:
             status[fits & (cls.hours > self.deadline)] = OVER_DEADLINE
         todo = np.flatnonzero((status == FITS).ravel())
-        for n, idx in enumerate(todo.tolist()):
+        for n, pos in enumerate(todo.tolist()):
             if self.progress and n % 64 == 0:
                 self.progress("limits", n, len(todo))
             if self._out_of_time():
                 status.ravel()[todo[n:]] = UNSEARCHED
                 return
-            _, hours, usd = self._refine(idx, cls)
+            _, hours, usd = self._refine(pos, cls)
             if self.budget is not None and usd > self.budget:
-                status.ravel()[idx] = OVER_BUDGET
+                status.ravel()[pos] = OVER_BUDGET
             elif self.deadline is not None and hours > self.deadline and self.budget is None:
-                status.ravel()[idx] = OVER_DEADLINE
+                status.ravel()[pos] = OVER_DEADLINE
             else:
-                c = self.evaluate(idx)
-                self._check(c, idx, cls)
-                status.ravel()[idx] = status_of(c.reason)
+                c = self.evaluate(cls.index(pos))
+                self._check(c, pos, cls)
+                status.ravel()[pos] = status_of(c.reason)
 
     def _rank(self, np, ranking: Ranking, cls: Classification) -> tuple[TopK, int]:
         """Exact top-k of one ranking; also how many candidates it left unsettled (out of time)."""
-        nm = self.space.mixes_per_block
         flat = cls.status.ravel()
-        allowed = np.tile(cls.accept[ranking.name], len(self.space.blocks))
-        idxs = np.flatnonzero((flat == FEASIBLE) & allowed)
-        bounds, tiers = cls.primary.ravel()[idxs], cls.tier.ravel()[idxs]
+        allowed = np.tile(cls.accept[ranking.name][cls.columns], len(self.space.blocks))
+        places = np.flatnonzero((flat == FEASIBLE) & allowed)  # positions in listing order (columns ascend)
+        bounds, tiers = cls.primary.ravel()[places], cls.tier.ravel()[places]
         order = np.lexsort((bounds, tiers))  # tight candidates (tier 1) after every safe one; stable within
         top = TopK(ranking.k)
         for pos, o in enumerate(order.tolist()):
-            idx, bound, tier = int(idxs[o]), float(bounds[o]), int(tiers[o])
+            at, bound, tier = int(places[o]), float(bounds[o]), int(tiers[o])
+            idx = cls.index(at)  # the candidate's number: what ties compare and the cache keeps
             if top.full:
                 worst_key, worst_idx = top.worst
                 rounded = tie(bound)
                 if (tier, rounded) > worst_key[:2]:
                     break
-                cx = int(cls.complexity[idx % nm])
+                cx = int(cls.complexity[idx % self.space.mixes_per_block])
                 if ((tier, rounded, cx, bound), idx) > (worst_key, worst_idx):
                     continue
-                sharper = self._refine(idx, cls)[0]
+                sharper = self._refine(at, cls)[0]
                 if ((tier, tie(sharper), cx, sharper), idx) > (worst_key, worst_idx):
                     continue
             if self._out_of_time():
@@ -281,17 +296,18 @@ class Engine:
             if self.progress and len(self.cache) % 64 == 0:
                 self.progress("estimate", len(self.cache), None)
             c = self.evaluate(idx)
-            self._check(c, idx, cls)
+            self._check(c, at, cls)
             if c.feasible:
                 top.push(self.key(c), idx, c)
         return top, 0
 
     def _refine(self, idx: int, cls: Classification) -> tuple[float, float, float]:
         """(primary, hours, dollars) lower bounds from the estimator's step time (bounds.refined_hours), for a
-        candidate whose cheap bound could not rule it out; memory has no sharper bound than its own."""
+        candidate whose cheap bound could not rule it out; memory has no sharper bound than its own. `idx`: its
+        position in the classification's arrays."""
         hit = self.refined.get(idx)
         if hit is None:
-            scn = self.space.candidate(idx)
+            scn = self.space.candidate(cls.index(idx))
             eff, _ = self.cal.for_gpu(scn.cluster.gpu.key)
             hours = max(refined_hours(scn, int(cls.micro_batch.flat[idx]), int(cls.micro_batch_max.flat[idx]),
                                       self.global_batch, eff), float(cls.hours.flat[idx]))
@@ -302,7 +318,8 @@ class Engine:
         return hit
 
     def _check(self, c: Any, idx: int, cls: Classification) -> None:
-        """An exact estimate of a candidate classified as fitting must fit and respect its bounds."""
+        """An exact estimate of a candidate classified as fitting must fit and respect its bounds (`idx`: its
+        position in the classification's arrays)."""
         if status_of(c.reason) in (UNSUPPORTED, NO_FIT) or (c.feasible and self.key(c)[0] != cls.tier.flat[idx]):
             self.violations += 1
             return

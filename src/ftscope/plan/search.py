@@ -8,12 +8,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from functools import cached_property, lru_cache
 from itertools import groupby
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence, overload
 
 from .. import catalog
 from ..errors import FtscopeError
 from ..estimate import estimate
 from ..estimate.efficiency import Calibration, load_calibration
+from ..estimate.figures import Figures, rank_figures
 from ..estimate.result import Estimate
 from ..estimate.shared import Shared
 from ..spec.hardware import gpu_from_catalog
@@ -24,11 +25,50 @@ DEFAULT_COUNTS = (1, 2, 4, 8)
 RANK_KEYS = ("cost", "time")
 
 
+class Rows(Sequence[Estimate]):
+    """A plan's ranked rows, each estimated when first read (a ranking reads only its figures: estimate/figures.py);
+    the same Estimate object on every read. Equal to any sequence of the same estimates."""
+
+    def __init__(self, scenarios: list[Scenario], make: Callable[[Scenario], Estimate]) -> None:
+        self._scenarios = scenarios
+        self._made: list[Estimate | None] = [None] * len(scenarios)
+        self._make = make
+
+    def __len__(self) -> int:
+        return len(self._scenarios)
+
+    @overload
+    def __getitem__(self, i: int) -> Estimate: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[Estimate]: ...
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        est = self._made[i]
+        if est is None:  # two threads may both build it: equal estimates, either stays
+            est = self._made[i] = self._make(self._scenarios[i])
+        return est
+
+    def scenario(self, i: int) -> Scenario:
+        """Row i's scenario, without estimating it."""
+        return self._scenarios[i]
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and len(self) == len(other) and all(a == b for a, b in zip(self, other))
+
+    def __repr__(self) -> str:
+        return f"Rows({len(self)} candidates)"
+
+    def __reduce__(self):  # pickled and copied as the plain list of its estimates
+        return (list, (list(self),))
+
+
 @dataclass(frozen=True)
 class Plan:
     """Every candidate (feasible or not, with the reason), ranked; the best; the cost/time Pareto frontier."""
 
-    rows: list[Estimate]
+    rows: Sequence[Estimate]
     best: Estimate | None
     pareto: list[int] = field(default_factory=list)
     """Indices into rows of candidates no other candidate beats on both hours and dollars."""
@@ -64,6 +104,16 @@ def _rank_key(est: Estimate, by: str) -> tuple:
     return (tier, usd, hours) if by == "cost" else (tier, hours, usd)
 
 
+def _figures_key(f: Figures, by: str) -> tuple:
+    """_rank_key of the estimate these figures come from."""
+    if not f.fits:
+        return (2, float("inf"), float("inf"))
+    hours = f.hours
+    usd = f.usd if f.usd is not None else float("inf")
+    tier = 1 if f.tight else 0
+    return (tier, usd, hours) if by == "cost" else (tier, hours, usd)
+
+
 def estimate_with_margin(cand: Scenario, margin: float, cal: Calibration, shared: Shared | None = None) -> Estimate:
     """The candidate at the largest micro-batch that leaves `margin` of usable memory free; when none does (or the
     batch is fixed), as it is, tight when it eats into the margin (Estimate.status). `shared`: the sweep's memo."""
@@ -76,8 +126,13 @@ def estimate_with_margin(cand: Scenario, margin: float, cal: Calibration, shared
 
 def pareto_front(rows: Sequence[Estimate]) -> list[int]:
     """Indices of feasible rows with a price that no other row beats on both hours and dollars."""
-    pts = sorted((e.run.hours, e.run.usd, i) for i, e in enumerate(rows)
-                 if e.fits and e.run is not None and e.run.usd is not None)
+    return pareto_points([(e.run.hours, e.run.usd) if e.fits and e.run is not None and e.run.usd is not None
+                          else None for e in rows])
+
+
+def pareto_points(points: Sequence[tuple[float, float] | None]) -> list[int]:
+    """pareto_front of rows given as (hours, dollars), None for a row that does not fit or has no price."""
+    pts = sorted((p[0], p[1], i) for i, p in enumerate(points) if p is not None)
     front = []
     cheapest_faster = float("inf")  # the lowest dollars of the rows strictly faster than the group at hand
     for _, group in groupby(pts, key=lambda p: p[0]):
@@ -110,18 +165,33 @@ def plan(scn: Scenario, gpus: Sequence[str] | None = None, counts: Sequence[int]
     if not counts:
         raise FtscopeError(f"no GPU count fits --max-gpus {max_gpus}")
     cal = calibration if isinstance(calibration, Calibration) else load_calibration(calibration)
-    rows: list[Estimate] = []
     shared = _sweep(scn, solve_batch)
     base = shared.scenario
+    cands: list[Scenario] = []
+    keyed: list[tuple] = []  # (rank key, listing index, figures); each candidate's figures, not its estimate
     for key in candidate_gpus(gpus):
         gpu = _catalog_gpu(key)
         for count in counts:  # base.with_(gpu=..., gpus_per_node=..., nodes=...), without sorting the names
             cand = fast_replace(base, cluster=fast_replace(base.cluster, gpu=gpu, gpus_per_node=count, nodes=nodes))
-            rows.append(estimate_with_margin(cand, margin, cal, shared))
-    rows.sort(key=lambda e: _rank_key(e, by))
-    best = rows[0] if rows and rows[0].fits and rows[0].time is not None else None
-    return Plan(rows=rows, best=best, pareto=pareto_front(rows), by=by, margin=margin,
-                fix_memo=shared.get(("fixes",), dict))
+            f = rank_figures(cand, margin, cal, shared)
+            if f is None:  # a figure that is not a finite number: the estimate's own checks say which
+                f = _figures_of(estimate_with_margin(cand, margin, cal, shared))
+            keyed.append((_figures_key(f, by), len(cands), f))
+            cands.append(cand)
+    keyed.sort(key=lambda k: k[0])  # stable: equal keys keep the listing order, as sorting the estimates did
+    rows = Rows([cands[i] for _, i, _ in keyed], lambda c: estimate_with_margin(c, margin, cal, shared))
+    best = rows[0] if keyed and keyed[0][2].fits else None
+    front = pareto_points([(f.hours, f.usd) if f.fits and f.usd is not None else None for _, _, f in keyed])
+    return Plan(rows=rows, best=best, pareto=front, by=by, margin=margin, fix_memo=shared.get(("fixes",), dict))
+
+
+def _figures_of(est: Estimate) -> Figures:
+    """An estimate's ranking figures (for the rare candidate rank_figures leaves to the estimate)."""
+    fits = est.fits and est.time is not None
+    dnf = (est.reason or "").startswith("does not fit")
+    if not fits:
+        return Figures(False, False, None, None, dnf)
+    return Figures(True, est.status == "tight", est.run.hours, est.run.usd, dnf)
 
 
 _catalog_gpu = lru_cache(maxsize=None)(gpu_from_catalog)
@@ -145,9 +215,11 @@ def one_row_per_gpu(p: Plan) -> list[Estimate]:
     """The best-ranked row of each GPU type (the IISWC Table IV view)."""
     seen: set[str] = set()
     out = []
-    for est in p.rows:
-        key = est.scenario.cluster.gpu.key
+    rows = p.rows
+    for i in range(len(rows)):  # Rows knows each row's scenario without estimating it
+        scn = rows.scenario(i) if isinstance(rows, Rows) else rows[i].scenario
+        key = scn.cluster.gpu.key
         if key not in seen:
             seen.add(key)
-            out.append(est)
+            out.append(rows[i])
     return out

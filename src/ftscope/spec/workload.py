@@ -168,7 +168,13 @@ class Workload:
         """Average padded sequence length the GPU computes on at this micro-batch."""
         if self.padding in ("max_length", "packed") or self.dataset is None:
             return float(self.peak_seq_len())
-        return max(self.dataset.expected_longest(batch, self.seq_len), self.mean_tokens_per_sample())
+        key = (self.dataset, self.seq_len, batch)  # all it reads: workloads differing elsewhere share the value
+        hit = _PADDED.get(key)
+        if hit is None:
+            if len(_PADDED) >= 65_536:
+                _PADDED.clear()
+            hit = _PADDED[key] = max(self.dataset.expected_longest(batch, self.seq_len), self.mean_tokens_per_sample())
+        return hit
 
     def samples_per_epoch(self) -> int:
         if self.dataset is not None:
@@ -180,6 +186,11 @@ class Workload:
         if self.padding != "packed" or self.dataset is None:
             return 1.0
         return max(self.peak_seq_len() / max(self.mean_tokens_per_sample(), 1.0), 1.0)
+
+
+_PADDED: dict[tuple, float] = {}
+"""mean_padded_len by (dataset, seq_len, batch): a search asks for it once per mix otherwise (each solved workload
+is its own object), and the expected longest of a batch integrates the length distribution."""
 
 
 def check_workload(w: Workload) -> Workload:

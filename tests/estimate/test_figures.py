@@ -1,0 +1,60 @@
+"""rank_figures (estimate/figures.py): a ranking's figures equal those of the estimate they stand for."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+import ftscope
+from ftscope.estimate import figures as F
+from ftscope.estimate.efficiency import load_calibration
+from ftscope.estimate.shared import Shared
+from ftscope.plan.search import estimate_with_margin
+from ftscope.spec.hardware import gpu_from_catalog
+
+GPUS = ["t4", "l4", "a40", "a100-80gb", "h100-80gb", "b200"]
+
+
+def scn(model, mix=None, wl=None):
+    ds = {"num_samples": 2000, "mean_tokens": 187, "median_tokens": 174, "p99_tokens": 411, "max_tokens": 1024}
+    return ftscope.load_scenario({"model": model, "hardware": {"gpu": "a40"},
+                                  "mix": {"method": "qlora", "gradient_checkpointing": True, **(mix or {})},
+                                  "workload": {"micro_batch_size": "max", "seq_len": 1024, "dataset": ds,
+                                               **(wl or {})}})
+
+
+@pytest.mark.parametrize("model,mix,wl", [
+    ("llama-2-7b", {"method": "full", "zero_stage": 2}, None),
+    ("llama-2-7b", {"method": "lora", "gradient_checkpointing": False}, None),
+    ("mixtral-8x7b", None, None),
+    ("mixtral-8x7b", {"zero_stage": 3}, {"micro_batch_size": 2}),
+])
+@pytest.mark.parametrize("margin", [0.0, 0.1])
+def test_figures_equal_the_estimates(model, mix, wl, margin):
+    cal = load_calibration()
+    base = scn(model, mix, wl)
+    shared, fresh = Shared(base), Shared(base)
+    for gpu in GPUS:
+        for count, nodes in ((1, 1), (2, 1), (8, 1), (8, 4)):
+            cand = base.with_(gpu=gpu_from_catalog(gpu), gpus_per_node=count, nodes=nodes)
+            f = F.rank_figures(cand, margin, cal, shared)
+            est = estimate_with_margin(cand, margin, cal, fresh)
+            fits = est.fits and est.time is not None
+            assert f.fits == fits
+            if fits:  # equal, not close: the same functions on the same numbers
+                assert (f.tight, f.hours, f.usd) == (est.status == "tight", est.run.hours, est.run.usd)
+            else:
+                assert f.does_not_fit == (est.reason or "").startswith("does not fit")
+
+
+def test_a_step_that_is_not_a_finite_number_gives_none(monkeypatch):
+    cal = load_calibration()
+    cand = scn("llama-2-7b", {"method": "lora"}).with_(gpu=gpu_from_catalog("a100-80gb"))
+    assert F.rank_figures(cand, 0.0, cal, None).fits
+    real = F.step_parts
+
+    def nan_comm(*a, **k):
+        parts, *rest = real(*a, **k)
+        return ({**parts, "communication": math.nan}, *rest)
+    monkeypatch.setattr(F, "step_parts", nan_comm)
+    assert F.rank_figures(cand, 0.0, cal, None) is None

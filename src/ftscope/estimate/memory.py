@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 from ..spec.hardware import GIB, GpuSpec
 from ..spec.scenario import Scenario, fast_replace
-from .activations import ActivationCoefficients, activation_coefficients
+from .activations import LOSS_CHUNKS, ActivationCoefficients, activation_coefficients
 from .adapter_memory import kbit_autocast_copies, kbit_fp32_params, peft_merged_expert_bytes
 from .memory_layout import activation_policy, fsdp1_stream_bytes, paged_state_params, split_states
 
@@ -57,6 +57,28 @@ class MemoryBreakdown:
     """weights, gradients, optimizer, activations, temporary, overhead (bytes) at the peak phase."""
     phases: dict[str, float]
     """Allocated bytes per phase."""
+
+
+class HeadGradient(NamedTuple):
+    """A trained LM head's weight gradient (tied: the embedding's), which the loss's backward makes before any other
+    gradient: the bytes of it that the phase points' gradient terms leave out."""
+
+    weight: float
+    """Bytes of the head's weight gradient (0: the head is not trained)."""
+    chunks: int
+    """The head's matmuls: 1, or a chunked loss's chunks (the LM head applied per chunk of tokens)."""
+    logits_grad_per_token: float
+    """The logits' gradient in the compute dtype, alive during the head matmul's backward (per token)."""
+    in_blocks: float
+    """Alive while the blocks' backward runs (the recomputed last block), beyond the gradients of earlier
+    micro-batches."""
+    at_last_block: float
+    """Alive at the first block's backward, beyond `gradients` (held by autograd for a tied embedding)."""
+    at_embedding: float
+    """Alive beyond `gradients` while a tied embedding's gradient is added to the head's, after the first block."""
+
+
+NO_HEAD_GRADIENT = HeadGradient(0.0, 1, 0.0, 0.0, 0.0, 0.0)
 
 
 class PhasePoint(NamedTuple):
@@ -109,6 +131,8 @@ class MemoryModel:
     """Bytes a separate allocator stream keeps reserved (FSDP1's unshard stream: the gathered units)."""
     stream_gathered: float = 0.0
     """The part of weight_transient gathered on that stream (alive in forward and backward, inside stream_pool)."""
+    head_grad: HeadGradient = field(default_factory=lambda: NO_HEAD_GRADIENT)
+    """A trained LM head's weight gradient during backward, beyond what `gradients` counts there."""
 
     # --- per shape -----------------------------------------------------------------------------------------
     def activation_bytes(self, batch: float, seq: float) -> tuple[float, float]:
@@ -158,12 +182,34 @@ class MemoryModel:
         end_act = layer + held
         bt = wt + self.block_transient
         in_block = after_head - held - a.head_per_token * t + a.forward_transient_per_token * t  # last block's forward
+        hg = self.head_grad
+        g_rec, g_last = g_fwd + hg.in_blocks, g_end + hg.at_last_block
+        loss_start = ("backward", g_fwd, bwd_act, wt, static + g_fwd + bwd_act + wt)
+        # every model has the same points (the planner stacks them across mixes): a frozen head's repeat loss_start
+        head_points = (loss_start,) * 4
+        if hg.weight:
+            # the head's backward, chunk by chunk from the last: the chunks done and the one in flight have released
+            # their saved logits and the loss's fp32 buffers; the chunk's logits gradient is alive while its matmul
+            # writes a fresh weight gradient; the second chunk's is added to the first one's out of place (that
+            # one is a transposed view, which autograd never accumulates into), the later ones in place
+            n, h = hg.chunks, hg.weight
+            logits = a.logits_saved_per_token * t
+            grad = hg.logits_grad_per_token * t / n
+            moments = [(logits * (n - 1) / n + grad, h)]
+            if n > 1:
+                moments += [(logits * (n - 2) / n + grad, 2 * h), (logits * (n - 2) / n, 3 * h)]
+            points = [("backward", g_fwd + gh, act, wt, static + g_fwd + gh + act + wt)
+                      for kept, gh in moments for act in (saved - logits + kept + held,)]
+            g_emb = g_end + hg.at_embedding  # a tied embedding's gradient added to the head's, after the first block
+            points.append(("backward", g_emb, 0.0, wt, static + g_emb + wt) if hg.at_embedding else loss_start)
+            head_points = tuple(points + [points[0]] * (4 - len(points)))
         return (
             ("forward", g_fwd, fwd_act, wt, static + g_fwd + fwd_act + wt),
             ("forward", g_fwd, in_block, bt, static + g_fwd + in_block + bt),
-            ("backward", g_fwd, bwd_act, wt, static + g_fwd + bwd_act + wt),
-            ("backward", g_fwd, rec_act, bt, static + g_fwd + rec_act + bt),
-            ("backward", g_end, end_act, bt, static + g_end + end_act + bt),
+            loss_start,
+            *head_points,
+            ("backward", g_rec, rec_act, bt, static + g_rec + rec_act + bt),
+            ("backward", g_last, end_act, bt, static + g_last + end_act + bt),
             ("optimizer", self.gradients, 0.0, self.optimizer_transient,
              static + self.gradients + self.optimizer_transient),
         )
@@ -273,6 +319,33 @@ def frozen_weight_bytes(scn: Scenario) -> float:
         return quantized * NF4_BYTES + (total - quantized) * 2.0 + kbit_fp32_params(scn, quantized) * 2.0
     frozen = 0 if mix.method == "full" else total
     return frozen * (4.0 if mix.precision == "fp32" or fp32_lora_base(scn) else 2.0)
+
+
+def head_gradient(scn: Scenario, gradient_bytes: float) -> HeadGradient:
+    """The trained LM head's weight gradient in backward, beyond the phase points' gradient terms.
+
+    autograd sums the gradients a parameter gets from several uses in the input buffer of its AccumulateGrad node
+    (torch/csrc/autograd/input_buffer.cpp: in place only when it holds the last reference to the buffer and its
+    storage, which a Linear weight's gradient, a transposed view of the matmul's output, is not) and runs that node,
+    and with it a post-accumulate-grad hook (how an optimizer fused into backward steps: torchtune's
+    register_optim_in_bwd_hooks), once all of them have arrived: a head tied to the embedding gets its last one from
+    the embedding's backward, at the end. Measured on CPU, torch 2.13 (benchmarks/head_gradient_rss.py). Full
+    fine-tuning only (a LoRA head is frozen); a fused linear cross-entropy computes the head's gradient inside its
+    own kernel, counted with that loss."""
+    m, mix = scn.model, scn.mix
+    if mix.method != "full" or mix.loss == "fused_linear":
+        return NO_HEAD_GRADIENT
+    tied = m.lm_head_params == 0
+    h = (m.embedding_params if tied else m.lm_head_params) * gradient_bytes
+    chunks = (scn.recipe.loss_chunks or LOSS_CHUNKS) if mix.loss == "chunked" else 1
+    logits_grad = (4.0 if mix.precision == "fp32" else 2.0) * m.arch.vocab_size
+    # gradients of earlier micro-batches (or DeepSpeed's partitions) exist from the start: an untied head's is added
+    # into its .grad at once; an optimizer fused into backward steps an untied head's at once and frees it
+    early = scn.workload.gradient_accumulation > 1 or mix.zero_stage > 0 or mix.optimizer_in_backward
+    held = tied and early  # autograd holds a tied head's gradient until the embedding's arrives, outside .grad
+    # the embedding's fresh gradient is added to the head's; out of place onto an unchunked head's transposed view
+    at_embedding = (h if held else 0.0) + (h if chunks > 1 else 2 * h) if tied else 0.0
+    return HeadGradient(h, chunks, logits_grad, h if (tied or not early) else 0.0, h if held else 0.0, at_embedding)
 
 
 def fp32_lora_base(scn: Scenario) -> bool:
@@ -396,4 +469,5 @@ def _build_memory_model(scn: Scenario, allocator: AllocatorModel) -> MemoryModel
         trainable_params=trainable, allocator=allocator, offload_activations=mix.activation_offload,
         paged_optimizer=paged, reserved_floor=floor, stream_pool=pool if mix.fsdp is not None else 0.0,
         stream_gathered=gathered if mix.fsdp is not None else 0.0,
+        head_grad=head_gradient(scn, per.gradient),
     ), scn)

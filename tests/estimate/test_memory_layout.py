@@ -139,3 +139,25 @@ def test_fsdp1_init_floor_against_the_answerai_post():
          "mix": {"method": "qlora"}, "workload": {"micro_batch_size": 1, "seq_len": 512}}
     floor = memory_model(ftscope.load_scenario(d)).reserved_floor / 2**30
     assert 0.9 * 3.72 <= floor <= 3.72
+
+
+def test_fsdp1_pre_unshard_stream_pool_under_offload_or_mixed_precision():
+    """Under CPU offload (or a mixed-precision param_dtype) FSDP1 copies each unit's shard to the GPU on the
+    pre-unshard stream before gathering it: that stream's pool adds the largest copies alive at once (the root's
+    shard, or two blocks') to reserved, never to allocated; pure bf16 without offload copies nothing."""
+    from ftscope.estimate.memory_layout import fsdp1_stream_bytes
+    base = {"model": "llama-2-70b", "framework": "fsdp-qlora", "hardware": {"gpu": "rtx-4090", "gpus_per_node": 2},
+            "mix": {"method": "qlora"}, "workload": {"micro_batch_size": 2, "seq_len": 2048}}
+    s = ftscope.load_scenario(base)
+    off = ftscope.load_scenario({**base, "mix": {"method": "qlora", "offload": "optimizer+params"}})
+    nf4 = 0.5 + 1 / 64 + 4 / 16384
+    m = s.model
+    root = (m.embedding_params + m.lm_head_params + m.final_norm_params) * 2.0
+    blocks = 2 * m.largest_layer_params() * nf4
+    assert fsdp1_stream_bytes(off, nf4, 2)[1] - fsdp1_stream_bytes(s, nf4, 2)[1] == pytest.approx(max(root, blocks) / 2)
+    mixed = ftscope.load_scenario({**base, "mix": {"method": "qlora", "precision": "bf16-mixed"}})
+    assert fsdp1_stream_bytes(mixed, nf4, 2)[1] > fsdp1_stream_bytes(s, nf4, 2)[1]
+    assert memory_model(off).stream_pool > memory_model(s).stream_pool
+    assert max(memory_model(mixed).breakdown(2, 2048).phases.values()) == pytest.approx(
+        max(memory_model(dataclasses.replace(mixed, recipe=dataclasses.replace(
+            mixed.recipe, fsdp1_unshard_stream=False))).breakdown(2, 2048).phases.values()))  # allocated unchanged

@@ -197,7 +197,9 @@ def fsdp1_stream_bytes(scn: Scenario, per_param: float, shards: int) -> tuple[fl
     """(init cache, unshard-stream pool, gathered bytes the step counts) of an FSDP1 recipe, per GPU.
 
     Init: fsdp1_init_cache's replay of every unit. In the step the gathered units live on the unshard stream: the
-    root (when the recipe keeps it gathered) and two blocks in flight (unsharded bytes)."""
+    root (when the recipe keeps it gathered) and two blocks in flight (unsharded bytes). Under CPU offload or a
+    mixed-precision param_dtype each unit's shard is first copied to the GPU on a third stream (the pre-unshard
+    stream), whose pool holds the largest copies alive at once: the root's shard, or two blocks' (prefetched)."""
     m, rec = scn.model, scn.recipe
     root_bytes = (m.embedding_params + m.lm_head_params + m.final_norm_params) * (4.0 if scn.mix.precision == "fp32" else 2.0)
     block_bytes = m.largest_layer_params() * per_param
@@ -207,4 +209,10 @@ def fsdp1_stream_bytes(scn: Scenario, per_param: float, shards: int) -> tuple[fl
         root = root_bytes if rec.fsdp_root_gathered else 0.0
         pool = root + 2 * block_bytes
         gathered = pool * (1 - 1 / shards)  # what forward_transients counts for the same gathers
+        # FSDP1's _unshard runs pre_unshard on the pre-unshard stream: flat_param_to(device) copies an offloaded shard
+        # from the host, _use_low_precision_shard casts one into _mp_shard; either copy is dropped once all-gathered
+        # (torch/distributed/fsdp/_runtime_utils.py _unshard, _flat_param.py pre_unshard / unshard), so the stream's
+        # cache keeps the largest of them: the root's shard, or two prefetched blocks' carved from it
+        if scn.mix.offload == "optimizer+params" or scn.mix.precision in ("bf16-mixed", "fp16-mixed"):
+            pool += max(root_bytes, 2 * block_bytes) / shards
     return init, pool, gathered

@@ -21,7 +21,8 @@ from ..spec.hardware import GIB, GpuSpec
 from ..spec.scenario import Scenario, fast_replace
 from .activations import LOSS_CHUNKS, ActivationCoefficients, activation_coefficients
 from .adapter_memory import kbit_autocast_copies, kbit_fp32_params, peft_merged_expert_bytes
-from .memory_layout import activation_policy, fsdp1_stream_bytes, paged_state_params, split_states
+from .memory_layout import (activation_policy, clone_init_cache, clone_init_groups, fsdp1_stream_bytes,
+                            paged_state_params, split_states)
 
 NF4_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)
 OPTIMIZER_STATE_BYTES = {"adamw": 8.0, "adamw_8bit": 2.0, "paged_adamw_8bit": 2.0, "sgd": 0.0}
@@ -453,7 +454,9 @@ def _build_memory_model(scn: Scenario, allocator: AllocatorModel) -> MemoryModel
         opt_transient += trainable * 4.0 / shard_o   # fp32 gradient partition fed to the optimizer
 
     floor = 0.0
-    if mix.method == "qlora" and shard_w == 1 and scn.recipe.init_quantize_bytes_per_weight:  # built on this GPU
+    if mix.method == "qlora" and shard_w == 1 and scn.recipe.init_layer_clones:  # built, cloned, loaded on this GPU
+        floor = weights + clone_init_cache(*clone_init_groups(scn))
+    elif mix.method == "qlora" and shard_w == 1 and scn.recipe.init_quantize_bytes_per_weight:  # built on this GPU
         floor = weights + m.largest_linear_params() * scn.recipe.init_quantize_bytes_per_weight
     init_cache, pool, gathered = fsdp1_stream_bytes(scn, NF4_BYTES if mix.method == "qlora" else 2.0, n)
     if mix.fsdp is not None and init_cache:

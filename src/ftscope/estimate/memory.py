@@ -380,12 +380,14 @@ def forward_transients(scn: Scenario, shards: int) -> tuple[float, float]:
         transient += sum(stack_copies)
         transient += peft_merged_expert_bytes(scn)  # every layer's, saved for backward
     if mix.shard_stage == 3:
-        # ZeRO-3/FSDP gather the current block and prefetch the next (MoE blocks are gathered whole)
+        # ZeRO-3/FSDP gather the current block and prefetch the next (MoE blocks are gathered whole), each into a
+        # buffer of the whole unit beside the rank's shard, which stays (FSDP1's padded unsharded flat parameter,
+        # FSDP2's all-gather output, DeepSpeed's all_gather_coalesced flat tensor): the full unit, not (n - 1) / n
         per_param = NF4_BYTES if mix.method == "qlora" else 2.0
-        transient += 2 * m.largest_layer_params() * per_param * (1 - 1 / shards)
+        transient += 2 * m.largest_layer_params() * per_param
         if scn.recipe.fsdp_root_gathered and fsdp:
             root = m.embedding_params + m.lm_head_params + m.final_norm_params
-            transient += root * (4.0 if mix.precision == "fp32" else 2.0) * (1 - 1 / shards)
+            transient += root * (4.0 if mix.precision == "fp32" else 2.0)
     elif fsdp and mix.method == "full":
         transient += m.total_params * 2.0       # shard_grad_op keeps the unsharded bf16 weights until backward ends
     return transient, block

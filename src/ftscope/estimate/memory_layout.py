@@ -209,7 +209,7 @@ def fsdp1_stream_bytes(scn: Scenario, per_param: float, shards: int) -> tuple[fl
     if rec.fsdp1_unshard_stream and shards > 1 and scn.mix.shard_stage == 3:
         root = root_bytes if rec.fsdp_root_gathered else 0.0
         pool = root + 2 * block_bytes
-        gathered = pool * (1 - 1 / shards)  # what forward_transients counts for the same gathers
+        gathered = pool  # what forward_transients counts for the same gathers
         # FSDP1's _unshard runs pre_unshard on the pre-unshard stream: flat_param_to(device) copies an offloaded shard
         # from the host, _use_low_precision_shard casts one into _mp_shard; either copy is dropped once all-gathered
         # (torch/distributed/fsdp/_runtime_utils.py _unshard, _flat_param.py pre_unshard / unshard), so the stream's

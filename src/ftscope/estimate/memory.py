@@ -153,8 +153,10 @@ class MemoryModel:
 
     def phase_points(self, batch: float, seq: float) -> tuple[PhasePoint, ...]:
         """Each point where memory can peak:
-        end of forward, start of backward (all activations + loss gradients), under checkpointing the last
-        block's recompute (the loss buffers are freed by then), end of backward (all gradients), optimizer step."""
+        end of forward, the last block's forward, start of backward (all activations + loss gradients), a trained
+        LM head's backward (three moments of a chunked head, then a tied embedding's gradient; repeats of the start
+        of backward when the head is frozen, so every model has the same ten), under checkpointing the last block's
+        recompute (the loss buffers are freed by then), end of backward (all gradients), optimizer step."""
         return tuple(PhasePoint._make(p) for p in self._points(batch, seq))
 
     def _points(self, batch: float, seq: float) -> tuple[tuple[str, float, float, float, float], ...]:

@@ -418,7 +418,9 @@ def test_an_init_that_keeps_its_cache_is_a_floor_under_reserved_only():
     assert mm.reserved_floor == pytest.approx(mm.weights + clone_init_cache(*clone_init_groups(s)))
     assert mm.reserved_floor > mm.weights + s.model.largest_linear_params() * 68  # the one-matrix closed form
     b = mm.breakdown(1, 256)
-    assert b.peak_bytes == pytest.approx(mm.reserved_floor) == mm.peak_bytes(1, 256)
+    # the adapters' gradients and states need small-pool segments beside what init left cached
+    assert mm.small_pool_step > 0
+    assert b.peak_bytes == pytest.approx(mm.reserved_floor + mm.small_pool_step) == mm.peak_bytes(1, 256)
     assert b.allocated_bytes < mm.reserved_floor
     lora = memory_model(ftscope.load_scenario({**d, "mix": {"method": "lora", "lora_targets": "all-linear"}}))
     assert lora.reserved_floor == 0

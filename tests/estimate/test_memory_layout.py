@@ -183,3 +183,25 @@ def test_torchtune_01_qlora_init_floor_against_the_tutorial():
          "mix": {"method": "qlora", "lora_targets": "all-linear"}, "workload": {"micro_batch_size": 2, "seq_len": 512}}
     floor = memory_model(ftscope.load_scenario(d)).reserved_floor / 2**30
     assert floor == pytest.approx(9.13e9 / 2**30, rel=0.05)
+
+
+def test_small_pool_step_bytes_sit_on_top_of_an_init_floor():
+    """Adapters' gradients and AdamW states of at most 1 MiB a tensor go to the caching allocator's small pool, which
+    cannot use the large blocks an init left cached: with a floor, least_reserved adds them; without one, nothing."""
+    from ftscope.estimate.memory_layout import small_pool_step_bytes
+    d = {"model": "llama-2-7b", "framework": "fsdp-qlora", "hardware": {"gpu": "rtx3090-24gb", "gpus_per_node": 2},
+         "mix": {"method": "qlora"}, "workload": {"micro_batch_size": 1, "seq_len": 512}}
+    s = ftscope.load_scenario(d)
+    lora = s.model.lora_params(64, "all-linear")
+    # r64 all-linear over two shards: every adapter shard is under 1 MiB; bf16 gradient + two bf16 AdamW states
+    assert small_pool_step_bytes(s, 2.0, 4.0, 2) == pytest.approx(lora * (2 + 4) / 2, rel=1e-3)
+    # one GPU at fp32 with large matrices: a 4096 x 64 fp32 state is exactly 1 MiB (small), the 11008 x 64 ones not
+    one = small_pool_step_bytes(s, 4.0, 8.0, 1)
+    assert 0 < one < lora * 12
+    mm = memory_model(s)
+    assert mm.small_pool_step == pytest.approx(small_pool_step_bytes(s, 2.0, 4.0, 2), rel=1e-6)
+    assert mm.least_reserved == pytest.approx(mm.reserved_floor + mm.small_pool_step + mm.stream_pool)
+    full = memory_model(ftscope.load_scenario({**d, "mix": {"method": "full"}}))
+    assert full.small_pool_step == 0.0
+    hf = memory_model(ftscope.load_scenario({**d, "framework": "hf-trainer", "mix": {"method": "qlora", "fsdp": "full_shard"}}))
+    assert hf.reserved_floor == 0.0 and hf.small_pool_step == 0.0  # no init floor: the step's own reserved counts them

@@ -22,7 +22,7 @@ from ..spec.scenario import Scenario, fast_replace
 from .activations import LOSS_CHUNKS, ActivationCoefficients, activation_coefficients
 from .adapter_memory import kbit_autocast_copies, kbit_fp32_params, peft_merged_expert_bytes
 from .memory_layout import (activation_policy, clone_init_cache, clone_init_groups, fsdp1_stream_bytes,
-                            paged_state_params, split_states)
+                            paged_state_params, small_pool_step_bytes, split_states)
 
 NF4_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)
 OPTIMIZER_STATE_BYTES = {"adamw": 8.0, "adamw_8bit": 2.0, "paged_adamw_8bit": 2.0, "sgd": 0.0}
@@ -125,6 +125,9 @@ class MemoryModel:
     reserved_floor: float = 0.0
     """What the caching allocator still holds from model init when the recipe resets the peak counters without
     emptying its cache: the step's reserved peak never reads below it (its allocated peak does)."""
+    small_pool_step: float = 0.0
+    """The step's requests of at most 1 MiB (adapters' gradients and optimizer states) on top of such a floor: the
+    caching allocator's small pool cannot use the large blocks init left cached (memory_layout.small_pool_step_bytes)."""
     paged_optimizer: float = 0.0
     """The part of `optimizer` a paged optimizer keeps in CUDA managed memory: on the GPU while there is room (and
     in nvidia-smi), paged to host RAM under pressure, never in torch's max_memory_allocated / reserved."""
@@ -256,8 +259,9 @@ class MemoryModel:
 
     @property
     def least_reserved(self) -> float:
-        """Reserved bytes no batch shape reads below: what init left cached plus another stream's pool."""
-        return self.reserved_floor + self.stream_pool
+        """Reserved bytes no batch shape reads below: what init left cached (and the step's small-pool segments beside
+        it) plus another stream's pool."""
+        return self.reserved_floor + self.small_pool_step + self.stream_pool
 
     def fits(self, batch: float, seq: float, margin: float = 0.0) -> bool:
         return self.peak_bytes(batch, seq) <= self.capacity_bytes * (1.0 - margin)
@@ -465,6 +469,7 @@ def _build_memory_model(scn: Scenario, allocator: AllocatorModel) -> MemoryModel
     init_cache, pool, gathered = fsdp1_stream_bytes(scn, NF4_BYTES if mix.method == "qlora" else 2.0, n)
     if mix.fsdp is not None and init_cache:
         floor = weights + init_cache
+    small = small_pool_step_bytes(scn, per.gradient, per.optimizer, shard_w) if floor else 0.0
     paged = 0.0
     if mix.optimizer.startswith("paged_"):
         paged = optimizer * min(paged_state_params(scn) / max(trainable, 1), 1.0)
@@ -474,7 +479,7 @@ def _build_memory_model(scn: Scenario, allocator: AllocatorModel) -> MemoryModel
         optimizer_transient=opt_transient, weight_transient=transient, block_transient=block, acts=acts,
         checkpointing=checkpointing, cpu_bytes=cpu, capacity_bytes=usable_bytes(cl.gpu, allocator),
         trainable_params=trainable, allocator=allocator, offload_activations=mix.activation_offload,
-        paged_optimizer=paged, reserved_floor=floor, stream_pool=pool if mix.fsdp is not None else 0.0,
+        paged_optimizer=paged, reserved_floor=floor, small_pool_step=small, stream_pool=pool if mix.fsdp is not None else 0.0,
         stream_gathered=gathered if mix.fsdp is not None else 0.0,
         head_grad=head_gradient(scn, per.gradient),
     ), scn)

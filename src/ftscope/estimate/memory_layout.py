@@ -26,7 +26,7 @@ from functools import lru_cache
 from ..spec.model import ModelSpec
 from ..spec.scenario import Scenario, fast_replace
 from .activations import ActivationCoefficients
-from .caching_allocator import CachingAllocator
+from .caching_allocator import SMALL_SIZE, CachingAllocator
 
 PAGED_MIN_NUMEL = 100_000
 """bitsandbytes' paged optimizers put a parameter's states in CUDA managed memory (cudaMallocManaged, outside torch's
@@ -124,7 +124,7 @@ def split_states(mm, scn: Scenario):
         shards = scn.cluster.world_size // mix.model_parallel
         grads, grads_fwd = grads * shards * min(layer * 2, 1.0), 0.0
     return fast_replace(mm, weights=mm.weights * f, gradients=grads, gradients_in_forward=grads_fwd,
-                   reserved_floor=mm.reserved_floor * f, optimizer=mm.optimizer * f, paged_optimizer=mm.paged_optimizer * f,
+                   reserved_floor=mm.reserved_floor * f, small_pool_step=mm.small_pool_step * f, optimizer=mm.optimizer * f, paged_optimizer=mm.paged_optimizer * f,
                    optimizer_transient=opt_transient, head_grad=mm.head_grad._replace(
                        weight=mm.head_grad.weight * f, logits_grad_per_token=mm.head_grad.logits_grad_per_token * f,
                        in_blocks=mm.head_grad.in_blocks * f, at_last_block=mm.head_grad.at_last_block * f,
@@ -354,3 +354,24 @@ def clone_init_groups(scn: Scenario) -> tuple[tuple[tuple[tuple[int, ...], tuple
         groups.append((sizes, adapters + ((2 * layer.other_params,) if layer.other_params else ()), n))
     head = tuple(2 * p for p in (m.embedding_params, m.lm_head_params) if p)
     return tuple(groups), head
+
+
+def small_pool_step_bytes(scn: Scenario, gradient_bytes: float, optimizer_bytes: float, shards: int) -> float:
+    """Bytes the step allocates in requests of at most 1 MiB: each adapter's gradient and optimizer states (A: r x in,
+    B: out x r elements, split over `shards` where FSDP shards them), counted where one tensor is that small.
+
+    The caching allocator serves requests up to 1 MiB from its small pool (2 MiB segments) and never from the large
+    pool's blocks (c10/cuda/CUDACachingAllocator.cpp get_pool), so what a model's init left cached in large blocks
+    cannot hold them: on top of an init floor they need segments of their own. AdamW's two states are one tensor
+    each (half of `optimizer_bytes` per element)."""
+    m, mix = scn.model, scn.mix
+    if not mix.trains_lora:
+        return 0.0
+    r, total = mix.lora_rank, 0.0
+    for lin, n in m.lora_targets(mix.lora_targets):
+        for size in (r * lin.in_features, r * lin.out_features):
+            elems = -(-size // shards)
+            for per_elem, tensors in ((gradient_bytes, 1), (optimizer_bytes / 2, 2)):
+                if 0 < elems * per_elem <= SMALL_SIZE:
+                    total += elems * per_elem * tensors * lin.count * n
+    return total

@@ -462,7 +462,8 @@ def _build_memory_model(scn: Scenario, allocator: AllocatorModel) -> MemoryModel
         opt_transient += trainable * 4.0 / shard_o   # fp32 gradient partition fed to the optimizer
 
     floor = 0.0
-    if mix.method == "qlora" and shard_w == 1 and scn.recipe.init_layer_clones:  # built, cloned, loaded on this GPU
+    # built, cloned, loaded on this GPU (torchtune 0.1 built no MoE model; a replay over every expert would take seconds)
+    if mix.method == "qlora" and shard_w == 1 and scn.recipe.init_layer_clones and not m.is_moe:
         floor = weights + clone_init_cache(*clone_init_groups(scn))
     elif mix.method == "qlora" and shard_w == 1 and scn.recipe.init_quantize_bytes_per_weight:  # built on this GPU
         floor = weights + m.largest_linear_params() * scn.recipe.init_quantize_bytes_per_weight

@@ -122,7 +122,8 @@ class Recipe:
     TransformerDecoder `_get_clones`), a 4-bit weight's clone dequantizes it and quantizes it again, and
     load_state_dict moves each checkpoint weight to the GPU and quantizes it there (torchtune 0.1's aten.clone and
     aten.copy_ for NF4): the init is replayed through the caching-allocator model (memory_layout.clone_init_cache)
-    instead of the one-matrix closed form of `init_quantize_bytes_per_weight`."""
+    instead of the one-matrix closed form of `init_quantize_bytes_per_weight` (dense models: torchtune 0.1 built no
+    MoE, which keeps the closed form)."""
     compiled_dequant_saved: bool = False
     """QLoRA under torch.compile: Inductor fuses the 4-bit dequantization into one kernel writing the bf16 weight
     (2 B per weight, not dequant_bytes_per_weight) and the compiled block saves that weight for its backward, so

@@ -387,7 +387,9 @@ def test_fsdp1_root_unit_stays_gathered():
     s = scn(model="llama-2-7b", mix={"method": "lora", "fsdp": "full_shard", "precision": "bf16"}, hw={"gpus_per_node": 2})
     m = s.model
     extra = memory_model(_with_recipe(s, fsdp_root_gathered=True)).weight_transient - memory_model(s).weight_transient
-    assert extra == pytest.approx((m.embedding_params + m.lm_head_params + m.final_norm_params) * 2 * 0.5)
+    # the all-gather writes the whole unit into a buffer of its own beside the rank's shard (FSDP1's padded
+    # unsharded flat parameter): the full unit, not the (n - 1) / n other ranks' part
+    assert extra == pytest.approx((m.embedding_params + m.lm_head_params + m.final_norm_params) * 2)
 
 
 def test_compiled_torchao_dequantization_keeps_a_block_of_bf16_weights():
@@ -405,15 +407,20 @@ def test_compiled_torchao_dequantization_keeps_a_block_of_bf16_weights():
 
 
 def test_an_init_that_keeps_its_cache_is_a_floor_under_reserved_only():
-    """torchtune 0.1 quantizes on the GPU at init (torchao 0.1: 68 B per weight of the matrix in flight) and never
-    empties the cache: the reserved peak reads at least that, the allocated peak does not."""
+    """torchtune 0.1 quantizes on the GPU at init (torchao 0.1: 68 B per weight of the matrix in flight; one layer
+    built, cloned per layer, every weight quantized again by load_state_dict: replayed) and never empties the cache:
+    the reserved peak reads at least that, the allocated peak does not."""
+    from ftscope.estimate.memory_layout import clone_init_cache, clone_init_groups
     d = {"model": "llama-2-7b", "framework": "torchtune-0.1", "hardware": {"gpu": "a100-80gb"},
          "mix": {"method": "qlora", "lora_targets": "all-linear"}, "workload": {"micro_batch_size": 1, "seq_len": 256}}
     s = ftscope.load_scenario(d)
     mm = memory_model(s)
-    assert mm.reserved_floor == pytest.approx(mm.weights + s.model.largest_linear_params() * 68)
+    assert mm.reserved_floor == pytest.approx(mm.weights + clone_init_cache(*clone_init_groups(s)))
+    assert mm.reserved_floor > mm.weights + s.model.largest_linear_params() * 68  # the one-matrix closed form
     b = mm.breakdown(1, 256)
-    assert b.peak_bytes == pytest.approx(mm.reserved_floor) == mm.peak_bytes(1, 256)
+    # the adapters' gradients and states need small-pool segments beside what init left cached
+    assert mm.small_pool_step > 0
+    assert b.peak_bytes == pytest.approx(mm.reserved_floor + mm.small_pool_step) == mm.peak_bytes(1, 256)
     assert b.allocated_bytes < mm.reserved_floor
     lora = memory_model(ftscope.load_scenario({**d, "mix": {"method": "lora", "lora_targets": "all-linear"}}))
     assert lora.reserved_floor == 0
@@ -472,3 +479,53 @@ def test_memory_mix_leaves_out_only_what_the_memory_model_does_not_read(kw):
         assert model == built[mix.attention][1], attention
     if kw["model"] != "blackmamba-2.8b":  # no attention layers there
         assert built["eager"][1] != built["sdpa"][1]
+
+
+# --- the LM head's weight gradient in backward (benchmarks/head_gradient_rss.py) ----------------------------
+def _grads_by_point(s, b=1, seq=512):
+    return [p.gradients for p in memory_model(s).phase_points(b, seq) if p.phase == "backward"]
+
+
+def test_a_frozen_head_adds_no_gradient_point():
+    from ftscope.estimate.memory import NO_HEAD_GRADIENT
+    s = scn("llama-3.1-8b", mix={"method": "lora", "loss": "chunked", "precision": "bf16"})
+    mm = memory_model(s)
+    # the planner stacks every model's points: a frozen head's four repeat the start of backward
+    assert mm.head_grad == NO_HEAD_GRADIENT
+    assert len(mm.phase_points(1, 512)) == 10 and len(set(mm.phase_points(1, 512))) == 6
+
+
+def test_a_chunked_head_holds_three_head_gradients_at_its_first_accumulation():
+    # Llama 3.1 8B's untied head: 128256 x 4096 bf16; an optimizer fused into backward frees every other gradient
+    s = scn("llama-3.1-8b", mix={"method": "full", "precision": "bf16", "loss": "chunked",
+                                  "optimizer_in_backward": True, "gradient_checkpointing": True})
+    head = 128256 * 4096 * 2
+    grads = _grads_by_point(s)
+    assert max(grads) == pytest.approx(3 * head)
+    assert sorted(grads)[-3:] == pytest.approx([head, 2 * head, 3 * head])
+    # one matmul (no chunks): the fresh gradient only, stepped at once (untied): no head gradient in the blocks
+    one = _grads_by_point(scn("llama-3.1-8b", mix={"method": "full", "precision": "bf16", "optimizer_in_backward": True,
+                                                   "gradient_checkpointing": True}))
+    assert max(one) == pytest.approx(head) and min(one) == 0.0
+
+
+def test_a_tied_head_gradient_waits_for_the_embedding():
+    # Llama 3.2 1B ties its head to the embedding (128256 x 2048): under an optimizer fused into backward autograd
+    # holds the head's gradient through the blocks and adds the embedding's out of place at the end (one matmul)
+    s = scn(mix={"method": "full", "precision": "bf16", "optimizer_in_backward": True, "gradient_checkpointing": True})
+    mm = memory_model(s)
+    head = 128256 * 2048 * 2
+    assert mm.head_grad.in_blocks == pytest.approx(head) and mm.head_grad.at_last_block == pytest.approx(head)
+    assert mm.head_grad.at_embedding == pytest.approx(3 * head)
+    untied = memory_model(scn("llama-3.1-8b", mix={"method": "full", "precision": "bf16",
+                                                    "optimizer_in_backward": True}))
+    assert untied.head_grad.in_blocks == untied.head_grad.at_embedding == 0.0
+
+
+def test_a_tied_head_peaks_when_the_embedding_gradient_is_added():
+    # a full fine-tune with SGD (no states, no step temporaries) and a few tokens peaks as backward ends: every
+    # gradient, plus the embedding's fresh one and the out-of-place sum with the tied head's
+    s = scn(mix={"method": "full", "precision": "bf16", "optimizer": "sgd"}, wl={"seq_len": 64})
+    mm = memory_model(s)
+    head = 128256 * 2048 * 2
+    assert mm.breakdown(1, 64).allocated_bytes == pytest.approx(mm.weights + mm.gradients + 2 * head, rel=1e-3)

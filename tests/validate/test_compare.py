@@ -155,3 +155,22 @@ def test_check_is_what_run_validation_reports():
     chk = Check("x", "x", "tokens_per_s", 1000.0,
                 ftscope.load_scenario({"model": "llama-3.2-1b", "workload": {"seq_len": 512}}))
     assert chk.predict() == ftscope.estimate(chk.scenario, strict=False).time.tokens_per_s
+
+
+def test_ladder_steps_add_their_changes_cumulatively():
+    from ftscope.validate.compare import skipped_measurements
+    sc = {"model": "llama-3.2-1b", "framework": "torchtune", "hardware": {"gpu": "a100-80gb"},
+          "mix": {"method": "full", "loss": "standard", "gradient_checkpointing": False},
+          "workload": {"seq_len": 512, "padding": "packed"}}
+    c = case({"ladder_peak_active_gib_and_tokens_per_s": {
+        "baseline": [1.0, 1.0], "plus_packing": [2.0, 2.0], "plus_chunked_cross_entropy": [3.0, 3.0],
+        "plus_adamw_8bit": [4.0, 4.0], "plus_something_new": [5.0, 5.0]}}, sc)
+    mem = {chk.note.split(";")[0]: chk.scenario.mix for chk in case_checks(c) if chk.metric == "peak_gib:allocated"}
+    assert set(mem) == {"plus_packing", "plus_chunked_cross_entropy", "plus_adamw_8bit"}
+    assert mem["plus_packing"].loss == "standard" and not mem["plus_packing"].compile
+    # a later step keeps every earlier change: compile and the chunked loss are still on at the 8-bit AdamW row
+    last = mem["plus_adamw_8bit"]
+    assert last.compile and last.loss == "chunked" and last.gradient_checkpointing
+    assert last.optimizer_in_backward and last.activation_offload and last.optimizer == "adamw_8bit"
+    why = dict(skipped_measurements(c))
+    assert "padded lengths" in why[f"{c.id}: baseline"] and f"{c.id}: plus_something_new" in why

@@ -19,9 +19,10 @@ from typing import NamedTuple
 
 from ..spec.hardware import GIB, GpuSpec
 from ..spec.scenario import Scenario, fast_replace
-from .activations import ActivationCoefficients, activation_coefficients
+from .activations import LOSS_CHUNKS, ActivationCoefficients, activation_coefficients
 from .adapter_memory import kbit_autocast_copies, kbit_fp32_params, peft_merged_expert_bytes
-from .memory_layout import activation_policy, fsdp1_stream_bytes, paged_state_params, split_states
+from .memory_layout import (activation_policy, clone_init_cache, clone_init_groups, fsdp1_stream_bytes,
+                            paged_state_params, small_pool_step_bytes, split_states)
 
 NF4_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)
 OPTIMIZER_STATE_BYTES = {"adamw": 8.0, "adamw_8bit": 2.0, "paged_adamw_8bit": 2.0, "sgd": 0.0}
@@ -57,6 +58,28 @@ class MemoryBreakdown:
     """weights, gradients, optimizer, activations, temporary, overhead (bytes) at the peak phase."""
     phases: dict[str, float]
     """Allocated bytes per phase."""
+
+
+class HeadGradient(NamedTuple):
+    """A trained LM head's weight gradient (tied: the embedding's), which the loss's backward makes before any other
+    gradient: the bytes of it that the phase points' gradient terms leave out."""
+
+    weight: float
+    """Bytes of the head's weight gradient (0: the head is not trained)."""
+    chunks: int
+    """The head's matmuls: 1, or a chunked loss's chunks (the LM head applied per chunk of tokens)."""
+    logits_grad_per_token: float
+    """The logits' gradient in the compute dtype, alive during the head matmul's backward (per token)."""
+    in_blocks: float
+    """Alive while the blocks' backward runs (the recomputed last block), beyond the gradients of earlier
+    micro-batches."""
+    at_last_block: float
+    """Alive at the first block's backward, beyond `gradients` (held by autograd for a tied embedding)."""
+    at_embedding: float
+    """Alive beyond `gradients` while a tied embedding's gradient is added to the head's, after the first block."""
+
+
+NO_HEAD_GRADIENT = HeadGradient(0.0, 1, 0.0, 0.0, 0.0, 0.0)
 
 
 class PhasePoint(NamedTuple):
@@ -102,6 +125,9 @@ class MemoryModel:
     reserved_floor: float = 0.0
     """What the caching allocator still holds from model init when the recipe resets the peak counters without
     emptying its cache: the step's reserved peak never reads below it (its allocated peak does)."""
+    small_pool_step: float = 0.0
+    """The step's requests of at most 1 MiB (adapters' gradients and optimizer states) on top of such a floor: the
+    caching allocator's small pool cannot use the large blocks init left cached (memory_layout.small_pool_step_bytes)."""
     paged_optimizer: float = 0.0
     """The part of `optimizer` a paged optimizer keeps in CUDA managed memory: on the GPU while there is room (and
     in nvidia-smi), paged to host RAM under pressure, never in torch's max_memory_allocated / reserved."""
@@ -109,6 +135,8 @@ class MemoryModel:
     """Bytes a separate allocator stream keeps reserved (FSDP1's unshard stream: the gathered units)."""
     stream_gathered: float = 0.0
     """The part of weight_transient gathered on that stream (alive in forward and backward, inside stream_pool)."""
+    head_grad: HeadGradient = field(default_factory=lambda: NO_HEAD_GRADIENT)
+    """A trained LM head's weight gradient during backward, beyond what `gradients` counts there."""
 
     # --- per shape -----------------------------------------------------------------------------------------
     def activation_bytes(self, batch: float, seq: float) -> tuple[float, float]:
@@ -128,8 +156,10 @@ class MemoryModel:
 
     def phase_points(self, batch: float, seq: float) -> tuple[PhasePoint, ...]:
         """Each point where memory can peak:
-        end of forward, start of backward (all activations + loss gradients), under checkpointing the last
-        block's recompute (the loss buffers are freed by then), end of backward (all gradients), optimizer step."""
+        end of forward, the last block's forward, start of backward (all activations + loss gradients), a trained
+        LM head's backward (three moments of a chunked head, then a tied embedding's gradient; repeats of the start
+        of backward when the head is frozen, so every model has the same ten), under checkpointing the last block's
+        recompute (the loss buffers are freed by then), end of backward (all gradients), optimizer step."""
         return tuple(PhasePoint._make(p) for p in self._points(batch, seq))
 
     def _points(self, batch: float, seq: float) -> tuple[tuple[str, float, float, float, float], ...]:
@@ -158,12 +188,34 @@ class MemoryModel:
         end_act = layer + held
         bt = wt + self.block_transient
         in_block = after_head - held - a.head_per_token * t + a.forward_transient_per_token * t  # last block's forward
+        hg = self.head_grad
+        g_rec, g_last = g_fwd + hg.in_blocks, g_end + hg.at_last_block
+        loss_start = ("backward", g_fwd, bwd_act, wt, static + g_fwd + bwd_act + wt)
+        # every model has the same points (the planner stacks them across mixes): a frozen head's repeat loss_start
+        head_points = (loss_start,) * 4
+        if hg.weight:
+            # the head's backward, chunk by chunk from the last: the chunks done and the one in flight have released
+            # their saved logits and the loss's fp32 buffers; the chunk's logits gradient is alive while its matmul
+            # writes a fresh weight gradient; the second chunk's is added to the first one's out of place (that
+            # one is a transposed view, which autograd never accumulates into), the later ones in place
+            n, h = hg.chunks, hg.weight
+            logits = a.logits_saved_per_token * t
+            grad = hg.logits_grad_per_token * t / n
+            moments = [(logits * (n - 1) / n + grad, h)]
+            if n > 1:
+                moments += [(logits * (n - 2) / n + grad, 2 * h), (logits * (n - 2) / n, 3 * h)]
+            points = [("backward", g_fwd + gh, act, wt, static + g_fwd + gh + act + wt)
+                      for kept, gh in moments for act in (saved - logits + kept + held,)]
+            g_emb = g_end + hg.at_embedding  # a tied embedding's gradient added to the head's, after the first block
+            points.append(("backward", g_emb, 0.0, wt, static + g_emb + wt) if hg.at_embedding else loss_start)
+            head_points = tuple(points + [points[0]] * (4 - len(points)))
         return (
             ("forward", g_fwd, fwd_act, wt, static + g_fwd + fwd_act + wt),
             ("forward", g_fwd, in_block, bt, static + g_fwd + in_block + bt),
-            ("backward", g_fwd, bwd_act, wt, static + g_fwd + bwd_act + wt),
-            ("backward", g_fwd, rec_act, bt, static + g_fwd + rec_act + bt),
-            ("backward", g_end, end_act, bt, static + g_end + end_act + bt),
+            loss_start,
+            *head_points,
+            ("backward", g_rec, rec_act, bt, static + g_rec + rec_act + bt),
+            ("backward", g_last, end_act, bt, static + g_last + end_act + bt),
             ("optimizer", self.gradients, 0.0, self.optimizer_transient,
              static + self.gradients + self.optimizer_transient),
         )
@@ -207,8 +259,9 @@ class MemoryModel:
 
     @property
     def least_reserved(self) -> float:
-        """Reserved bytes no batch shape reads below: what init left cached plus another stream's pool."""
-        return self.reserved_floor + self.stream_pool
+        """Reserved bytes no batch shape reads below: what init left cached (and the step's small-pool segments beside
+        it) plus another stream's pool."""
+        return self.reserved_floor + self.small_pool_step + self.stream_pool
 
     def fits(self, batch: float, seq: float, margin: float = 0.0) -> bool:
         return self.peak_bytes(batch, seq) <= self.capacity_bytes * (1.0 - margin)
@@ -275,6 +328,33 @@ def frozen_weight_bytes(scn: Scenario) -> float:
     return frozen * (4.0 if mix.precision == "fp32" or fp32_lora_base(scn) else 2.0)
 
 
+def head_gradient(scn: Scenario, gradient_bytes: float) -> HeadGradient:
+    """The trained LM head's weight gradient in backward, beyond the phase points' gradient terms.
+
+    autograd sums the gradients a parameter gets from several uses in the input buffer of its AccumulateGrad node
+    (torch/csrc/autograd/input_buffer.cpp: in place only when it holds the last reference to the buffer and its
+    storage, which a Linear weight's gradient, a transposed view of the matmul's output, is not) and runs that node,
+    and with it a post-accumulate-grad hook (how an optimizer fused into backward steps: torchtune's
+    register_optim_in_bwd_hooks), once all of them have arrived: a head tied to the embedding gets its last one from
+    the embedding's backward, at the end. Measured on CPU, torch 2.13 (benchmarks/head_gradient_rss.py). Full
+    fine-tuning only (a LoRA head is frozen); a fused linear cross-entropy computes the head's gradient inside its
+    own kernel, counted with that loss."""
+    m, mix = scn.model, scn.mix
+    if mix.method != "full" or mix.loss == "fused_linear":
+        return NO_HEAD_GRADIENT
+    tied = m.lm_head_params == 0
+    h = (m.embedding_params if tied else m.lm_head_params) * gradient_bytes
+    chunks = (scn.recipe.loss_chunks or LOSS_CHUNKS) if mix.loss == "chunked" else 1
+    logits_grad = (4.0 if mix.precision == "fp32" else 2.0) * m.arch.vocab_size
+    # gradients of earlier micro-batches (or DeepSpeed's partitions) exist from the start: an untied head's is added
+    # into its .grad at once; an optimizer fused into backward steps an untied head's at once and frees it
+    early = scn.workload.gradient_accumulation > 1 or mix.zero_stage > 0 or mix.optimizer_in_backward
+    held = tied and early  # autograd holds a tied head's gradient until the embedding's arrives, outside .grad
+    # the embedding's fresh gradient is added to the head's; out of place onto an unchunked head's transposed view
+    at_embedding = (h if held else 0.0) + (h if chunks > 1 else 2 * h) if tied else 0.0
+    return HeadGradient(h, chunks, logits_grad, h if (tied or not early) else 0.0, h if held else 0.0, at_embedding)
+
+
 def fp32_lora_base(scn: Scenario) -> bool:
     """A LoRA base the recipe loads in fp32 and keeps so under mixed precision (DeepSpeed's bf16 engine casts it)."""
     mix = scn.mix
@@ -306,12 +386,14 @@ def forward_transients(scn: Scenario, shards: int) -> tuple[float, float]:
         transient += sum(stack_copies)
         transient += peft_merged_expert_bytes(scn)  # every layer's, saved for backward
     if mix.shard_stage == 3:
-        # ZeRO-3/FSDP gather the current block and prefetch the next (MoE blocks are gathered whole)
+        # ZeRO-3/FSDP gather the current block and prefetch the next (MoE blocks are gathered whole), each into a
+        # buffer of the whole unit beside the rank's shard, which stays (FSDP1's padded unsharded flat parameter,
+        # FSDP2's all-gather output, DeepSpeed's all_gather_coalesced flat tensor): the full unit, not (n - 1) / n
         per_param = NF4_BYTES if mix.method == "qlora" else 2.0
-        transient += 2 * m.largest_layer_params() * per_param * (1 - 1 / shards)
+        transient += 2 * m.largest_layer_params() * per_param
         if scn.recipe.fsdp_root_gathered and fsdp:
             root = m.embedding_params + m.lm_head_params + m.final_norm_params
-            transient += root * (4.0 if mix.precision == "fp32" else 2.0) * (1 - 1 / shards)
+            transient += root * (4.0 if mix.precision == "fp32" else 2.0)
     elif fsdp and mix.method == "full":
         transient += m.total_params * 2.0       # shard_grad_op keeps the unsharded bf16 weights until backward ends
     return transient, block
@@ -399,11 +481,15 @@ def _build_memory_model(scn: Scenario, allocator: AllocatorModel) -> MemoryModel
         opt_transient += trainable * 4.0 / shard_o   # fp32 gradient partition fed to the optimizer
 
     floor = 0.0
-    if mix.method == "qlora" and shard_w == 1 and scn.recipe.init_quantize_bytes_per_weight:  # built on this GPU
+    # built, cloned, loaded on this GPU (torchtune 0.1 built no MoE model; a replay over every expert would take seconds)
+    if mix.method == "qlora" and shard_w == 1 and scn.recipe.init_layer_clones and not m.is_moe:
+        floor = weights + clone_init_cache(*clone_init_groups(scn))
+    elif mix.method == "qlora" and shard_w == 1 and scn.recipe.init_quantize_bytes_per_weight:  # built on this GPU
         floor = weights + m.largest_linear_params() * scn.recipe.init_quantize_bytes_per_weight
     init_cache, pool, gathered = fsdp1_stream_bytes(scn, NF4_BYTES if mix.method == "qlora" else 2.0, n)
     if mix.fsdp is not None and init_cache:
         floor = weights + init_cache
+    small = small_pool_step_bytes(scn, per.gradient, per.optimizer, shard_w) if floor else 0.0
     paged = 0.0
     if mix.optimizer.startswith("paged_"):
         paged = optimizer * min(paged_state_params(scn) / max(trainable, 1), 1.0)
@@ -413,6 +499,7 @@ def _build_memory_model(scn: Scenario, allocator: AllocatorModel) -> MemoryModel
         optimizer_transient=opt_transient, weight_transient=transient, block_transient=block, acts=acts,
         checkpointing=checkpointing, cpu_bytes=cpu, capacity_bytes=usable_bytes(cl.gpu, allocator),
         trainable_params=trainable, allocator=allocator, offload_activations=mix.activation_offload,
-        paged_optimizer=paged, reserved_floor=floor, stream_pool=pool if mix.fsdp is not None else 0.0,
+        paged_optimizer=paged, reserved_floor=floor, small_pool_step=small, stream_pool=pool if mix.fsdp is not None else 0.0,
         stream_gathered=gathered if mix.fsdp is not None else 0.0,
+        head_grad=head_gradient(scn, per.gradient),
     ), scn)

@@ -19,13 +19,14 @@ memory.py builds one data-parallel rank's memory as if it held the whole model; 
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import replace
 from functools import lru_cache
 
 from ..spec.model import ModelSpec
 from ..spec.scenario import Scenario, fast_replace
 from .activations import ActivationCoefficients
-from .caching_allocator import CachingAllocator
+from .caching_allocator import SMALL_SIZE, CachingAllocator
 
 PAGED_MIN_NUMEL = 100_000
 """bitsandbytes' paged optimizers put a parameter's states in CUDA managed memory (cudaMallocManaged, outside torch's
@@ -123,8 +124,11 @@ def split_states(mm, scn: Scenario):
         shards = scn.cluster.world_size // mix.model_parallel
         grads, grads_fwd = grads * shards * min(layer * 2, 1.0), 0.0
     return fast_replace(mm, weights=mm.weights * f, gradients=grads, gradients_in_forward=grads_fwd,
-                   reserved_floor=mm.reserved_floor * f, optimizer=mm.optimizer * f, paged_optimizer=mm.paged_optimizer * f,
-                   optimizer_transient=opt_transient,
+                   reserved_floor=mm.reserved_floor * f, small_pool_step=mm.small_pool_step * f, optimizer=mm.optimizer * f, paged_optimizer=mm.paged_optimizer * f,
+                   optimizer_transient=opt_transient, head_grad=mm.head_grad._replace(
+                       weight=mm.head_grad.weight * f, logits_grad_per_token=mm.head_grad.logits_grad_per_token * f,
+                       in_blocks=mm.head_grad.in_blocks * f, at_last_block=mm.head_grad.at_last_block * f,
+                       at_embedding=mm.head_grad.at_embedding * f),
                    weight_transient=mm.weight_transient * f, block_transient=mm.block_transient * f,
                    cpu_bytes=mm.cpu_bytes * f)
 
@@ -194,7 +198,9 @@ def fsdp1_stream_bytes(scn: Scenario, per_param: float, shards: int) -> tuple[fl
     """(init cache, unshard-stream pool, gathered bytes the step counts) of an FSDP1 recipe, per GPU.
 
     Init: fsdp1_init_cache's replay of every unit. In the step the gathered units live on the unshard stream: the
-    root (when the recipe keeps it gathered) and two blocks in flight (unsharded bytes)."""
+    root (when the recipe keeps it gathered) and two blocks in flight (unsharded bytes). Under CPU offload or a
+    mixed-precision param_dtype each unit's shard is first copied to the GPU on a third stream (the pre-unshard
+    stream), whose pool holds the largest copies alive at once: the root's shard, or two blocks' (prefetched)."""
     m, rec = scn.model, scn.recipe
     root_bytes = (m.embedding_params + m.lm_head_params + m.final_norm_params) * (4.0 if scn.mix.precision == "fp32" else 2.0)
     block_bytes = m.largest_layer_params() * per_param
@@ -203,5 +209,169 @@ def fsdp1_stream_bytes(scn: Scenario, per_param: float, shards: int) -> tuple[fl
     if rec.fsdp1_unshard_stream and shards > 1 and scn.mix.shard_stage == 3:
         root = root_bytes if rec.fsdp_root_gathered else 0.0
         pool = root + 2 * block_bytes
-        gathered = pool * (1 - 1 / shards)  # what forward_transients counts for the same gathers
+        gathered = pool  # what forward_transients counts for the same gathers
+        # FSDP1's _unshard runs pre_unshard on the pre-unshard stream: flat_param_to(device) copies an offloaded shard
+        # from the host, _use_low_precision_shard casts one into _mp_shard; either copy is dropped once all-gathered
+        # (torch/distributed/fsdp/_runtime_utils.py _unshard, _flat_param.py pre_unshard / unshard), so the stream's
+        # cache keeps the largest of them: the root's shard, or two prefetched blocks' carved from it
+        if scn.mix.offload == "optimizer+params" or scn.mix.precision in ("bf16-mixed", "fp16-mixed"):
+            pool += max(root_bytes, 2 * block_bytes) / shards
     return init, pool, gathered
+
+
+def _to_nf4(alloc: CachingAllocator, keys: "itertools.count[int]", n: int) -> list[int]:
+    """torchao 0.1's NF4Tensor.from_tensor on an n-element bf16 weight on the GPU (torchao/dtypes/nf4tensor.py at
+    v0.1, lines 292-446), through `alloc`: the keys of the NF4 tensors it keeps (4-bit data, int8 scalers, factors).
+    Per block of 64: abs and max twice (double_quantize_scalers, then convert_to_norm_float_weight); the scaled
+    blocks (2 n bytes); quantize_tensor_nearest's (n, 16) bf16 difference and its abs at once (32 n + 32 n), min's
+    values and int64 indices (2 n + 8 n); the int64 nibble shift and or (4 n + 4 n) before the uint8 result."""
+    def m(nbytes: float) -> int:
+        key = next(keys)
+        alloc.malloc(key, max(int(nbytes), 1))
+        return key
+
+    def f(*ks: int) -> None:
+        for key in ks:
+            alloc.free(key)
+
+    a1, v, i = m(2 * n), m(2 * n / 64), m(8 * n / 64)
+    f(a1, i)
+    s1 = m(2 * n / 64)
+    f(v)
+    qs, qf = m(n / 64), m(2 * n / 64 / 256)
+    f(s1)
+    a2, v2, i2 = m(2 * n), m(2 * n / 64), m(8 * n / 64)
+    f(a2, i2)
+    scaled = m(2 * n)
+    f(v2)
+    diff = m(32 * n)
+    diff_abs = m(32 * n)
+    f(diff)
+    values, indices = m(2 * n), m(8 * n)
+    f(diff_abs, values)
+    shift = m(4 * n)
+    both = m(4 * n)
+    f(shift)
+    data = m(n / 2)
+    f(both, indices, scaled)
+    return [data, qs, qf]
+
+
+def _nf4_to_bf16(alloc: CachingAllocator, keys: "itertools.count[int]", n: int) -> int:
+    """torchao 0.1's NF4Tensor.get_original_weight (nf4tensor.py lines 409-432): each nibble as int64 (4 n + 4 n),
+    looked up in bf16 (n + n), the repeated scalers flattened per multiply (n), the scaled halves (n + n) and
+    their stack (2 n, the key returned); the rest is freed on return."""
+    def m(nbytes: float) -> int:
+        key = next(keys)
+        alloc.malloc(key, max(int(nbytes), 1))
+        return key
+
+    t1 = m(n / 2)
+    first = m(4 * n)
+    alloc.free(t1)
+    t2 = m(n / 2)
+    second = m(4 * n)
+    alloc.free(t2)
+    dq1, dq2, scalers = m(n), m(n), m(2 * n / 64)
+    r1 = m(n)
+    s1 = m(n)
+    alloc.free(r1)
+    r2 = m(n)
+    s2 = m(n)
+    alloc.free(r2)
+    out = m(2 * n)
+    for key in (first, second, dq1, dq2, scalers, s1, s2):
+        alloc.free(key)
+    return out
+
+
+@lru_cache(maxsize=64)
+def clone_init_cache(groups: tuple[tuple[tuple[int, ...], tuple[int, ...], int], ...], head: tuple[int, ...]) -> float:
+    """Bytes a torchtune-0.1-style QLoRA init leaves cached beyond the live weights, replayed through the
+    caching-allocator model. `groups`: per layer layout, (the 4-bit matrices' element counts in build order, the
+    other tensors' bytes (norms, adapters), number of layers); `head`: the embedding's and LM head's bytes.
+
+    In order (torchtune 0914d5cf): one layer built, each base Linear's bf16 weight quantized and dropped
+    (modules/peft/lora.py _create_weight_and_bias); the embedding and LM head; the layer deep-copied for every
+    layer, each 4-bit clone dequantized and quantized again (utils/_register_nf4_dispatch_ops.py clone), the
+    original dropped; then load_state_dict, whose copy_ moves each checkpoint matrix to the GPU and quantizes it
+    there, replacing the old 4-bit data (the same file, inplace_copy). The live 4-bit tensors carve into the
+    quantization temporaries' cached blocks, so later quantizations need segments of their own."""
+    alloc, keys = CachingAllocator(), itertools.count()
+    models = []
+    for sizes, others, count in groups:
+        built = []
+        for n in sizes:
+            w = next(keys)
+            alloc.malloc(w, 2 * n)
+            built.append((n, _to_nf4(alloc, keys, n)))
+            alloc.free(w)
+        small = [next(keys) for _ in others]
+        for key, nbytes in zip(small, others):
+            alloc.malloc(key, nbytes)
+        models.append((built, small, sizes, others, count))
+    for nbytes in head:
+        alloc.malloc(next(keys), nbytes)
+    layers = []
+    for built, small, sizes, others, count in models:
+        for _ in range(count):
+            copy = []
+            for n in sizes:
+                w = _nf4_to_bf16(alloc, keys, n)
+                copy.append((n, _to_nf4(alloc, keys, n)))
+                alloc.free(w)
+            for nbytes in others:
+                alloc.malloc(next(keys), nbytes)
+            layers.append(copy)
+        for _, kept in built:
+            for key in kept:
+                alloc.free(key)
+        for key in small:
+            alloc.free(key)
+    for copy in layers:
+        for j, (n, kept) in enumerate(copy):
+            src = next(keys)
+            alloc.malloc(src, 2 * n)
+            new = _to_nf4(alloc, keys, n)
+            for key in kept:
+                alloc.free(key)
+            copy[j] = (n, new)
+            alloc.free(src)
+    return float(alloc.reserved - alloc.allocated)
+
+
+def clone_init_groups(scn: Scenario) -> tuple[tuple[tuple[tuple[int, ...], tuple[int, ...], int], ...], tuple[int, ...]]:
+    """clone_init_cache's arguments for a scenario: each layer group's 4-bit matrices (elements, in the model's
+    order), its norms and bf16 adapters (bytes); the embedding and LM head in bf16."""
+    m, mix = scn.model, scn.mix
+    r = mix.lora_rank
+    lora = {id(lin) for lin, _ in m.lora_targets(mix.lora_targets)}
+    groups = []
+    for layer, n in m.layer_groups:
+        sizes = tuple(lin.in_features * lin.out_features for lin in layer.linears for _ in range(lin.count))
+        adapters = tuple(2 * r * d for lin in layer.linears if id(lin) in lora for _ in range(lin.count)
+                         for d in (lin.in_features, lin.out_features))
+        groups.append((sizes, adapters + ((2 * layer.other_params,) if layer.other_params else ()), n))
+    head = tuple(2 * p for p in (m.embedding_params, m.lm_head_params) if p)
+    return tuple(groups), head
+
+
+def small_pool_step_bytes(scn: Scenario, gradient_bytes: float, optimizer_bytes: float, shards: int) -> float:
+    """Bytes the step allocates in requests of at most 1 MiB: each adapter's gradient and optimizer states (A: r x in,
+    B: out x r elements, split over `shards` where FSDP shards them), counted where one tensor is that small.
+
+    The caching allocator serves requests up to 1 MiB from its small pool (2 MiB segments) and never from the large
+    pool's blocks (c10/cuda/CUDACachingAllocator.cpp get_pool), so what a model's init left cached in large blocks
+    cannot hold them: on top of an init floor they need segments of their own. AdamW's two states are one tensor
+    each (half of `optimizer_bytes` per element)."""
+    m, mix = scn.model, scn.mix
+    if not mix.trains_lora:
+        return 0.0
+    r, total = mix.lora_rank, 0.0
+    for lin, n in m.lora_targets(mix.lora_targets):
+        for size in (r * lin.in_features, r * lin.out_features):
+            elems = -(-size // shards)
+            for per_elem, tensors in ((gradient_bytes, 1), (optimizer_bytes / 2, 2)):
+                if 0 < elems * per_elem <= SMALL_SIZE:
+                    total += elems * per_elem * tensors * lin.count * n
+    return total

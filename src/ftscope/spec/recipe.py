@@ -117,6 +117,13 @@ class Recipe:
     the GPU, kept reserved when the recipe resets the peak counters without emptying the cache (0: not modelled).
     torchao 0.1's to_nf4 compares every element with the 16 NF4 levels at once: the bf16 input and its scaled copy
     (2 + 2), the (n, 16) bf16 difference and its abs (32 + 32)."""
+    init_layer_clones: bool = False
+    """QLoRA on one GPU: the model builder builds one decoder layer and deep-copies it for every layer (torchtune 0.1's
+    TransformerDecoder `_get_clones`), a 4-bit weight's clone dequantizes it and quantizes it again, and
+    load_state_dict moves each checkpoint weight to the GPU and quantizes it there (torchtune 0.1's aten.clone and
+    aten.copy_ for NF4): the init is replayed through the caching-allocator model (memory_layout.clone_init_cache)
+    instead of the one-matrix closed form of `init_quantize_bytes_per_weight` (dense models: torchtune 0.1 built no
+    MoE, which keeps the closed form)."""
     compiled_dequant_saved: bool = False
     """QLoRA under torch.compile: Inductor fuses the 4-bit dequantization into one kernel writing the bf16 weight
     (2 B per weight, not dequant_bytes_per_weight) and the compiled block saves that weight for its backward, so

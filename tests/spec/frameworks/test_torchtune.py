@@ -1,4 +1,5 @@
-"""torchtune recipe configs: builders, LoRA modules, chunked loss, pure bf16; optimizer-in-backward refused."""
+"""torchtune recipe configs: builders, LoRA modules, chunked loss, pure bf16, compile, activation offloading and the
+optimizer step fused into backward."""
 import pytest
 
 from ftscope.errors import FtscopeError
@@ -18,9 +19,11 @@ def test_real_qlora_config(example):
     assert scenario_mapping(cfg, ["workload.seq_len=2048"])["workload"]["seq_len"] == 2048
 
 
-def test_optimizer_in_backward_is_an_error(example):
-    with pytest.raises(FtscopeError, match="optimizer_in_bwd"):
-        read_config(example("torchtune-llama3_1-8B-full-single-device.yaml"))
+def test_optimizer_in_backward_maps_to_its_mix_key(example):
+    cfg = read_config(example("torchtune-llama3_1-8B-full-single-device.yaml"))
+    mix = cfg.scenario["mix"]
+    assert mix["method"] == "full" and mix["optimizer_in_backward"] is True
+    assert not any(u.startswith("optimizer_in_bwd") for u in cfg.unmapped)
 
 
 def test_packed_dataset_list_fsdp_and_compile(write_config):
@@ -35,5 +38,9 @@ def test_packed_dataset_list_fsdp_and_compile(write_config):
     assert sc["mix"]["optimizer"] == "paged_adamw_8bit" and "offload" not in sc["mix"]  # one device: no FSDP
     mix = scenario_mapping(cfg, ["hardware.gpus_per_node=4"])["mix"]  # the distributed recipe shards
     assert (mix["fsdp"], mix["offload"]) == ("full_shard", "optimizer+params")
+    assert sc["mix"]["compile"] is True and "activation_offload" not in sc["mix"]
     listed = " ".join(cfg.unmapped)
-    assert "compile" in listed and "apply_lora_to_output" in listed
+    assert "compile" not in listed and "apply_lora_to_output" in listed
+    offload = read_config(write_config("tt2.yaml", {"model": {"_component_": "torchtune.models.llama3_2.llama3_2_1b"},
+                                                     "enable_activation_offloading": True, "compile": False}))
+    assert offload.scenario["mix"]["activation_offload"] is True and "compile" not in offload.scenario["mix"]

@@ -99,3 +99,15 @@ def test_torchtune_a6000_rows_peak_is_listed_config_unstated(point):
     assert why["peak_gib:reserved"].startswith("config not stated") and why["tokens_per_s_per_gpu"] is None
     rtx = torchtune(*point(TORCHTUNE, "torchtune-2409-llama31-8b-lora-rtx4090-24gbx1"))
     assert all(x.reason is None for x in rtx.measures)
+
+
+def test_torchtune_tutorial_figures_take_the_date_they_were_written(point):
+    """The LoRA / QLoRA tutorials are cited at a later HEAD; their figures were written on 2024-04-15 (torchtune 0.1:
+    GB of 1e9 bytes, its alpaca builders' max_seq_len 512)."""
+    m = torchtune(*point(TORCHTUNE, "torchtune-tut-lora-llama2-7b-r64-all"))
+    scn = load_scenario(m.scenario)
+    assert scn.recipe.name == "torchtune-0.1" and scn.workload.seq_len == 512 and scn.mix.lora_rank == 64
+    assert {x.metric: x.value for x in m.measures}["peak_gib:reserved"] == pytest.approx(17.04e9 / 2**30)
+    # the tutorials quote one run twice: the repeat is listed, so it counts once
+    dup = torchtune(*point(TORCHTUNE, "torchtune-tut-qlora-llama2-7b-reserved"))
+    assert dup.scenario is None and "same run" in dup.why_not()

@@ -1,6 +1,7 @@
 """torchtune: a recipe config (`tune run lora_finetune_single_device --config ...`), components named by
 `_component_` paths. Defaults are the recipes' own (recipes/*.py at bd2a0fc7): gradient accumulation 1, no
-checkpointing unless enable_activation_checkpointing, dtype bf16."""
+checkpointing unless enable_activation_checkpointing, dtype bf16; compile, enable_activation_offloading and
+optimizer_in_bwd map to mix.compile, mix.activation_offload and mix.optimizer_in_backward."""
 from __future__ import annotations
 
 from typing import Any, Mapping
@@ -44,6 +45,11 @@ def read(data: dict[str, Any], cfg: FrameworkConfig) -> None:
         raise cfg.fail("dtype", f"{dtype} is not modelled (bf16 or fp32)")
     cfg.set("mix.precision", "bf16" if dtype == "bf16" else "fp32")
     cfg.set("mix.gradient_checkpointing", bool(keys.get("enable_activation_checkpointing", False)))
+    # compile (model and loss), activation offloading and the optimizer step fused into backward are mix keys
+    for key, mix_key in (("compile", "mix.compile"), ("enable_activation_offloading", "mix.activation_offload"),
+                         ("optimizer_in_bwd", "mix.optimizer_in_backward")):
+        if is_set(keys.get(key)):
+            cfg.set(mix_key, True)
     # the *_distributed recipes always shard with FSDP2 (reshard_after_forward True by default); one device, none
     cfg.multi_gpu_mix["fsdp"] = "full_shard" if keys.get("fsdp_reshard_after_forward", True) else "shard_grad_op"
     if is_set(keys.get("fsdp_cpu_offload")):

@@ -81,9 +81,20 @@ TORCHTUNE_GIB_FROM = "2024-08-15"
 follows its date, whatever its table's label."""
 
 
+TORCHTUNE_FIGURE_DATES = {
+    "docs/source/tutorials/lora_finetune.rst": "2024-04-15",   # ff594c23 (#702) wrote its peak-memory table
+    "docs/source/tutorials/qlora_finetune.rst": "2024-04-15",  # 0914d5cf (#693) wrote its reserved-memory table
+}
+"""When the figures of a doc the corpus cites at a later HEAD were written (`git log -S` on the figure): the recipe,
+unit and dataset defaults of that date apply, not HEAD's."""
+
+
 def _doc_date(raw: Mapping[str, Any]) -> str:
-    date = re.search(r"\((\d{4}-\d{2}-\d{2})\)", str(raw.get("doc", "")))
-    return date.group(1) if date else ""
+    doc = str(raw.get("doc", ""))
+    date = re.search(r"\((\d{4}-\d{2}-\d{2})\)", doc)
+    if date:
+        return date.group(1)
+    return next((d for path, d in TORCHTUNE_FIGURE_DATES.items() if doc.startswith(path)), "")
 
 
 def _torchtune_memory(raw: Mapping[str, Any]) -> Measure | None:
@@ -118,8 +129,8 @@ def _torchtune_throughput(raw: Mapping[str, Any]) -> Measure | None:
 
 def torchtune_version(raw: Mapping[str, Any]) -> str:
     """The recipe of a torchtune point's vintage: its README tables before the chunked loss (2024-08) ran 0.1."""
-    date = re.search(r"\((\d{4}-\d{2})", str(raw.get("doc", "")))
-    return "torchtune-0.1" if date and date.group(1) < "2024-08" else "torchtune"
+    date = _doc_date(raw)
+    return "torchtune-0.1" if date and date[:7] < "2024-08" else "torchtune"
 
 
 TORCHTUNE_CONFIGS = {
@@ -186,13 +197,29 @@ def _torchtune_mix(raw: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
     return mix, needs
 
 
+TORCHTUNE_ALPACA_512_UNTIL = "2024-08-15"
+"""torchtune's alpaca_dataset and alpaca_cleaned_dataset truncated at max_seq_len=512 by default
+(torchtune/datasets/_alpaca.py lines 15, 66 at ff594c23) until 8295cc35 (#1284, 2024-08-15)."""
+
+TORCHTUNE_CONFIG_DATASETS = {"llama2/7B_lora_single_device": "alpaca_cleaned", "llama2/7B_qlora_single_device": "alpaca_cleaned"}
+"""The dataset of configs a point names without its dataset (recipes/configs/llama2/*.yaml at ff594c23: alpaca_cleaned_dataset,
+its defaults)."""
+
+TORCHTUNE_SAME_FIGURE = {
+    "torchtune-tut-lora-llama2-7b-reserved": "torchtune-tut-lora-llama2-7b-r8-qv (15.57 GB: the two tutorials quote one run)",
+    "torchtune-tut-qlora-llama2-7b-reserved": "torchtune-2404-llama2-7b-qlora-1x4090 (9.29 GB: the README quotes the tutorial's run)",
+}
+"""Points whose training figure is another point's (the same run quoted twice): listed, so one run counts once."""
+
+
 def _torchtune_seq(raw: Mapping[str, Any]) -> tuple[int | None, str, str]:
     """(seq_len, padding, note) or (None, '', why) when the padded lengths are not known."""
     seq = raw.get("seq_len")
-    dataset = str(raw.get("dataset", ""))
+    dataset = str(raw.get("dataset") or TORCHTUNE_CONFIG_DATASETS.get(str(raw.get("config", "")), ""))
     if raw.get("packing"):
         return int(number(seq)), "packed", "packed to seq_len"
-    if "max_seq_len 512" in dataset:
+    date = _doc_date(raw)
+    if "max_seq_len 512" in dataset or (seq is None and "alpaca" in dataset and date and date < TORCHTUNE_ALPACA_512_UNTIL):
         return 512, "max_length", "alpaca has samples past 512 tokens: the longest batch is padded to 512"
     return None, "", "needs the dataset's token-length distribution (alpaca, unpacked; not stated)"
 
@@ -208,6 +235,9 @@ def torchtune(raw: Mapping[str, Any], src: Mapping[str, Any]) -> Mapped:
     seq, padding, snote = _torchtune_seq(raw)
     if seq is None:
         return listed(raw, src["id"], "torchtune", snote, *measures)
+    same = TORCHTUNE_SAME_FIGURE.get(str(raw["id"]))
+    if same:
+        return listed(raw, src["id"], "torchtune", f"the same run's figure as {same}", *measures)
     unstated = _unstated_config(raw)
     if unstated:
         measures = tuple(Measure(m.metric, m.value, m.note, unstated) if m.metric.startswith("peak") else m

@@ -72,11 +72,17 @@ def test_faster_inline_gpu_is_not_slower(field, scale):
 
 @pytest.mark.parametrize("wl", [{"seq_len": 512}, {"dataset": DS, "seq_len": 1024, "padding": "dynamic"}])
 def test_bigger_batch_does_not_lower_throughput(wl):
+    """The padded tokens the GPU works through per second never drop with a bigger micro-batch. Under dynamic
+    padding samples/s may: a batch pads to its longest sample, which grows with the batch, so once the matmuls
+    are near their peak a larger batch spends more of its time on padding (real runs show the same dip)."""
     s = scn(mix={"method": "lora"}, wl=wl)
     max_b = est(s.with_(micro_batch_size="max")).max_micro_batch_size
     assert max_b >= 4
     rates = [t(s.with_(micro_batch_size=b)).samples_per_s for b in range(1, max_b + 1)]
-    assert all(r2 >= r1 for r1, r2 in zip(rates, rates[1:]))
+    padded = [r * s.workload.mean_padded_len(b) for b, r in enumerate(rates, start=1)]
+    assert all(r2 >= r1 for r1, r2 in zip(padded, padded[1:]))
+    if wl.get("padding") != "dynamic":
+        assert all(r2 >= r1 for r1, r2 in zip(rates, rates[1:]))
     # ... and grows sub-linearly (small matmuls run below peak, fixed costs amortize)
     assert rates[-1] < max_b * rates[0]
 

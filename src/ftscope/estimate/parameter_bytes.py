@@ -1,0 +1,114 @@
+"""Bytes per parameter by role: the trained weights' working copy, gradient and optimizer states; the frozen base;
+what forward keeps beside them (autocast copies, dequantized and gathered weights).
+
+Bytes per parameter, by where the weights live (N = GPUs that share a shard):
+- full, bf16-mixed without DeepSpeed/FSDP (torch AMP): fp32 weights 4 + fp32 grads 4 + AdamW 8; autocast keeps a
+  bf16 copy of every weight used in forward (2) until backward frees it;
+- full under ZeRO (bf16 weights 2, bf16 grads 2, fp32 master + AdamW 12) with ZeRO-1 sharding the 12,
+  ZeRO-2 also the grads, ZeRO-3 also the weights; FSDP2 keeps fp32 sharded params and gathers bf16 per block;
+- LoRA: frozen bf16 base 2; adapters fp32 (PEFT upcasts them) + grads + AdamW;
+- QLoRA: NF4 with double quantization, 0.5 + 1/64 + 4/16384 bytes per quantized weight; embeddings, norms
+  and LM head stay bf16; one block's weights are dequantized to bf16 at a time.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..spec.scenario import Scenario
+from .adapter_memory import kbit_autocast_copies, kbit_fp32_params, peft_merged_expert_bytes
+
+NF4_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)
+OPTIMIZER_STATE_BYTES = {"adamw": 8.0, "adamw_8bit": 2.0, "paged_adamw_8bit": 2.0, "sgd": 0.0}
+
+
+@dataclass(frozen=True)
+class StateBytes:
+    """Bytes per trainable parameter the run keeps, by role."""
+
+    weight: float
+    """The working copy of a trained weight."""
+    gradient: float
+    optimizer: float
+    """Optimizer states plus an fp32 master copy where the engine keeps one."""
+    low_states: bool
+    """AdamW states kept in bf16 (pure bf16, or a recipe's bf16 adapters)."""
+
+
+def state_bytes(scn: Scenario) -> StateBytes:
+    """Bytes per trainable parameter of the working weight, its gradient and its optimizer state, by precision,
+    engine and recipe."""
+    mix = scn.mix
+    deepspeed, fsdp = mix.zero_stage > 0, mix.fsdp is not None
+    mixed = mix.precision in ("bf16-mixed", "fp16-mixed")
+    low_adapters = mixed and mix.trains_lora and not deepspeed and scn.recipe.adapter_dtype(mix.method) != "fp32"
+    if mix.precision == "fp32":
+        w_b, g_b, master = 4.0, 4.0, 0.0
+    elif mixed and (deepspeed or (mix.method == "full" and fsdp)):
+        w_b, g_b, master = 2.0, 2.0, 4.0        # bf16 working copy, fp32 master in the optimizer
+        if fsdp:
+            w_b, g_b, master = 4.0, 4.0, 0.0    # FSDP2 shards fp32 params; bf16 is a per-block gathered copy
+    elif mixed:
+        w_b, g_b, master = 4.0, 4.0, 0.0        # torch AMP: fp32 parameters, autocast casts per op
+    if mix.precision == "bf16" or low_adapters:  # pure bf16, or a recipe that keeps adapters in bf16
+        w_b, g_b, master = 2.0, 2.0, 0.0
+    low_states = (mix.precision == "bf16" or low_adapters) and mix.optimizer == "adamw"
+    opt_state = OPTIMIZER_STATE_BYTES[mix.optimizer] * (0.5 if low_states else 1.0)
+    return StateBytes(w_b, g_b, opt_state + master, low_states)
+
+
+def frozen_weight_bytes(scn: Scenario) -> float:
+    """Bytes of the frozen base weights (none for full fine-tuning): NF4 for what bitsandbytes quantizes."""
+    m, mix = scn.model, scn.mix
+    total = m.total_params
+    if mix.method == "qlora":
+        quantized = m.quantizable_params()
+        if m.is_moe and mix.fused_experts:
+            # bitsandbytes replaces nn.Linear only: transformers 5's fused 3-D experts stay in bf16
+            quantized -= sum(lin.params * k for lin, k in m.linears() if lin.group == "experts")
+        return quantized * NF4_BYTES + (total - quantized) * 2.0 + kbit_fp32_params(scn, quantized) * 2.0
+    frozen = 0 if mix.method == "full" else total
+    return frozen * (4.0 if mix.precision == "fp32" or fp32_lora_base(scn) else 2.0)
+
+
+def fp32_lora_base(scn: Scenario) -> bool:
+    """A LoRA base the recipe loads in fp32 and keeps so under mixed precision (DeepSpeed's bf16 engine casts it)."""
+    mix = scn.mix
+    return (scn.recipe.lora_base_fp32 and mix.method == "lora" and mix.zero_stage == 0
+            and mix.precision in ("bf16-mixed", "fp16-mixed"))
+
+
+def forward_transients(scn: Scenario, shards: int) -> tuple[float, float]:
+    """(bytes alive through forward and backward, bytes alive while one block computes): autocast's weight cache,
+    dequantized and merged weights, ZeRO-3 / FSDP gathers."""
+    m, mix = scn.model, scn.mix
+    deepspeed, fsdp = mix.zero_stage > 0, mix.fsdp is not None
+    mixed = mix.precision in ("bf16-mixed", "fp16-mixed")
+    transient = block = 0.0
+    if mix.method == "full" and mixed and not deepspeed and not fsdp:
+        transient += m.total_params * 2.0       # autocast's bf16 weight cache, kept for backward
+    if mix.method == "qlora":
+        largest = max((lin.params for lin, _ in m.linears() if not (lin.group == "experts" and mix.fused_experts)),
+                      default=0)
+        block += largest * scn.recipe.dequant_bytes_per_weight  # the dequantized weight of the matmul in flight
+        if scn.recipe.compiled_dequant_saved and (mix.compile or scn.recipe.compile):
+            block = m.largest_layer_params() * 2.0  # compiled: each fused bf16 dequantization saved for backward
+    head_copy, stack_copies = kbit_autocast_copies(scn)
+    transient += head_copy
+    if mix.gradient_checkpointing:
+        block += max(stack_copies, default=0.0)
+        block += peft_merged_expert_bytes(scn)  # one recomputed layer's
+    else:
+        transient += sum(stack_copies)
+        transient += peft_merged_expert_bytes(scn)  # every layer's, saved for backward
+    if mix.shard_stage == 3:
+        # ZeRO-3/FSDP gather the current block and prefetch the next (MoE blocks are gathered whole), each into a
+        # buffer of the whole unit beside the rank's shard, which stays (FSDP1's padded unsharded flat parameter,
+        # FSDP2's all-gather output, DeepSpeed's all_gather_coalesced flat tensor): the full unit, not (n - 1) / n
+        per_param = NF4_BYTES if mix.method == "qlora" else 2.0
+        transient += 2 * m.largest_layer_params() * per_param
+        if scn.recipe.fsdp_root_gathered and fsdp:
+            root = m.embedding_params + m.lm_head_params + m.final_norm_params
+            transient += root * (4.0 if mix.precision == "fp32" else 2.0)
+    elif fsdp and mix.method == "full":
+        transient += m.total_params * 2.0       # shard_grad_op keeps the unsharded bf16 weights until backward ends
+    return transient, block

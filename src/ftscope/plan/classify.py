@@ -13,7 +13,7 @@ from typing import Any, Callable, Sequence
 
 from ..estimate.cost import price_of
 from ..estimate.efficiency import Calibration
-from ..estimate.memory import usable_bytes
+from ..estimate.memory import FUSED_ATTENTION, memory_mix, usable_bytes
 from .bounds import (MemoryProbe, hours_per_gpu_second, micro_batch_seconds, op_rates, seconds_per_sequence,
                      sequence_work,
                      shortest_sequence)
@@ -21,7 +21,8 @@ from .layouts import layout_reason
 from .ranking import mix_complexity, refusal
 from ..estimate.solvers import BATCH_CAP
 from ..spec.rules import gpu_problem
-from .space import Space, with_mix
+from .space import MIX_DIMENSIONS, Space, with_mix
+from ..spec.scenario import fast_replace
 
 UNSEARCHED, UNSUPPORTED, NO_FIT, FITS, FEASIBLE, OVER_BUDGET, OVER_DEADLINE = range(7)
 MIX_CHUNK = 256
@@ -89,7 +90,7 @@ class _Scan:
     per mix and GPU type (support), per mix and GPU count (layout validity, one memory probe)."""
 
     def __init__(self, np, space: Space, accepts: dict[str, Callable[[Any], bool] | None],
-                 global_batch: int | None, margin: float = 0.0) -> None:
+                 global_batch: int | None, margin: float = 0.0, share_twins: bool = True) -> None:
         nb, nm = len(space.blocks), space.mixes_per_block
         self.np, self.space, self.accepts, self.global_batch = np, space, accepts, global_batch
         gpus = list(dict.fromkeys(b.gpu.key for b in space.blocks))
@@ -118,6 +119,8 @@ class _Scan:
         self.compute_dims = [d for d in space.dimensions if d.affects_compute]
         self.memos: dict = {}  # MemoryProbe's work per distinct memory model
         self.world_blocks: list[list[tuple[int, int]]] | None = None
+        self.twin_offset = _twin_offsets(space) if share_twins else {}
+        self.block_of_world = [np.flatnonzero(self.w_of == x) for x in range(len(worlds))]
 
     def mix(self, k: int, mix: Any) -> None:
         np = self.np
@@ -135,11 +138,38 @@ class _Scan:
             self.supported[g, k] = gpu_problem(mix, model, base.cluster.gpu) is None
         if not self.supported[:, k].any():
             return
+        twin = self._twin(k, mix)
         for w, base in enumerate(self.at_world):
             scn = with_mix(base, mix)
             self.layout_ok[w, k] = layout_reason(scn, self.global_batch) is None
             if self.layout_ok[w, k]:
-                self._probe(k, w, MemoryProbe(scn, self.seq, self.memos))
+                if twin is not None and self.peak[w, twin] < np.inf:
+                    self._copy(k, twin, w)
+                else:
+                    self._probe(k, w, MemoryProbe(scn, self.seq, self.memos))
+
+    def _twin(self, k: int, mix: Any) -> int | None:
+        """An earlier mix with the same memory_mix (a fused attention kernel's FUSED_ATTENTION sibling), whose
+        probes this one may copy: equal memory models give equal peaks and solves. Only when every GPU type that
+        supports this mix supports the twin, so the twin solved every block this mix needs."""
+        offset = self.twin_offset.get(mix.attention)
+        if offset is None:
+            return None
+        twin = k - offset
+        if not (self.valid[twin] and (self.supported[:, twin] | ~self.supported[:, k]).all()):
+            return None
+        return twin
+
+    def _copy(self, k: int, twin: int, w: int) -> None:
+        """_probe's results at GPU count w, from the twin's (blocks on GPU types this mix does not run keep inf)."""
+        np = self.np
+        self.peak[w, k] = self.peak[w, twin]
+        for value in self.terms.values():
+            value[w, :, k] = value[w, :, twin]
+        blocks = self.block_of_world[w]
+        runs = self.supported[self.g_of[blocks], k]
+        for peaks in {id(p): p for p in (self.fixed_peak, self.safe_fixed_peak) if p is not None}.values():
+            peaks[blocks, k] = np.where(runs, peaks[blocks, twin], np.inf)
 
     def _probe(self, k: int, w: int, probe: MemoryProbe) -> None:
         np = self.np
@@ -160,14 +190,32 @@ class _Scan:
                              self.global_batch)
 
 
+def _twin_offsets(space: Space) -> dict[str, int]:
+    """Per fused attention kernel the space lists after FUSED_ATTENTION: how many mixes back its FUSED_ATTENTION
+    sibling is (the mixes differ only in that digit). Empty when the space does not search FUSED_ATTENTION."""
+    names = [d.space_field for d in MIX_DIMENSIONS]
+    at = names.index("attention")
+    values = space.values[at]
+    if FUSED_ATTENTION not in values:
+        return {}
+    stride = 1
+    for r in space.radix[at + 1:]:
+        stride *= r
+    base = values.index(FUSED_ATTENTION)
+    probe = space.mix(0)
+    return {v: (i - base) * stride for i, v in enumerate(values)
+            if i > base and memory_mix(fast_replace(probe, attention=v)).attention == FUSED_ATTENTION}
+
+
 def classify(np, space: Space, by: str, cal: Calibration, accepts: dict[str, Callable[[Any], bool] | None],
              global_batch: int | None, stop_at: float | None,
-             progress: Callable[[str, int, int | None], None] | None, margin: float = 0.0) -> tuple[Classification, bool]:
+             progress: Callable[[str, int, int | None], None] | None, margin: float = 0.0,
+             share_twins: bool = True) -> tuple[Classification, bool]:
     """The classification of every candidate; True when the clock ran out before every mix was seen. With a
     `margin`, a candidate that fits only in the last `margin` of usable memory is tight (tier 1): rule 1 read at
     capacity x (1 - margin) says which, since its memory grows with the micro-batch."""
     nb, nm = len(space.blocks), space.mixes_per_block
-    scan = _Scan(np, space, accepts, global_batch, margin)
+    scan = _Scan(np, space, accepts, global_batch, margin, share_twins)
     cut = False
     for k, mix in enumerate(space.mixes()):
         if k % MIX_CHUNK == 0:

@@ -19,8 +19,9 @@ from typing import NamedTuple
 
 from ..spec.hardware import GIB, GpuSpec
 from ..spec.scenario import Scenario, fast_replace
-from .activations import ActivationCoefficients, activation_coefficients
-from .adapter_memory import kbit_autocast_copies, kbit_fp32_params, peft_merged_expert_bytes
+from .activations import ActivationCoefficients, activation_coefficients, activation_mix
+from .adapter_memory import (kbit_autocast_copies, kbit_fp32_params, largest_dequantized_linear,
+                             peft_merged_expert_bytes)
 from .memory_layout import activation_policy, fsdp1_stream_bytes, paged_state_params, split_states
 
 NF4_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)
@@ -292,8 +293,7 @@ def forward_transients(scn: Scenario, shards: int) -> tuple[float, float]:
     if mix.method == "full" and mixed and not deepspeed and not fsdp:
         transient += m.total_params * 2.0       # autocast's bf16 weight cache, kept for backward
     if mix.method == "qlora":
-        largest = max((lin.params for lin, _ in m.linears() if not (lin.group == "experts" and mix.fused_experts)),
-                      default=0)
+        largest = largest_dequantized_linear(m, mix.fused_experts)
         block += largest * scn.recipe.dequant_bytes_per_weight  # the dequantized weight of the matmul in flight
         if scn.recipe.compiled_dequant_saved and (mix.compile or scn.recipe.compile):
             block = m.largest_layer_params() * 2.0  # compiled: each fused bf16 dequantization saved for backward
@@ -407,7 +407,8 @@ def _build_memory_model(scn: Scenario, allocator: AllocatorModel) -> MemoryModel
     paged = 0.0
     if mix.optimizer.startswith("paged_"):
         paged = optimizer * min(paged_state_params(scn) / max(trainable, 1), 1.0)
-    acts, checkpointing = activation_policy(activation_coefficients(m, mix, scn.top_k, scn.recipe), scn)
+    acts, checkpointing = activation_policy(activation_coefficients(m, activation_mix(mix), scn.top_k, scn.recipe),
+                                            scn)
     return split_states(MemoryModel(
         weights=weights, gradients=grads, gradients_in_forward=grads_fwd, optimizer=optimizer,
         optimizer_transient=opt_transient, weight_transient=transient, block_transient=block, acts=acts,

@@ -179,3 +179,20 @@ def test_probes_that_share_equal_memory_models_answer_as_fresh_ones():
             assert shared.max_micro_batch(cap) == fresh.max_micro_batch(cap)
             assert shared.fixed_batch_peak(cap, gb) == fresh.fixed_batch_peak(cap, gb)
     assert len(memos) < len(MIXES)  # the sharing is exercised: some mixes have equal memory models
+
+
+def test_sequence_work_shared_per_ops_mix_is_each_mixs_own():
+    """sequence_work with a memo fits the ops once per ops_mix (checkpointing and the fused attention kernel left
+    out) and gives every mix what it computes alone, passes included; the memo holds fewer fits than mixes."""
+    from ftscope.plan.bounds import sequence_work
+    for model in ("llama-3.2-1b", "olmoe-1b-7b"):
+        memo: dict = {}
+        mixes = [dict(method=method, gradient_checkpointing=ckpt, attention=attention, **extra)
+                 for method in ("lora", "qlora") for ckpt in (False, True)
+                 for attention in ("eager", "sdpa", "flash", "flash3")
+                 for extra in (dict(), dict(checkpointing="selective"), dict(tensor_parallel=2, sequence_parallel=True))
+                 if ckpt or not extra.get("checkpointing")]
+        for mix in mixes:
+            scn = _scn(model, **mix)
+            assert sequence_work(scn, 700.0, memo) == sequence_work(scn, 700.0), (model, mix)
+        assert 0 < len(memo) < len(mixes) / 4

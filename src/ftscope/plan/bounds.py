@@ -44,12 +44,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..estimate.compute import Op, micro_batch_ops, recomputed
+from ..estimate.compute import Op, compute_mix, micro_batch_ops, recomputed
 from ..estimate.efficiency import Efficiency
 from ..estimate.layout import layout
 from ..estimate.memory import MemoryModel, memory_model, trainable_params
 from ..estimate.time import Rates, micro_batch_times, rates, step_time
-from ..spec.scenario import Scenario
+from ..spec.scenario import Scenario, fast_replace
 from ..estimate.solvers import BATCH_CAP, ReservedCurve, phase_totals, reserved_curves, solve_batch
 from .layouts import keep_global_batch, replicas
 
@@ -86,6 +86,7 @@ class MemoryProbe:
         self.peak_at_one = memo.peaks[1]
         """The same number as MemoryModel.peak_bytes(1, seq): the max of the phases' reserved bytes."""
         self._by_accumulation: dict[bool, MemoryModel] = {}
+        self._fixed: list | None = None
 
     def batch_terms(self) -> list[tuple[float, float, float]]:
         """(fixed bytes, bytes the first sequence adds, bytes per sequence at the cap) of every phase at this
@@ -125,10 +126,22 @@ class MemoryProbe:
         picks it. When the capped micro-batch itself fits, the solver's larger answer would be capped to it
         (reserved bytes grow with the micro-batch), so no solve is needed."""
         scn = self.scenario
-        reps, stages = replicas(scn), scn.mix.pipeline_parallel
-        cap = max(1, global_batch // (reps * stages))
-        fits_cap = cap <= BATCH_CAP and self.peak(cap) <= capacity
-        fitting = cap if fits_cap else self.max_micro_batch(capacity)
+        fixed = self._fixed
+        if fixed is None or fixed[0] != global_batch:  # what does not depend on the capacity, once per probe
+            reps, stages = replicas(scn), scn.mix.pipeline_parallel
+            cap = max(1, global_batch // (reps * stages))
+            fixed = self._fixed = [global_batch, reps, stages, cap, self.peak(cap) if cap <= BATCH_CAP else math.inf,
+                                   None]
+        _, reps, stages, cap, at_cap, when_capped = fixed
+        if at_cap <= capacity:  # the capped micro-batch fits: the same answer for every such capacity
+            if when_capped is None:
+                when_capped = fixed[5] = self._kept_batch_peak(cap, global_batch, reps, stages)
+            return when_capped
+        return self._kept_batch_peak(self.max_micro_batch(capacity), global_batch, reps, stages)
+
+    def _kept_batch_peak(self, fitting: int, global_batch: int, reps: int, stages: int) -> float:
+        """Peak bytes at the micro-batch and accumulation keep_global_batch picks from the largest that fits."""
+        scn = self.scenario
         mb, ga = keep_global_batch(fitting, global_batch, reps, stages)
         accumulates = ga > 1  # all the memory model reads of the accumulation (tests/plan/test_bounds.py)
         if accumulates == (scn.workload.gradient_accumulation > 1):
@@ -190,10 +203,16 @@ def _at_least_linear(scn: Scenario, seq: float, slopes: list[tuple[Op, float, fl
     return [(f, b) for f, b in ok]
 
 
-def sequence_work(scn: Scenario, seq: float) -> list[SequenceWork]:
-    """Per op (launch-bound dispatch and weight-bound dequantization left out), the FLOPs and bytes one more
-    sequence adds as functions of the padded length, read at `seq`, 2 and 3 x `seq`; an op that does not have
-    that form, or whose small micro-batches fall below it, contributes nothing (the bound stays valid)."""
+def ops_mix(mix):
+    """The mix with the fields micro_batch_ops does not read at one value (compute_mix's, checkpointing, which
+    only `recomputed` reads, and the fused attention kernel: the ops know fused from eager only), so that
+    sequence_work fits each distinct op list once (tests/plan/test_bounds.py)."""
+    return fast_replace(compute_mix(mix), gradient_checkpointing=False, checkpointing="full", checkpoint_every=1,
+                        attention="eager" if mix.attention == "eager" else "sdpa")
+
+
+def _op_slopes(scn: Scenario, seq: float) -> list[tuple[Op, tuple[float, float], tuple[float, float]]]:
+    """Per op but dispatch and dequantization: (op, FLOPs fit, bytes fit) of sequence_work, before the passes."""
     try:
         points = [_slopes(scn, seq * m) for m in (1.0, 2.0, 3.0)]
     except ValueError:
@@ -205,9 +224,25 @@ def sequence_work(scn: Scenario, seq: float) -> list[SequenceWork]:
             continue
         flops = _fit(f1, f2, f3, seq) if f_ok else None
         bytes_ = _fit(b1, b2, b3, seq) if b_ok else None
-        out.append(SequenceWork(op.kind, op.grouped, op.fp8, op.fusible, flops or (0.0, 0.0), bytes_ or (0.0, 0.0),
-                                1.0 + op.backward + recomputed(op, scn.mix)))
+        out.append((op, flops or (0.0, 0.0), bytes_ or (0.0, 0.0)))
     return out
+
+
+def sequence_work(scn: Scenario, seq: float, memo: dict | None = None) -> list[SequenceWork]:
+    """Per op (launch-bound dispatch and weight-bound dequantization left out), the FLOPs and bytes one more
+    sequence adds as functions of the padded length, read at `seq`, 2 and 3 x `seq`; an op that does not have
+    that form, or whose small micro-batches fall below it, contributes nothing (the bound stays valid).
+    `memo`: a dict shared by calls on one model, workload and cluster, whose mixes differ (the fits are kept per
+    ops_mix; the passes are the mix's own)."""
+    if memo is None:
+        slopes = _op_slopes(scn, seq)
+    else:
+        key = (ops_mix(scn.mix), seq)
+        slopes = memo.get(key)
+        if slopes is None:
+            slopes = memo[key] = _op_slopes(fast_replace(scn, mix=key[0]), seq)
+    return [SequenceWork(op.kind, op.grouped, op.fp8, op.fusible, flops, bytes_,
+                         1.0 + op.backward + recomputed(op, scn.mix)) for op, flops, bytes_ in slopes]
 
 
 def _best_rate(w: SequenceWork, r: Rates) -> float:

@@ -17,7 +17,7 @@ from ..estimate.memory import FUSED_ATTENTION, memory_mix, usable_bytes
 from .bounds import (MemoryProbe, hours_per_gpu_second, micro_batch_seconds, op_rates, seconds_per_sequence,
                      sequence_work,
                      shortest_sequence)
-from .layouts import layout_reason
+from .layouts import LAYOUT_FIELDS, layout_reason
 from .ranking import mix_complexity, refusal
 from ..estimate.solvers import BATCH_CAP
 from ..spec.rules import gpu_problem
@@ -121,6 +121,7 @@ class _Scan:
         self.world_blocks: list[list[tuple[int, int]]] | None = None
         self.twin_offset = _twin_offsets(space) if share_twins else {}
         self.block_of_world = [np.flatnonzero(self.w_of == x) for x in range(len(worlds))]
+        self.layouts: dict[tuple, list[int]] = {}
 
     def mix(self, k: int, mix: Any) -> None:
         np = self.np
@@ -139,14 +140,22 @@ class _Scan:
         if not self.supported[:, k].any():
             return
         twin = self._twin(k, mix)
-        for w, base in enumerate(self.at_world):
-            scn = with_mix(base, mix)
-            self.layout_ok[w, k] = layout_reason(scn, self.global_batch) is None
-            if self.layout_ok[w, k]:
-                if twin is not None and self.peak[w, twin] < np.inf:
-                    self._copy(k, twin, w)
-                else:
-                    self._probe(k, w, MemoryProbe(scn, self.seq, self.memos))
+        runs = self._layout_runs(mix)
+        self.layout_ok[runs, k] = True
+        for w in runs:
+            if twin is not None and self.peak[w, twin] < np.inf:
+                self._copy(k, twin, w)
+            else:
+                self._probe(k, w, MemoryProbe(with_mix(self.at_world[w], mix), self.seq, self.memos))
+
+    def _layout_runs(self, mix: Any) -> list[int]:
+        """The GPU counts (indices) whose layout check passes, per distinct value of the fields it reads."""
+        key = tuple(getattr(mix, f) for f in LAYOUT_FIELDS)
+        runs = self.layouts.get(key)
+        if runs is None:
+            runs = self.layouts[key] = [w for w, base in enumerate(self.at_world)
+                                        if layout_reason(with_mix(base, mix), self.global_batch) is None]
+        return runs
 
     def _twin(self, k: int, mix: Any) -> int | None:
         """An earlier mix with the same memory_mix (a fused attention kernel's FUSED_ATTENTION sibling), whose
@@ -319,8 +328,9 @@ def _time_bounds(np, space: Space, cal: Calibration, on_gpu: Sequence[Any], g_of
     lengths = np.array([wl.mean_padded_len(int(b)) for b in batches.tolist()], float)
     seq = np.maximum(lengths[which.reshape(batch.shape)], shortest)
     per_seq = np.zeros(batch.shape)
+    memo: dict = {}
     for s, mix in representative.items():
-        work = sequence_work(with_mix(on_gpu[0], mix), shortest)
+        work = sequence_work(with_mix(on_gpu[0], mix), shortest, memo)
         columns = np.flatnonzero(sig == s)
         if not work or not len(columns):
             continue

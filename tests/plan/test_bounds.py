@@ -196,3 +196,29 @@ def test_sequence_work_shared_per_ops_mix_is_each_mixs_own():
             scn = _scn(model, **mix)
             assert sequence_work(scn, 700.0, memo) == sequence_work(scn, 700.0), (model, mix)
         assert 0 < len(memo) < len(mixes) / 4
+
+
+@pytest.mark.parametrize("model", ["llama-3.2-1b", "olmoe-1b-7b", "mixtral-8x7b"])
+def test_the_state_floor_is_below_every_peak(model):
+    """StateFloor (weights and optimizer states alone) never exceeds the memory model's peak at micro-batch 1,
+    for every method, sharding, offload and optimizer, with and without a layout, on 1 to 16 GPUs, and is
+    often more than a quarter of it (it is not a vacuous 0)."""
+    from ftscope.plan.bounds import MemoryProbe, StateFloor
+    from ftscope.plan.space import SHARDING
+    base = _scn(model)
+    close = 0
+    for method, (zero, fsdp), offload, optimizer, layout in itertools.product(
+            ("full", "lora", "qlora"), SHARDING, ("none", "optimizer", "optimizer+params"), ("adamw", "adamw_8bit"),
+            (dict(), dict(tensor_parallel=2, sequence_parallel=True, pipeline_parallel=2))):
+        mix = replace(base.mix, method=method, zero_stage=zero, fsdp=fsdp, offload=offload, optimizer=optimizer,
+                      **layout)
+        if base.model.is_moe:
+            mix = replace(mix, expert_parallel=2 if layout else 1)
+        floor = StateFloor(replace(base, mix=mix))
+        for world in (4, 16):
+            scn = replace(base, mix=mix, cluster=replace(base.cluster, gpus_per_node=world if world <= 8 else 8,
+                                                         nodes=1 if world <= 8 else world // 8))
+            peak = MemoryProbe(scn, 2048).peak_at_one
+            assert 0 <= floor.at(world) <= peak, (method, zero, fsdp, offload, optimizer, layout, world)
+            close += floor.at(world) > 0.25 * peak
+    assert close > 10

@@ -356,19 +356,14 @@ def memory_model(scn: Scenario, allocator: AllocatorModel = DEFAULT_ALLOCATOR) -
     return fast_replace(mm, capacity_bytes=capacity)
 
 
-def _build_memory_model(scn: Scenario, allocator: AllocatorModel) -> MemoryModel:
-    m, mix, cl = scn.model, scn.mix, scn.cluster
-    n = cl.world_size // mix.model_parallel  # ZeRO / FSDP shard over the data-parallel ranks
+def sharded_states(mix, n: int, frozen: float, trainable: int, per: StateBytes) -> tuple[float, float, float, float]:
+    """(weights, gradients, optimizer states, host bytes) per GPU before the layout splits them: ZeRO / FSDP shard
+    over the n data-parallel ranks, offload moves states (and parameters) to the host."""
     stage = mix.shard_stage
-    deepspeed = mix.zero_stage > 0
-    mixed = mix.precision in ("bf16-mixed", "fp16-mixed")
-    trainable = trainable_params(scn)
-    per = state_bytes(scn)
-
     shard_w = n if (stage == 3 or mix.fsdp is not None) else 1  # FSDP2 shards parameters at both strategies
     shard_g = n if stage >= 2 else 1
     shard_o = n if stage >= 1 else 1
-    weights = (frozen_weight_bytes(scn) + trainable * per.weight) / shard_w
+    weights = (frozen + trainable * per.weight) / shard_w
     grads = trainable * per.gradient / shard_g
     optimizer = trainable * per.optimizer / shard_o
     cpu = 0.0
@@ -378,6 +373,21 @@ def _build_memory_model(scn: Scenario, allocator: AllocatorModel) -> MemoryModel
     if mix.offload == "optimizer+params":
         cpu += weights
         weights = 0.0
+    return weights, grads, optimizer, cpu
+
+
+def _build_memory_model(scn: Scenario, allocator: AllocatorModel) -> MemoryModel:
+    m, mix, cl = scn.model, scn.mix, scn.cluster
+    n = cl.world_size // mix.model_parallel  # ZeRO / FSDP shard over the data-parallel ranks
+    stage = mix.shard_stage
+    deepspeed = mix.zero_stage > 0
+    mixed = mix.precision in ("bf16-mixed", "fp16-mixed")
+    trainable = trainable_params(scn)
+    per = state_bytes(scn)
+
+    shard_w = n if (stage == 3 or mix.fsdp is not None) else 1
+    shard_o = n if stage >= 1 else 1
+    weights, grads, optimizer, cpu = sharded_states(mix, n, frozen_weight_bytes(scn), trainable, per)
 
     if stage == 0 and n > 1:
         # DDP copies every gradient into its communication buckets (HF Trainer / accelerate default)

@@ -47,7 +47,9 @@ from dataclasses import dataclass
 from ..estimate.compute import Op, compute_mix, micro_batch_ops, recomputed
 from ..estimate.efficiency import Efficiency
 from ..estimate.layout import layout
-from ..estimate.memory import MemoryModel, memory_model, trainable_params
+from ..estimate.memory import (MemoryModel, frozen_weight_bytes, memory_model, sharded_states, state_bytes,
+                               trainable_params)
+from ..estimate.memory_layout import state_split
 from ..estimate.time import Rates, micro_batch_times, rates, step_time
 from ..spec.scenario import Scenario, fast_replace
 from ..estimate.solvers import BATCH_CAP, ReservedCurve, phase_totals, reserved_curves, solve_batch
@@ -149,6 +151,24 @@ class MemoryProbe:
         if accumulates not in self._by_accumulation:
             self._by_accumulation[accumulates] = memory_model(scn.with_(gradient_accumulation=ga))
         return self._by_accumulation[accumulates].peak_bytes(mb, self.seq)
+
+
+class StateFloor:
+    """A lower bound on one mix's peak bytes at any batch shape and GPU count, without its memory model: the
+    weights and optimizer states alone (memory.sharded_states, split by the layout as split_states splits them).
+    Every phase's reserved bytes add only non-negative terms to them (the optimizer step's at least gradients and
+    temporaries; tests/plan/test_bounds.py checks the bound on a grid), so a GPU count whose floor is above every
+    capacity cannot fit anywhere: its memory model need not be built."""
+
+    def __init__(self, scn: Scenario) -> None:
+        self.mix = scn.mix
+        self.frozen, self.trainable, self.per = frozen_weight_bytes(scn), trainable_params(scn), state_bytes(scn)
+        self.split = state_split(scn)
+
+    def at(self, world: int) -> float:
+        n = world // self.mix.model_parallel
+        weights, _, optimizer, _ = sharded_states(self.mix, n, self.frozen, self.trainable, self.per)
+        return (weights * self.split + optimizer * self.split) * SAFETY
 
 
 LARGE = 4096

@@ -14,7 +14,7 @@ from typing import Any, Callable, Sequence
 from ..estimate.cost import price_of
 from ..estimate.efficiency import Calibration
 from ..estimate.memory import FUSED_ATTENTION, memory_mix, usable_bytes
-from .bounds import (MemoryProbe, hours_per_gpu_second, micro_batch_seconds, op_rates, seconds_per_sequence,
+from .bounds import (MemoryProbe, StateFloor, hours_per_gpu_second, micro_batch_seconds, op_rates, seconds_per_sequence,
                      sequence_work,
                      shortest_sequence)
 from .layouts import LAYOUT_FIELDS, layout_reason
@@ -122,6 +122,11 @@ class _Scan:
         self.twin_offset = _twin_offsets(space) if share_twins else {}
         self.block_of_world = [np.flatnonzero(self.w_of == x) for x in range(len(worlds))]
         self.layouts: dict[tuple, list[int]] = {}
+        self.worlds = worlds
+        self.room = np.full((len(worlds), len(gpus)), -np.inf)  # largest capacity per GPU count and type
+        for b in range(nb):
+            w, g = self.w_of[b], self.g_of[b]
+            self.room[w, g] = max(self.room[w, g], self.caps[b])
 
     def mix(self, k: int, mix: Any) -> None:
         np = self.np
@@ -142,7 +147,12 @@ class _Scan:
         twin = self._twin(k, mix)
         runs = self._layout_runs(mix)
         self.layout_ok[runs, k] = True
+        if runs:
+            floor = StateFloor(with_mix(self.at_world[0], mix))
+            room = self.room[:, self.supported[:, k]].max(axis=1).tolist()  # per GPU count: the largest capacity
         for w in runs:
+            if floor.at(self.worlds[w]) > room[w]:
+                continue  # does not fit on any block at this count: no model (peak stays inf, NO_FIT)
             if twin is not None and self.peak[w, twin] < np.inf:
                 self._copy(k, twin, w)
             else:

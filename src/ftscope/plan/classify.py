@@ -156,7 +156,7 @@ class _Scan:
             if twin is not None and self.peak[w, twin] < np.inf:
                 self._copy(k, twin, w)
             else:
-                self._probe(k, w, MemoryProbe(with_mix(self.at_world[w], mix), self.seq, self.memos))
+                self._probe(k, w, MemoryProbe(with_mix(self.at_world[w], mix), self.seq, self.memos), room[w])
 
     def _layout_runs(self, mix: Any) -> list[int]:
         """The GPU counts (indices) whose layout check passes, per distinct value of the fields it reads."""
@@ -190,9 +190,13 @@ class _Scan:
         for peaks in {id(p): p for p in (self.fixed_peak, self.safe_fixed_peak) if p is not None}.values():
             peaks[blocks, k] = np.where(runs, peaks[blocks, twin], np.inf)
 
-    def _probe(self, k: int, w: int, probe: MemoryProbe) -> None:
+    def _probe(self, k: int, w: int, probe: MemoryProbe, room: float) -> None:
+        """The probe's peak at micro-batch 1; where some block has room for it (`room`: the largest capacity of
+        the GPU types this mix runs on at this count), its batch terms and fixed-batch peaks as well."""
         np = self.np
         self.peak[w, k] = probe.peak_at_one
+        if probe.peak_at_one > room:  # NO_FIT on every block: nothing reads its terms
+            return
         phases = probe.batch_terms()
         if not self.terms:
             shape = (len(self.at_world), len(phases), self.space.mixes_per_block)  # phases before mixes: min is fast

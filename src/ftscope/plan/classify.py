@@ -27,6 +27,8 @@ from ..spec.scenario import fast_replace
 UNSEARCHED, UNSUPPORTED, NO_FIT, FITS, FEASIBLE, OVER_BUDGET, OVER_DEADLINE = range(7)
 MIX_CHUNK = 256
 """Mixes between progress reports and clock checks."""
+SLOT_CHUNK = 4096
+"""Slots (mixes some GPU type supports) the probe arrays start with, and the least they grow by."""
 
 
 @dataclass
@@ -107,11 +109,16 @@ class _Scan:
         self.supported = np.zeros((len(gpus), nm), bool)
         self.layout_ok = np.zeros((len(worlds), nm), bool)  # the layout runs on this GPU count (plan/layouts.py)
         self.split = np.ones((2, nm), np.int64)  # model-parallel group size and pipeline stages of each mix
-        self.peak = np.full((len(worlds), nm), np.inf)
-        self.fixed_peak = np.full((nb, nm), np.inf) if global_batch is not None else None
-        self.safe_fixed_peak = (np.full((nb, nm), np.inf) if global_batch is not None and margin
+        # the probes' results are kept per slot: one column per mix that some GPU type supports, taken in order
+        # (a search of millions of mixes runs a fifth of them), the arrays grown as slots are taken
+        self.slot = np.full(nm, -1, np.int64)
+        self.slots = 0
+        width = min(nm, SLOT_CHUNK)
+        self.peak = np.full((len(worlds), width), np.inf)
+        self.fixed_peak = np.full((nb, width), np.inf) if global_batch is not None else None
+        self.safe_fixed_peak = (np.full((nb, width), np.inf) if global_batch is not None and margin
                                 else self.fixed_peak)  # the fixed-batch peak solved leaving the margin free
-        self.terms: dict[str, Any] = {}  # fixed bytes and bytes per sequence: worlds x phases x mixes
+        self.terms: dict[str, Any] = {}  # fixed bytes and bytes per sequence: worlds x phases x slots
         self.sig = np.zeros(nm, np.int32)
         self.signatures: dict[tuple, int] = {}
         self.accept = {name: np.zeros(nm, bool) for name in accepts}
@@ -144,19 +151,37 @@ class _Scan:
             self.supported[g, k] = gpu_problem(mix, model, base.cluster.gpu) is None
         if not self.supported[:, k].any():
             return
-        twin = self._twin(k, mix)
+        mix_k, k = k, self._take_slot(k)  # from here on, k is the mix's slot
+        twin = self._twin(mix_k, mix)
         runs = self._layout_runs(mix)
-        self.layout_ok[runs, k] = True
+        self.layout_ok[runs, mix_k] = True
         if runs:
             floor = StateFloor(with_mix(self.at_world[0], mix))
-            room = self.room[:, self.supported[:, k]].max(axis=1).tolist()  # per GPU count: the largest capacity
+            room = self.room[:, self.supported[:, mix_k]].max(axis=1).tolist()  # per GPU count: the largest capacity
         for w in runs:
             if floor.at(self.worlds[w]) > room[w]:
                 continue  # does not fit on any block at this count: no model (peak stays inf, NO_FIT)
             if twin is not None and self.peak[w, twin] < np.inf:
-                self._copy(k, twin, w)
+                self._copy(k, twin, w, self.supported[:, mix_k])
             else:
-                self._probe(k, w, MemoryProbe(with_mix(self.at_world[w], mix), self.seq, self.memos), room[w])
+                self._probe(k, w, MemoryProbe(with_mix(self.at_world[w], mix), self.seq, self.memos), room[w],
+                            self.supported[:, mix_k])
+
+    def _take_slot(self, k: int) -> int:
+        """The next free slot for mix k, the arrays grown by half when full."""
+        np = self.np
+        if self.slots == self.peak.shape[1]:
+            extra = max(SLOT_CHUNK, self.slots // 2)
+            grow = lambda a, fill: np.concatenate([a, np.full(a.shape[:-1] + (extra,), fill)], axis=-1)  # noqa: E731
+            same = self.safe_fixed_peak is self.fixed_peak
+            self.peak = grow(self.peak, np.inf)
+            if self.fixed_peak is not None:
+                self.fixed_peak = grow(self.fixed_peak, np.inf)
+                self.safe_fixed_peak = self.fixed_peak if same else grow(self.safe_fixed_peak, np.inf)
+            self.terms = {key: grow(value, np.nan) for key, value in self.terms.items()}
+        self.slot[k] = self.slots
+        self.slots += 1
+        return self.slot[k]
 
     def _layout_runs(self, mix: Any) -> list[int]:
         """The GPU counts (indices) whose layout check passes, per distinct value of the fields it reads."""
@@ -177,36 +202,38 @@ class _Scan:
         twin = k - offset
         if not (self.valid[twin] and (self.supported[:, twin] | ~self.supported[:, k]).all()):
             return None
-        return twin
+        return int(self.slot[twin])  # the twin has a slot: some GPU type supports it
 
-    def _copy(self, k: int, twin: int, w: int) -> None:
-        """_probe's results at GPU count w, from the twin's (blocks on GPU types this mix does not run keep inf)."""
+    def _copy(self, k: int, twin: int, w: int, runs_on: Any) -> None:
+        """_probe's results at GPU count w, from the twin's (k, twin: their slots; blocks on GPU types this mix does
+        not run keep inf: `runs_on`, per GPU type)."""
         np = self.np
         self.peak[w, k] = self.peak[w, twin]
         for value in self.terms.values():
             value[w, :, k] = value[w, :, twin]
         blocks = self.block_of_world[w]
-        runs = self.supported[self.g_of[blocks], k]
+        runs = runs_on[self.g_of[blocks]]
         for peaks in {id(p): p for p in (self.fixed_peak, self.safe_fixed_peak) if p is not None}.values():
             peaks[blocks, k] = np.where(runs, peaks[blocks, twin], np.inf)
 
-    def _probe(self, k: int, w: int, probe: MemoryProbe, room: float) -> None:
-        """The probe's peak at micro-batch 1; where some block has room for it (`room`: the largest capacity of
-        the GPU types this mix runs on at this count), its batch terms and fixed-batch peaks as well."""
+    def _probe(self, k: int, w: int, probe: MemoryProbe, room: float, runs_on: Any) -> None:
+        """The probe's peak at micro-batch 1 in slot k; where some block has room for it (`room`: the largest
+        capacity of the GPU types this mix runs on at this count, `runs_on`), its batch terms and fixed-batch
+        peaks as well."""
         np = self.np
         self.peak[w, k] = probe.peak_at_one
         if probe.peak_at_one > room:  # NO_FIT on every block: nothing reads its terms
             return
         phases = probe.batch_terms()
         if not self.terms:
-            shape = (len(self.at_world), len(phases), self.space.mixes_per_block)  # phases before mixes: min is fast
+            shape = (len(self.at_world), len(phases), self.peak.shape[1])  # phases before slots: min is fast
             self.terms = {key: np.full(shape, np.nan) for key in ("fixed", "first", "far")}
         self.terms["fixed"][w, :, k], self.terms["first"][w, :, k], self.terms["far"][w, :, k] = zip(*phases)
         if self.fixed_peak is not None:  # at the full capacity, and less the margin when there is one
             if self.world_blocks is None:  # (block, GPU type) pairs per GPU count, as plain ints for the loop
                 self.world_blocks = [[(b, int(self.g_of[b])) for b in np.flatnonzero(self.w_of == x).tolist()]
                                      for x in range(len(self.at_world))]
-            blocks, supported = self.world_blocks[w], self.supported[:, k].tolist()
+            blocks, supported = self.world_blocks[w], runs_on.tolist()
             _fixed_batch(probe, k, blocks, supported, self.cap_lists[0], self.fixed_peak, self.global_batch)
             if self.safe_fixed_peak is not self.fixed_peak:
                 _fixed_batch(probe, k, blocks, supported, self.cap_lists[1], self.safe_fixed_peak,
@@ -261,13 +288,14 @@ def classify(np, space: Space, by: str, cal: Calibration, accepts: dict[str, Cal
     live &= runs
     cols = np.flatnonzero(live)
     dead = np.flatnonzero(scan.searched & ~live)
-    fixed_peak = None if scan.fixed_peak is None else scan.fixed_peak[:, cols]
+    slots = scan.slot[cols]  # a live mix has one: some GPU type supports it
+    fixed_peak = None if scan.fixed_peak is None else scan.fixed_peak[:, slots]
     safe_fixed_peak = (fixed_peak if scan.safe_fixed_peak is scan.fixed_peak
-                       else scan.safe_fixed_peak[:, cols])
-    peak = scan.peak[:, cols]
+                       else scan.safe_fixed_peak[:, slots])
+    peak = scan.peak[:, slots]
     split = scan.split[:, cols]
     sig = scan.sig[cols]
-    terms = {key: value[:, :, cols] for key, value in scan.terms.items()}
+    terms = {key: value[:, :, slots] for key, value in scan.terms.items()}
     ok = scan.supported[:, cols][g_of] & scan.layout_ok[:, cols][w_of]
     world = np.array([b.world for b in space.blocks])[:, None]
     replicas = np.maximum(world // split[0], 1)  # data-parallel replicas per candidate (plan/layouts.replicas)

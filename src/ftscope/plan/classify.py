@@ -20,7 +20,7 @@ from .bounds import (MemoryProbe, StateFloor, hours_per_gpu_second, micro_batch_
 from .layouts import LAYOUT_FIELDS, layout_reason
 from .ranking import mix_complexity, refusal
 from ..estimate.solvers import BATCH_CAP
-from ..spec.rules import gpu_problem
+from ..spec.rules import GPU_FIELDS, gpu_problem
 from .space import MIX_DIMENSIONS, Space, with_mix
 from ..spec.scenario import fast_replace
 
@@ -129,6 +129,7 @@ class _Scan:
         self.twin_offset = _twin_offsets(space) if share_twins else {}
         self.block_of_world = [np.flatnonzero(self.w_of == x) for x in range(len(worlds))]
         self.layouts: dict[tuple, list[int]] = {}
+        self.gpu_support: dict[tuple, Any] = {}  # per distinct GPU_FIELDS value: supported per GPU type
         self.worlds = worlds
         self.room = np.full((len(worlds), len(gpus)), -np.inf)  # largest capacity per GPU count and type
         for b in range(nb):
@@ -146,9 +147,13 @@ class _Scan:
             self.accept[name][k] = f is None or f(mix)
         self.sig[k] = self.signatures.setdefault(tuple(d.get(mix) for d in self.compute_dims), len(self.signatures))
         self.split[:, k] = mix.model_parallel, mix.pipeline_parallel
-        model = self.space.scenario.model
-        for g, base in enumerate(self.on_gpu):  # unsupported_reason, whose mix and model rules refusal just read
-            self.supported[g, k] = gpu_problem(mix, model, base.cluster.gpu) is None
+        key = tuple(getattr(mix, f) for f in GPU_FIELDS)
+        on = self.gpu_support.get(key)
+        if on is None:  # unsupported_reason, whose mix and model rules refusal just read
+            model = self.space.scenario.model
+            on = self.gpu_support[key] = np.array([gpu_problem(mix, model, base.cluster.gpu) is None
+                                                   for base in self.on_gpu])
+        self.supported[:, k] = on
         if not self.supported[:, k].any():
             return
         mix_k, k = k, self._take_slot(k)  # from here on, k is the mix's slot

@@ -376,9 +376,11 @@ def _time_bounds(np, space: Space, cal: Calibration, on_gpu: Sequence[Any], g_of
     seq = np.maximum(lengths[which.reshape(batch.shape)], shortest)
     per_seq = np.zeros(batch.shape)
     memo: dict = {}
+    by_sig = np.argsort(sig, kind="stable")  # the columns of each signature, ascending, without a pass per signature
+    starts = np.searchsorted(sig[by_sig], np.arange(len(sig) and int(sig.max()) + 2))
     for s, mix in representative.items():
         work = sequence_work(with_mix(on_gpu[0], mix), shortest, memo)
-        columns = np.flatnonzero(sig == s)
+        columns = by_sig[starts[s]:starts[s + 1]]
         if not work or not len(columns):
             continue
         rates = np.zeros((len(on_gpu), len(work), 4))  # GPU types x ops x (a, b, c, d)

@@ -222,3 +222,22 @@ def test_the_state_floor_is_below_every_peak(model):
             assert 0 <= floor.at(world) <= peak, (method, zero, fsdp, offload, optimizer, layout, world)
             close += floor.at(world) > 0.25 * peak
     assert close > 10
+
+
+def test_op_rates_per_gpu_are_op_rates_on_each_gpu():
+    """The array over GPU types holds exactly op_rates' numbers, for dense and MoE, eager and fused attention, FP8
+    and torch.compile, on GPUs of several architectures."""
+    from ftscope.plan.bounds import op_rates, op_rates_per_gpu, sequence_work
+    cal = load_calibration()
+    gpus = ["a100-80gb", "h100-80gb", "l40s", "mi300x", "t4"]
+    for model, mix in itertools.product(("llama-3.2-1b", "olmoe-1b-7b"),
+                                        (dict(), dict(attention="eager"), dict(compile=True), dict(fp8=True),
+                                         dict(method="qlora", gradient_checkpointing=True))):
+        base = _scn(model, **mix)
+        work = sequence_work(base, 700.0)
+        scns = [replace(base, cluster=replace(base.cluster, gpu=gpu_from_catalog(g))) for g in gpus]
+        effs = [cal.for_gpu(g)[0] for g in gpus]
+        got = op_rates_per_gpu(np, work, scns, effs)
+        assert got.shape == (len(gpus), len(work), 4) and got.any()
+        for g, (scn, eff) in enumerate(zip(scns, effs)):
+            assert got[g].tolist() == [list(r) for r in op_rates(work, scn, eff)], (model, mix, gpus[g])

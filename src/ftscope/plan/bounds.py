@@ -292,6 +292,27 @@ def op_rates(work: list[SequenceWork], scn: Scenario, eff: Efficiency) -> list[t
     return out
 
 
+def op_rates_per_gpu(np, work: list[SequenceWork], scns: list[Scenario], effs: list[Efficiency]):
+    """op_rates on several GPUs at once: an array GPUs x ops x (a, b, c, d), the same numbers (the same float
+    operations, each op's rate looked up per GPU from the few its kind and dtype give)."""
+    kinds = {}  # op class -> column of the rate table
+    cls = [kinds.setdefault((w.fusible, w.kind, w.fp8, w.grouped), len(kinds)) for w in work]
+    rate, stream = np.zeros((len(scns), len(kinds))), np.zeros((len(scns), 2))
+    for g, (scn, eff) in enumerate(zip(scns, effs)):
+        r = rates(scn, eff)
+        for (fusible, kind, fp8, grouped), c in kinds.items():
+            rate[g, c] = _best_rate(SequenceWork(kind, grouped, fp8, fusible, (0.0, 0.0), (0.0, 0.0), 0.0), r)
+        stream[g] = r.stream / 1.0, r.stream / r.compile_bytes
+    flops = np.array([[w.flops[0] * w.passes, w.flops[1] * w.passes] for w in work]).reshape(len(work), 2)
+    bytes_ = np.array([[w.bytes[0] * w.passes, w.bytes[1] * w.passes] for w in work]).reshape(len(work), 2)
+    op_rate = rate[:, cls][:, :, None]  # GPUs x ops x 1
+    op_stream = stream[:, [1 if w.fusible else 0 for w in work]][:, :, None]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        f = np.where(op_rate > 0, flops[None] / op_rate, 0.0)
+        b = np.where(op_stream > 0, bytes_[None] / op_stream, 0.0)
+    return np.concatenate([f, b], axis=2) * SAFETY
+
+
 def seconds_per_sequence(np, rates, seq):
     """Lower bound on one sequence's forward + backward + recompute seconds: rates[block, op] = (a, b, c, d) of
     op_rates, seq[block, candidate] the padded length; sum over ops of max(a s + b s^2, c s + d s^2)."""

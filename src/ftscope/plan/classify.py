@@ -14,7 +14,8 @@ from typing import Any, Callable, Sequence
 from ..estimate.cost import price_of
 from ..estimate.efficiency import Calibration
 from ..estimate.memory import FUSED_ATTENTION, memory_mix, usable_bytes
-from .bounds import (MemoryProbe, StateFloor, hours_per_gpu_second, micro_batch_seconds, op_rates, seconds_per_sequence,
+from .bounds import (MemoryProbe, StateFloor, hours_per_gpu_second, micro_batch_seconds, op_rates_per_gpu,
+                     seconds_per_sequence,
                      sequence_work,
                      shortest_sequence)
 from .layouts import LAYOUT_FIELDS, layout_reason
@@ -383,12 +384,10 @@ def _time_bounds(np, space: Space, cal: Calibration, on_gpu: Sequence[Any], g_of
         columns = by_sig[starts[s]:starts[s + 1]]
         if not work or not len(columns):
             continue
-        rates = np.zeros((len(on_gpu), len(work), 4))  # GPU types x ops x (a, b, c, d)
-        single = np.zeros(len(on_gpu))
-        for g, base in enumerate(on_gpu):
-            eff = cal.for_gpu(base.cluster.gpu.key)[0]
-            rates[g, :len(work)] = op_rates(work, with_mix(base, mix), eff) or 0.0
-            single[g] = micro_batch_seconds(with_mix(base, mix), 1, shortest, eff)
+        scns = [with_mix(base, mix) for base in on_gpu]
+        effs = [cal.for_gpu(base.cluster.gpu.key)[0] for base in on_gpu]
+        rates = op_rates_per_gpu(np, work, scns, effs)  # GPU types x ops x (a, b, c, d)
+        single = np.array([micro_batch_seconds(scn, 1, shortest, eff) for scn, eff in zip(scns, effs)])
         per_seq[:, columns] = np.maximum(seconds_per_sequence(np, rates[g_of], seq[:, columns]),
                                          single[g_of][:, None] / batch_max[:, columns])
     world = np.array([b.world for b in space.blocks], float)[:, None]

@@ -89,12 +89,12 @@ def test_mixes_that_share_a_memory_model_copy_their_twins_probes_exactly(monkeyp
                               attention=("flash", "eager", "sdpa", "flash3", "flash1"), optimizer=("adamw",),
                               experts_backend=("grouped_mm", "modules"), tensor_parallel=((1, False), (2, True)),
                               expert_parallel=(1, 2)))
-    from ftscope.plan.classify import _Scan
+    from ftscope.plan.scan import Scan as _Scan
     copies = []
     copy = _Scan._copy
     monkeypatch.setattr(_Scan, "_copy", lambda self, *a: copies.append(a) or copy(self, *a))
     cal = load_calibration()
-    classify_module = sys.modules[classify.__module__]
+    classify_module = sys.modules[_Scan.__module__]
     for global_batch, margin in ((None, 0.0), (16, 0.05)):
         fresh, _ = classify(np, space, "cost", cal, {"top": None}, global_batch, None, None, margin,
                             share_twins=False)

@@ -12,8 +12,8 @@ import sys
 import pytest
 
 import ftscope
-from ftscope.plan.classify import classify
 from ftscope.plan.engine import TopK
+from ftscope.plan.scan import Scan
 from ftscope.plan.recommend import SearchSpace, explain, recommend
 from ftscope.plan.ranking import rank_key
 
@@ -158,7 +158,7 @@ def test_moe_layouts_with_a_fixed_global_batch_and_a_margin_return_what_the_exha
     floors = []
     at = bounds.StateFloor.at
     monkeypatch.setattr(bounds.StateFloor, "at", lambda self, world: floors.append(at(self, world)) or floors[-1])
-    monkeypatch.setattr(sys.modules[classify.__module__], "SLOT_CHUNK", 5)
+    monkeypatch.setattr(sys.modules[Scan.__module__], "SLOT_CHUNK", 5)
     scn = _scn("olmoe-1b-7b", batch=2, gradient_accumulation=4)
     pruned, full = _pruned_and_exhaustive(scn, MOE_LAYOUT_SPACE, dict(gpus=["h100-80gb:8", "a40:4"], margin=0.05))
     assert pruned.summary.estimates < full.summary.estimates / 2, (pruned.summary, full.summary)

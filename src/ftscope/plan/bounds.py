@@ -47,8 +47,8 @@ from dataclasses import dataclass
 from ..estimate.compute import Op, compute_mix, micro_batch_ops, recomputed
 from ..estimate.efficiency import Efficiency
 from ..estimate.layout import layout
-from ..estimate.memory import (MemoryModel, frozen_weight_bytes, memory_model, sharded_states, state_bytes,
-                               trainable_params)
+from ..estimate.memory import MemoryModel, frozen_weight_bytes, memory_model, trainable_params
+from ..estimate.state_memory import sharded_states, state_bytes
 from ..estimate.memory_layout import state_split
 from ..estimate.time import Rates, micro_batch_times, rates, step_time
 from ..spec.scenario import Scenario, fast_replace
@@ -155,7 +155,7 @@ class MemoryProbe:
 
 class StateFloor:
     """A lower bound on one mix's peak bytes at any batch shape and GPU count, without its memory model: the
-    weights and optimizer states alone (memory.sharded_states, split by the layout as split_states splits them).
+    weights and optimizer states alone (state_memory.sharded_states, split by the layout as split_states splits them).
     Every phase's reserved bytes add only non-negative terms to them (the optimizer step's at least gradients and
     temporaries; tests/plan/test_bounds.py checks the bound on a grid), so a GPU count whose floor is above every
     capacity cannot fit anywhere: its memory model need not be built."""

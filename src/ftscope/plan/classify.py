@@ -14,8 +14,9 @@ from typing import Any, Callable, Sequence
 from ..estimate.cost import price_of
 from ..estimate.efficiency import Calibration
 from ..estimate.solvers import BATCH_CAP
-from .bounds import (hours_per_gpu_second, micro_batch_seconds, op_rates_per_gpu, seconds_per_sequence, sequence_work,
+from .bounds import (hours_per_gpu_second, op_rates_per_gpu, seconds_per_sequence, sequence_work,
                      shortest_sequence)
+from .pass_bounds import micro_batch_seconds_per_gpu
 from .scan import Scan
 from .space import Space, with_mix
 
@@ -191,7 +192,7 @@ def _time_bounds(np, space: Space, cal: Calibration, on_gpu: Sequence[Any], g_of
         scns = [with_mix(base, mix) for base in on_gpu]
         effs = [cal.for_gpu(base.cluster.gpu.key)[0] for base in on_gpu]
         rates = op_rates_per_gpu(np, work, scns, effs)  # GPU types x ops x (a, b, c, d)
-        single = np.array([micro_batch_seconds(scn, 1, shortest, eff) for scn, eff in zip(scns, effs)])
+        single = micro_batch_seconds_per_gpu(np, scns, effs, 1, shortest)
         per_seq[:, columns] = np.maximum(seconds_per_sequence(np, rates[g_of], seq[:, columns]),
                                          single[g_of][:, None] / batch_max[:, columns])
     world = np.array([b.world for b in space.blocks], float)[:, None]

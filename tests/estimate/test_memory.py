@@ -479,3 +479,22 @@ def test_memory_mix_leaves_out_only_what_the_memory_model_does_not_read(kw):
         assert model == built[mix.attention][1], attention
     if kw["model"] != "blackmamba-2.8b":  # no attention layers there
         assert built["eager"][1] != built["sdpa"][1]
+
+
+@pytest.mark.parametrize("kw", VARIETY)
+def test_activation_coefficients_do_not_read_the_fields_activation_mix_leaves_out(kw):
+    """Each ACTIVATION_FREE field at other values (and all of them at once) gives the coefficients of the mix
+    activation_mix maps to: the cache key memory_model uses drops nothing the coefficients read."""
+    from ftscope.estimate.activations import activation_coefficients
+    from ftscope.estimate.activations import ACTIVATION_FREE, activation_mix
+    from ftscope.spec.scenario import fast_replace
+    base = scn(**kw)
+    other = dict(offload="optimizer+params", optimizer="adamw_8bit", tensor_parallel=4, sequence_parallel=True,
+                 tp_comm_overlap=True, pipeline_parallel=4, pipeline_schedule="interleaved", virtual_stages=2,
+                 context_parallel=2, context_parallel_impl="all_to_all", expert_parallel=8)
+    assert set(other) == set(ACTIVATION_FREE)
+    for changes in [{k: v} for k, v in other.items()] + [other]:
+        mix = fast_replace(base.mix, **changes)
+        assert activation_mix(mix) == activation_mix(base.mix)
+        got = activation_coefficients(base.model, mix, base.top_k, base.recipe)
+        assert got == activation_coefficients(base.model, activation_mix(mix), base.top_k, base.recipe), changes

@@ -179,3 +179,65 @@ def test_probes_that_share_equal_memory_models_answer_as_fresh_ones():
             assert shared.max_micro_batch(cap) == fresh.max_micro_batch(cap)
             assert shared.fixed_batch_peak(cap, gb) == fresh.fixed_batch_peak(cap, gb)
     assert len(memos) < len(MIXES)  # the sharing is exercised: some mixes have equal memory models
+
+
+def test_sequence_work_shared_per_ops_mix_is_each_mixs_own():
+    """sequence_work with a memo fits the ops once per ops_mix (checkpointing and the fused attention kernel left
+    out) and gives every mix what it computes alone, passes included; the memo holds fewer fits than mixes."""
+    from ftscope.plan.bounds import sequence_work
+    for model in ("llama-3.2-1b", "olmoe-1b-7b"):
+        memo: dict = {}
+        mixes = [dict(method=method, gradient_checkpointing=ckpt, attention=attention, **extra)
+                 for method in ("lora", "qlora") for ckpt in (False, True)
+                 for attention in ("eager", "sdpa", "flash", "flash3")
+                 for extra in (dict(), dict(checkpointing="selective"), dict(tensor_parallel=2, sequence_parallel=True))
+                 if ckpt or not extra.get("checkpointing")]
+        for mix in mixes:
+            scn = _scn(model, **mix)
+            assert sequence_work(scn, 700.0, memo) == sequence_work(scn, 700.0), (model, mix)
+        assert 0 < len(memo) < len(mixes) / 4
+
+
+@pytest.mark.parametrize("model", ["llama-3.2-1b", "olmoe-1b-7b", "mixtral-8x7b"])
+def test_the_state_floor_is_below_every_peak(model):
+    """StateFloor (weights and optimizer states alone) never exceeds the memory model's peak at micro-batch 1,
+    for every method, sharding, offload and optimizer, with and without a layout, on 1 to 16 GPUs, and is
+    often more than a quarter of it (it is not a vacuous 0)."""
+    from ftscope.plan.bounds import MemoryProbe, StateFloor
+    from ftscope.plan.space import SHARDING
+    base = _scn(model)
+    close = 0
+    for method, (zero, fsdp), offload, optimizer, layout in itertools.product(
+            ("full", "lora", "qlora"), SHARDING, ("none", "optimizer", "optimizer+params"), ("adamw", "adamw_8bit"),
+            (dict(), dict(tensor_parallel=2, sequence_parallel=True, pipeline_parallel=2))):
+        mix = replace(base.mix, method=method, zero_stage=zero, fsdp=fsdp, offload=offload, optimizer=optimizer,
+                      **layout)
+        if base.model.is_moe:
+            mix = replace(mix, expert_parallel=2 if layout else 1)
+        floor = StateFloor(replace(base, mix=mix))
+        for world in (4, 16):
+            scn = replace(base, mix=mix, cluster=replace(base.cluster, gpus_per_node=world if world <= 8 else 8,
+                                                         nodes=1 if world <= 8 else world // 8))
+            peak = MemoryProbe(scn, 2048).peak_at_one
+            assert 0 <= floor.at(world) <= peak, (method, zero, fsdp, offload, optimizer, layout, world)
+            close += floor.at(world) > 0.25 * peak
+    assert close > 10
+
+
+def test_op_rates_per_gpu_are_op_rates_on_each_gpu():
+    """The array over GPU types holds exactly op_rates' numbers, for dense and MoE, eager and fused attention, FP8
+    and torch.compile, on GPUs of several architectures."""
+    from ftscope.plan.bounds import op_rates, op_rates_per_gpu, sequence_work
+    cal = load_calibration()
+    gpus = ["a100-80gb", "h100-80gb", "l40s", "mi300x", "t4"]
+    for model, mix in itertools.product(("llama-3.2-1b", "olmoe-1b-7b"),
+                                        (dict(), dict(attention="eager"), dict(compile=True), dict(fp8=True),
+                                         dict(method="qlora", gradient_checkpointing=True))):
+        base = _scn(model, **mix)
+        work = sequence_work(base, 700.0)
+        scns = [replace(base, cluster=replace(base.cluster, gpu=gpu_from_catalog(g))) for g in gpus]
+        effs = [cal.for_gpu(g)[0] for g in gpus]
+        got = op_rates_per_gpu(np, work, scns, effs)
+        assert got.shape == (len(gpus), len(work), 4) and got.any()
+        for g, (scn, eff) in enumerate(zip(scns, effs)):
+            assert got[g].tolist() == [list(r) for r in op_rates(work, scn, eff)], (model, mix, gpus[g])

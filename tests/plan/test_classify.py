@@ -1,6 +1,8 @@
 """classify: every candidate's status without an estimate equals the status its estimate gives."""
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
 import ftscope
@@ -73,3 +75,34 @@ def test_only_mixes_some_block_can_run_have_columns():
     assert full.ravel()[numbers].tolist() == cls.status.ravel().tolist()
     for k in (1, 10, 10_000):
         assert _first_rejected(np, cls, k) == np.flatnonzero(np.isin(full.ravel(), REJECTED))[:k].tolist()
+
+
+def test_mixes_that_share_a_memory_model_copy_their_twins_probes_exactly(monkeypatch):
+    """A fused attention kernel's mix copies its FUSED_ATTENTION sibling's peaks, batch terms and fixed-batch
+    solves (equal memory models): every array equals the classification that probes each mix itself, with a
+    fixed global batch and a margin, on GPUs without FlashAttention or without FlashAttention-3; and with probe
+    arrays that start at 3 slots and grow."""
+    scn = ftscope.load_scenario({"model": "olmoe-1b-7b", "hardware": {"gpu": "a100-80gb"}, "mix": {"method": "lora"},
+                                 "workload": {"micro_batch_size": 4, "seq_len": 2048, "num_samples": 1000}})
+    space = Space(scn, _targets(scn, ["t4:2", "a40:4", "h100-80gb:8"], False),
+                  SearchSpace(methods=("lora", "qlora"), sharding=((0, None), (3, None)), offload=("none",),
+                              attention=("flash", "eager", "sdpa", "flash3", "flash1"), optimizer=("adamw",),
+                              experts_backend=("grouped_mm", "modules"), tensor_parallel=((1, False), (2, True)),
+                              expert_parallel=(1, 2)))
+    from ftscope.plan.scan import Scan as _Scan
+    copies = []
+    copy = _Scan._copy
+    monkeypatch.setattr(_Scan, "_copy", lambda self, *a: copies.append(a) or copy(self, *a))
+    cal = load_calibration()
+    classify_module = sys.modules[_Scan.__module__]
+    for global_batch, margin in ((None, 0.0), (16, 0.05)):
+        fresh, _ = classify(np, space, "cost", cal, {"top": None}, global_batch, None, None, margin,
+                            share_twins=False)
+        monkeypatch.setattr(classify_module, "SLOT_CHUNK", 3)  # the probe arrays grow many times
+        shared, _ = classify(np, space, "cost", cal, {"top": None}, global_batch, None, None, margin)
+        monkeypatch.undo()
+        monkeypatch.setattr(_Scan, "_copy", lambda self, *a: copies.append(a) or copy(self, *a))
+        for name in ("status", "primary", "hours", "usd", "micro_batch", "micro_batch_max", "tier"):
+            assert np.array_equal(shared.full(np, name), fresh.full(np, name), equal_nan=True), name
+        assert (shared.full(np) == FITS).sum() > 0
+    assert len(copies) > 20

@@ -7,11 +7,13 @@ explanation and the counts per reason, character for character.
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
 import ftscope
 from ftscope.plan.engine import TopK
+from ftscope.plan.scan import Scan
 from ftscope.plan.recommend import SearchSpace, explain, recommend
 from ftscope.plan.ranking import rank_key
 
@@ -140,3 +142,26 @@ def test_top_k_keeps_the_k_smallest_keys_with_listing_order_breaking_ties():
         top.push(key, idx, f"c{idx}")
     assert [item for _, _, item in top.items] == ["c1", "c4", "c0"]
     assert top.full and top.worst == ((0, 2.0), 0)
+
+
+MOE_LAYOUT_SPACE = SearchSpace(methods=("full", "lora", "qlora"), sharding=((0, None), (3, None), (0, "full_shard")),
+                               offload=("none", "optimizer+params"), attention=("sdpa", "flash"), optimizer=("adamw",),
+                               experts_backend=("grouped_mm",), tensor_parallel=((1, False), (2, True)),
+                               pipeline_parallel=(1, 2), context_parallel=(1,), expert_parallel=(1, 2, 4))
+
+
+def test_moe_layouts_with_a_fixed_global_batch_and_a_margin_return_what_the_exhaustive_search_does(monkeypatch):
+    """Expert parallelism with a fixed global batch and a 5 % margin, fused attention twins that copy their
+    sibling's probes, GPU counts whose state floor rules out every memory model, probe arrays that grow: the
+    pruned search answers exactly what estimating every candidate does."""
+    from ftscope.plan import bounds
+    floors = []
+    at = bounds.StateFloor.at
+    monkeypatch.setattr(bounds.StateFloor, "at", lambda self, world: floors.append(at(self, world)) or floors[-1])
+    monkeypatch.setattr(sys.modules[Scan.__module__], "SLOT_CHUNK", 5)
+    scn = _scn("olmoe-1b-7b", batch=2, gradient_accumulation=4)
+    pruned, full = _pruned_and_exhaustive(scn, MOE_LAYOUT_SPACE, dict(gpus=["h100-80gb:8", "a40:4"], margin=0.05))
+    assert pruned.summary.estimates < full.summary.estimates / 2, (pruned.summary, full.summary)
+    ranked = [c.scenario.mix for c in full.rows if c.feasible]
+    assert any(m.expert_parallel > 1 for m in ranked), "no expert-parallel layout in the top-10 tests little"
+    assert pruned.summary.reasons["does not fit"] > 0 and max(floors) > 80e9  # some counts pruned on every GPU

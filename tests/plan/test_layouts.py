@@ -52,3 +52,32 @@ def test_the_pipeline_caps_the_micro_batch_so_that_accumulation_fills_it():
     for global_batch in range(8, 100):
         mb, ga = keep_global_batch(1000, global_batch, 2, stages=4)
         assert ga >= 4 and mb * ga * 2 >= global_batch
+
+
+def test_layout_reason_reads_only_the_layout_fields_of_the_mix():
+    """classify.py checks one mix per distinct LAYOUT_FIELDS value and GPU count: every other Mix field, changed
+    alone, leaves the answer (reason or None) as it was, on layouts that run and layouts that do not."""
+    from dataclasses import fields
+
+    from ftscope.plan.layouts import LAYOUT_FIELDS
+    from ftscope.spec.mix import Mix
+    from ftscope.spec.scenario import fast_replace
+    others = dict(method="full", lora_rank=64, lora_targets="attention", gradient_checkpointing=True,
+                  attention="eager", zero_stage=3, fsdp="full_shard", offload="optimizer+params", precision="bf16",
+                  optimizer="adamw_8bit", experts_top_k=1, experts_backend="modules", loss="chunked",
+                  fused_elementwise=True, lora_dropout=0.1, checkpointing="selective", checkpoint_every=2,
+                  sequence_parallel=True, tp_comm_overlap=True, pipeline_schedule="interleaved", fp8=True,
+                  compile=True, activation_offload=True)
+    assert set(others) | set(LAYOUT_FIELDS) == {f.name for f in fields(Mix)}
+    layouts = [dict(), dict(tensor_parallel=2), dict(tensor_parallel=16), dict(pipeline_parallel=8),
+               dict(pipeline_parallel=2, context_parallel=2), dict(context_parallel=4, context_parallel_impl="all_to_all"),
+               dict(expert_parallel=2), dict(optimizer_in_backward=True), dict(pipeline_parallel=64)]
+    for nodes in (1, 2):
+        for layout in layouts:
+            scn = _scn(nodes=nodes)
+            scn = fast_replace(scn, mix=fast_replace(scn.mix, **layout))
+            for global_batch in (None, 8):
+                want = layout_reason(scn, global_batch)
+                for name, value in others.items():
+                    changed = fast_replace(scn, mix=fast_replace(scn.mix, **{name: value}))
+                    assert layout_reason(changed, global_batch) == want, (layout, name)

@@ -64,3 +64,32 @@ def test_every_rule_passes_the_default_mix():
     assert all(rule(Mix()) is None for rule in MIX_RULES)
     assert all(rule(Mix(), model) is None for rule in MODEL_RULES)
     assert all(rule(Mix(), model, gpu) is None for rule in GPU_RULES)
+
+
+def test_gpu_rules_read_only_the_gpu_fields_of_the_mix():
+    """recommend decides gpu_problem once per distinct GPU_FIELDS value: every other Mix field, changed alone,
+    leaves the answer on every catalog GPU as it was, for mixes some GPUs refuse."""
+    from dataclasses import fields
+
+    from ftscope import catalog
+    from ftscope.spec.rules import GPU_FIELDS
+    from ftscope.spec.scenario import fast_replace
+    others = dict(method="qlora", lora_rank=64, lora_targets="attention", gradient_checkpointing=True, zero_stage=3,
+                  fsdp="full_shard", offload="optimizer+params", optimizer="adamw_8bit", experts_top_k=1,
+                  loss="chunked", fused_elementwise=True, lora_dropout=0.1, checkpointing="selective",
+                  checkpoint_every=2, tensor_parallel=4, sequence_parallel=True, tp_comm_overlap=True,
+                  pipeline_parallel=4, pipeline_schedule="interleaved", virtual_stages=2, context_parallel=2,
+                  context_parallel_impl="all_to_all", expert_parallel=8, compile=True, optimizer_in_backward=True,
+                  activation_offload=True)
+    assert set(others) | set(GPU_FIELDS) == {f.name for f in fields(Mix)}
+    gpus = [gpu_from_catalog(k) for k in catalog.gpu_table()]
+    model = load_model("olmoe-1b-7b")
+    refused = 0
+    for base in (Mix(attention="flash"), Mix(attention="flash3"), Mix(fp8=True), Mix(precision="bf16"),
+                 Mix(experts_backend="grouped_mm", precision="fp16-mixed"), Mix(attention="eager")):
+        for gpu in gpus:
+            want = gpu_problem(base, model, gpu)
+            refused += want is not None
+            for name, value in others.items():
+                assert gpu_problem(fast_replace(base, **{name: value}), model, gpu) == want, (base, name, gpu.key)
+    assert refused > 5

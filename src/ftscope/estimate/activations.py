@@ -24,6 +24,7 @@ from functools import lru_cache
 from ..spec.mix import Mix
 from ..spec.model import Layer, Linear, ModelSpec
 from ..spec.recipe import Recipe, load_recipe
+from ..spec.scenario import fast_replace
 
 LOSS_CHUNKS = 8
 """Chunks of a chunked cross-entropy (torchtune's CEWithChunkedOutputLoss default)."""
@@ -351,3 +352,22 @@ def activation_coefficients(model: ModelSpec, mix: Mix, top_k: int, recipe: Reci
         loss_tile_per_token=float(c * min(v, recipe.loss_tile_vocab)) if mix.loss == "fused_linear" else 0.0,
         loss_tile_tokens=float(recipe.loss_tile_tokens), kbit_inputs_per_token=kbit_held,
     )
+
+
+ACTIVATION_FREE = dict(offload="none", optimizer="adamw", tensor_parallel=1, sequence_parallel=False,
+                       tp_comm_overlap=False, pipeline_parallel=1, pipeline_schedule="1f1b", virtual_stages=1,
+                       context_parallel=1, context_parallel_impl="ring", expert_parallel=1)
+"""Mix fields activation_coefficients does not read, at one value (the layout scales its coefficients afterwards,
+memory_layout.activation_policy): mixes that differ only here share one (tests/estimate/test_memory.py)."""
+_ACTIVATION_MIXES: dict = {}
+
+
+def activation_mix(mix):
+    """The mix with the ACTIVATION_FREE fields at their one value: activation_coefficients' cache key, so that the
+    mixes a search lists over sharding-free fields, offload, optimizer and layouts build the coefficients once."""
+    hit = _ACTIVATION_MIXES.get(mix)
+    if hit is None:
+        if len(_ACTIVATION_MIXES) >= 4096:
+            _ACTIVATION_MIXES.clear()
+        hit = _ACTIVATION_MIXES[mix] = fast_replace(mix, **ACTIVATION_FREE)
+    return hit

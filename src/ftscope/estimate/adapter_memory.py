@@ -6,6 +6,8 @@
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 from ..spec.scenario import Scenario
 
 
@@ -15,11 +17,17 @@ def peft_merged_expert_bytes(scn: Scenario) -> float:
     m, mix = scn.model, scn.mix
     if not (mix.trains_lora and m.is_moe and mix.fused_experts):
         return 0.0
-    c = 4.0 if mix.precision == "fp32" else 2.0
-    targeted = {id(lin) for lin, _ in m.lora_targets(mix.lora_targets) if lin.group == "experts"}
+    return _merged_expert_bytes(m, mix.precision, mix.lora_targets, mix.gradient_checkpointing)
+
+
+@lru_cache(maxsize=1024)
+def _merged_expert_bytes(m, precision: str, lora_targets, gradient_checkpointing: bool) -> float:
+    """peft_merged_expert_bytes of a LoRA on fused experts, by what it reads (a search asks for it per mix)."""
+    c = 4.0 if precision == "fp32" else 2.0
+    targeted = {id(lin) for lin, _ in m.lora_targets(lora_targets) if lin.group == "experts"}
     per_layer = [sum(lin.params for lin in layer.linears if id(lin) in targeted) * c for layer, _ in m.layer_groups]
     counts = [n for _, n in m.layer_groups]
-    if mix.gradient_checkpointing:
+    if gradient_checkpointing:
         return max(per_layer, default=0.0)
     return sum(b * n for b, n in zip(per_layer, counts))
 
@@ -49,3 +57,9 @@ def kbit_autocast_copies(scn: Scenario) -> tuple[float, list[float]]:
         for layer, n in m.layer_groups:
             stacks += [2.0 * sum(lin.params for lin in layer.linears if lin.group == "experts")] * n
     return head, stacks
+
+
+@lru_cache(maxsize=256)
+def largest_dequantized_linear(m, fused_experts: bool) -> int:
+    """Parameters of the largest linear bitsandbytes dequantizes in QLoRA (fused expert stacks stay bf16)."""
+    return max((lin.params for lin, _ in m.linears() if not (lin.group == "experts" and fused_experts)), default=0)

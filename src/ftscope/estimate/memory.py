@@ -2,7 +2,7 @@
 
 `MemoryModel` holds everything that does not depend on the batch shape, so the solvers can evaluate
 `breakdown(batch, seq)` thousands of times a second.
-(parameter_bytes.py says how many bytes each parameter costs, by role.)
+(state_memory.py and weight_memory.py say how many bytes each parameter costs, by role.)
 """
 from __future__ import annotations
 
@@ -11,12 +11,13 @@ from typing import NamedTuple
 
 from ..spec.hardware import GIB, GpuSpec
 from ..spec.scenario import Scenario, fast_replace
-from .activations import ActivationCoefficients, activation_coefficients
+from .activations import ActivationCoefficients, activation_coefficients, activation_mix
 from .head_gradient import NO_HEAD_GRADIENT, HeadGradient, head_gradient  # noqa: F401 (re-exported)
-from .parameter_bytes import (NF4_BYTES, OPTIMIZER_STATE_BYTES, StateBytes,  # noqa: F401 (re-exported)
-                              forward_transients, fp32_lora_base, frozen_weight_bytes, state_bytes)
 from .memory_layout import (activation_policy, clone_init_cache, clone_init_groups, fsdp1_stream_bytes,
                             paged_state_params, small_pool_step_bytes, split_states)
+from .state_memory import OPTIMIZER_STATE_BYTES, StateBytes, sharded_states, state_bytes  # noqa: F401 (re-exported)
+from .weight_memory import (NF4_BYTES, forward_transients, fp32_lora_base,  # noqa: F401 (re-exported)
+                            frozen_weight_bytes)
 
 
 
@@ -297,19 +298,9 @@ def _build_memory_model(scn: Scenario, allocator: AllocatorModel) -> MemoryModel
     trainable = trainable_params(scn)
     per = state_bytes(scn)
 
-    shard_w = n if (stage == 3 or mix.fsdp is not None) else 1  # FSDP2 shards parameters at both strategies
-    shard_g = n if stage >= 2 else 1
+    shard_w = n if (stage == 3 or mix.fsdp is not None) else 1
     shard_o = n if stage >= 1 else 1
-    weights = (frozen_weight_bytes(scn) + trainable * per.weight) / shard_w
-    grads = trainable * per.gradient / shard_g
-    optimizer = trainable * per.optimizer / shard_o
-    cpu = 0.0
-    if mix.offload in ("optimizer", "optimizer+params"):
-        cpu += optimizer + trainable * 4.0 / shard_g  # fp32 states + fp32 grad partition live on the host
-        optimizer = 0.0
-    if mix.offload == "optimizer+params":
-        cpu += weights
-        weights = 0.0
+    weights, grads, optimizer, cpu = sharded_states(mix, n, frozen_weight_bytes(scn), trainable, per)
 
     if stage == 0 and n > 1:
         # DDP copies every gradient into its communication buckets (HF Trainer / accelerate default)
@@ -343,7 +334,8 @@ def _build_memory_model(scn: Scenario, allocator: AllocatorModel) -> MemoryModel
     paged = 0.0
     if mix.optimizer.startswith("paged_"):
         paged = optimizer * min(paged_state_params(scn) / max(trainable, 1), 1.0)
-    acts, checkpointing = activation_policy(activation_coefficients(m, mix, scn.top_k, scn.recipe), scn)
+    acts, checkpointing = activation_policy(activation_coefficients(m, activation_mix(mix), scn.top_k, scn.recipe),
+                                            scn)
     return split_states(MemoryModel(
         weights=weights, gradients=grads, gradients_in_forward=grads_fwd, optimizer=optimizer,
         optimizer_transient=opt_transient, weight_transient=transient, block_transient=block, acts=acts,

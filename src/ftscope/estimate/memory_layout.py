@@ -53,9 +53,15 @@ def state_split(scn: Scenario) -> float:
     mp = mix.tensor_parallel * mix.pipeline_parallel
     if mp == 1 and mix.expert_parallel == 1:
         return 1.0
-    experts = sum(lin.params * n for lin, n in m.linears() if lin.group == "experts")
+    experts = _expert_params(m)
     total = m.total_params
     return ((total - experts) + experts / mix.expert_parallel) / total / mp
+
+
+@lru_cache(maxsize=256)
+def _expert_params(m: ModelSpec) -> int:
+    """Parameters of the routed experts (what expert parallelism splits)."""
+    return sum(lin.params * n for lin, n in m.linears() if lin.group == "experts")
 
 
 def elementwise_saved_per_token(model: ModelSpec, mix) -> float:

@@ -44,12 +44,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..estimate.compute import Op, micro_batch_ops, recomputed
+from ..estimate.compute import Op, compute_mix, micro_batch_ops, recomputed
 from ..estimate.efficiency import Efficiency
 from ..estimate.layout import layout
-from ..estimate.memory import MemoryModel, memory_model, trainable_params
+from ..estimate.memory import MemoryModel, frozen_weight_bytes, memory_model, trainable_params
+from ..estimate.state_memory import sharded_states, state_bytes
+from ..estimate.memory_layout import state_split
 from ..estimate.time import Rates, micro_batch_times, rates, step_time
-from ..spec.scenario import Scenario
+from ..spec.scenario import Scenario, fast_replace
 from ..estimate.solvers import BATCH_CAP, ReservedCurve, phase_totals, reserved_curves, solve_batch
 from .layouts import keep_global_batch, replicas
 
@@ -86,6 +88,7 @@ class MemoryProbe:
         self.peak_at_one = memo.peaks[1]
         """The same number as MemoryModel.peak_bytes(1, seq): the max of the phases' reserved bytes."""
         self._by_accumulation: dict[bool, MemoryModel] = {}
+        self._fixed: list | None = None
 
     def batch_terms(self) -> list[tuple[float, float, float]]:
         """(fixed bytes, bytes the first sequence adds, bytes per sequence at the cap) of every phase at this
@@ -125,10 +128,22 @@ class MemoryProbe:
         picks it. When the capped micro-batch itself fits, the solver's larger answer would be capped to it
         (reserved bytes grow with the micro-batch), so no solve is needed."""
         scn = self.scenario
-        reps, stages = replicas(scn), scn.mix.pipeline_parallel
-        cap = max(1, global_batch // (reps * stages))
-        fits_cap = cap <= BATCH_CAP and self.peak(cap) <= capacity
-        fitting = cap if fits_cap else self.max_micro_batch(capacity)
+        fixed = self._fixed
+        if fixed is None or fixed[0] != global_batch:  # what does not depend on the capacity, once per probe
+            reps, stages = replicas(scn), scn.mix.pipeline_parallel
+            cap = max(1, global_batch // (reps * stages))
+            fixed = self._fixed = [global_batch, reps, stages, cap, self.peak(cap) if cap <= BATCH_CAP else math.inf,
+                                   None]
+        _, reps, stages, cap, at_cap, when_capped = fixed
+        if at_cap <= capacity:  # the capped micro-batch fits: the same answer for every such capacity
+            if when_capped is None:
+                when_capped = fixed[5] = self._kept_batch_peak(cap, global_batch, reps, stages)
+            return when_capped
+        return self._kept_batch_peak(self.max_micro_batch(capacity), global_batch, reps, stages)
+
+    def _kept_batch_peak(self, fitting: int, global_batch: int, reps: int, stages: int) -> float:
+        """Peak bytes at the micro-batch and accumulation keep_global_batch picks from the largest that fits."""
+        scn = self.scenario
         mb, ga = keep_global_batch(fitting, global_batch, reps, stages)
         accumulates = ga > 1  # all the memory model reads of the accumulation (tests/plan/test_bounds.py)
         if accumulates == (scn.workload.gradient_accumulation > 1):
@@ -136,6 +151,24 @@ class MemoryProbe:
         if accumulates not in self._by_accumulation:
             self._by_accumulation[accumulates] = memory_model(scn.with_(gradient_accumulation=ga))
         return self._by_accumulation[accumulates].peak_bytes(mb, self.seq)
+
+
+class StateFloor:
+    """A lower bound on one mix's peak bytes at any batch shape and GPU count, without its memory model: the
+    weights and optimizer states alone (state_memory.sharded_states, split by the layout as split_states splits them).
+    Every phase's reserved bytes add only non-negative terms to them (the optimizer step's at least gradients and
+    temporaries; tests/plan/test_bounds.py checks the bound on a grid), so a GPU count whose floor is above every
+    capacity cannot fit anywhere: its memory model need not be built."""
+
+    def __init__(self, scn: Scenario) -> None:
+        self.mix = scn.mix
+        self.frozen, self.trainable, self.per = frozen_weight_bytes(scn), trainable_params(scn), state_bytes(scn)
+        self.split = state_split(scn)
+
+    def at(self, world: int) -> float:
+        n = world // self.mix.model_parallel
+        weights, _, optimizer, _ = sharded_states(self.mix, n, self.frozen, self.trainable, self.per)
+        return (weights * self.split + optimizer * self.split) * SAFETY
 
 
 LARGE = 4096
@@ -190,10 +223,16 @@ def _at_least_linear(scn: Scenario, seq: float, slopes: list[tuple[Op, float, fl
     return [(f, b) for f, b in ok]
 
 
-def sequence_work(scn: Scenario, seq: float) -> list[SequenceWork]:
-    """Per op (launch-bound dispatch and weight-bound dequantization left out), the FLOPs and bytes one more
-    sequence adds as functions of the padded length, read at `seq`, 2 and 3 x `seq`; an op that does not have
-    that form, or whose small micro-batches fall below it, contributes nothing (the bound stays valid)."""
+def ops_mix(mix):
+    """The mix with the fields micro_batch_ops does not read at one value (compute_mix's, checkpointing, which
+    only `recomputed` reads, and the fused attention kernel: the ops know fused from eager only), so that
+    sequence_work fits each distinct op list once (tests/plan/test_bounds.py)."""
+    return fast_replace(compute_mix(mix), gradient_checkpointing=False, checkpointing="full", checkpoint_every=1,
+                        attention="eager" if mix.attention == "eager" else "sdpa")
+
+
+def _op_slopes(scn: Scenario, seq: float) -> list[tuple[Op, tuple[float, float], tuple[float, float]]]:
+    """Per op but dispatch and dequantization: (op, FLOPs fit, bytes fit) of sequence_work, before the passes."""
     try:
         points = [_slopes(scn, seq * m) for m in (1.0, 2.0, 3.0)]
     except ValueError:
@@ -205,9 +244,25 @@ def sequence_work(scn: Scenario, seq: float) -> list[SequenceWork]:
             continue
         flops = _fit(f1, f2, f3, seq) if f_ok else None
         bytes_ = _fit(b1, b2, b3, seq) if b_ok else None
-        out.append(SequenceWork(op.kind, op.grouped, op.fp8, op.fusible, flops or (0.0, 0.0), bytes_ or (0.0, 0.0),
-                                1.0 + op.backward + recomputed(op, scn.mix)))
+        out.append((op, flops or (0.0, 0.0), bytes_ or (0.0, 0.0)))
     return out
+
+
+def sequence_work(scn: Scenario, seq: float, memo: dict | None = None) -> list[SequenceWork]:
+    """Per op (launch-bound dispatch and weight-bound dequantization left out), the FLOPs and bytes one more
+    sequence adds as functions of the padded length, read at `seq`, 2 and 3 x `seq`; an op that does not have
+    that form, or whose small micro-batches fall below it, contributes nothing (the bound stays valid).
+    `memo`: a dict shared by calls on one model, workload and cluster, whose mixes differ (the fits are kept per
+    ops_mix; the passes are the mix's own)."""
+    if memo is None:
+        slopes = _op_slopes(scn, seq)
+    else:
+        key = (ops_mix(scn.mix), seq)
+        slopes = memo.get(key)
+        if slopes is None:
+            slopes = memo[key] = _op_slopes(fast_replace(scn, mix=key[0]), seq)
+    return [SequenceWork(op.kind, op.grouped, op.fp8, op.fusible, flops, bytes_,
+                         1.0 + op.backward + recomputed(op, scn.mix)) for op, flops, bytes_ in slopes]
 
 
 def _best_rate(w: SequenceWork, r: Rates) -> float:
@@ -235,6 +290,27 @@ def op_rates(work: list[SequenceWork], scn: Scenario, eff: Efficiency) -> list[t
         b = (w.bytes[0] * w.passes / stream, w.bytes[1] * w.passes / stream) if stream > 0 else (0.0, 0.0)
         out.append((f[0] * SAFETY, f[1] * SAFETY, b[0] * SAFETY, b[1] * SAFETY))
     return out
+
+
+def op_rates_per_gpu(np, work: list[SequenceWork], scns: list[Scenario], effs: list[Efficiency]):
+    """op_rates on several GPUs at once: an array GPUs x ops x (a, b, c, d), the same numbers (the same float
+    operations, each op's rate looked up per GPU from the few its kind and dtype give)."""
+    kinds = {}  # op class -> column of the rate table
+    cls = [kinds.setdefault((w.fusible, w.kind, w.fp8, w.grouped), len(kinds)) for w in work]
+    rate, stream = np.zeros((len(scns), len(kinds))), np.zeros((len(scns), 2))
+    for g, (scn, eff) in enumerate(zip(scns, effs)):
+        r = rates(scn, eff)
+        for (fusible, kind, fp8, grouped), c in kinds.items():
+            rate[g, c] = _best_rate(SequenceWork(kind, grouped, fp8, fusible, (0.0, 0.0), (0.0, 0.0), 0.0), r)
+        stream[g] = r.stream / 1.0, r.stream / r.compile_bytes
+    flops = np.array([[w.flops[0] * w.passes, w.flops[1] * w.passes] for w in work]).reshape(len(work), 2)
+    bytes_ = np.array([[w.bytes[0] * w.passes, w.bytes[1] * w.passes] for w in work]).reshape(len(work), 2)
+    op_rate = rate[:, cls][:, :, None]  # GPUs x ops x 1
+    op_stream = stream[:, [1 if w.fusible else 0 for w in work]][:, :, None]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        f = np.where(op_rate > 0, flops[None] / op_rate, 0.0)
+        b = np.where(op_stream > 0, bytes_[None] / op_stream, 0.0)
+    return np.concatenate([f, b], axis=2) * SAFETY
 
 
 def seconds_per_sequence(np, rates, seq):

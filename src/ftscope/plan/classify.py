@@ -13,14 +13,11 @@ from typing import Any, Callable, Sequence
 
 from ..estimate.cost import price_of
 from ..estimate.efficiency import Calibration
-from ..estimate.memory import usable_bytes
-from .bounds import (MemoryProbe, hours_per_gpu_second, micro_batch_seconds, op_rates, seconds_per_sequence,
-                     sequence_work,
-                     shortest_sequence)
-from .layouts import layout_reason
-from .ranking import mix_complexity, refusal
 from ..estimate.solvers import BATCH_CAP
-from ..spec.rules import gpu_problem
+from .bounds import (hours_per_gpu_second, op_rates_per_gpu, seconds_per_sequence, sequence_work,
+                     shortest_sequence)
+from .pass_bounds import micro_batch_seconds_per_gpu
+from .scan import Scan
 from .space import Space, with_mix
 
 UNSEARCHED, UNSUPPORTED, NO_FIT, FITS, FEASIBLE, OVER_BUDGET, OVER_DEADLINE = range(7)
@@ -84,90 +81,15 @@ class Classification:
         return out
 
 
-class _Scan:
-    """What the pass over every mix gathers: per mix (refusal, ranking facts, compute signature, layout degrees),
-    per mix and GPU type (support), per mix and GPU count (layout validity, one memory probe)."""
-
-    def __init__(self, np, space: Space, accepts: dict[str, Callable[[Any], bool] | None],
-                 global_batch: int | None, margin: float = 0.0) -> None:
-        nb, nm = len(space.blocks), space.mixes_per_block
-        self.np, self.space, self.accepts, self.global_batch = np, space, accepts, global_batch
-        gpus = list(dict.fromkeys(b.gpu.key for b in space.blocks))
-        worlds = list(dict.fromkeys(b.world for b in space.blocks))
-        self.g_of = np.array([gpus.index(b.gpu.key) for b in space.blocks])
-        self.w_of = np.array([worlds.index(b.world) for b in space.blocks])
-        self.on_gpu = [next(b.base for b in space.blocks if b.gpu.key == g) for g in gpus]
-        self.at_world = [next(b.base for b in space.blocks if b.world == w) for w in worlds]
-        self.caps = np.array([usable_bytes(b.gpu) for b in space.blocks], float)
-        self.safe_caps = self.caps * (1.0 - margin)  # the same product max_micro_batch's limit computes
-        self.cap_lists = self.caps.tolist(), self.safe_caps.tolist()
-        self.seq = space.scenario.workload.peak_seq_len()
-        self.searched, self.valid = np.zeros(nm, bool), np.zeros(nm, bool)
-        self.supported = np.zeros((len(gpus), nm), bool)
-        self.layout_ok = np.zeros((len(worlds), nm), bool)  # the layout runs on this GPU count (plan/layouts.py)
-        self.split = np.ones((2, nm), np.int64)  # model-parallel group size and pipeline stages of each mix
-        self.peak = np.full((len(worlds), nm), np.inf)
-        self.fixed_peak = np.full((nb, nm), np.inf) if global_batch is not None else None
-        self.safe_fixed_peak = (np.full((nb, nm), np.inf) if global_batch is not None and margin
-                                else self.fixed_peak)  # the fixed-batch peak solved leaving the margin free
-        self.terms: dict[str, Any] = {}  # fixed bytes and bytes per sequence: worlds x phases x mixes
-        self.sig = np.zeros(nm, np.int32)
-        self.signatures: dict[tuple, int] = {}
-        self.accept = {name: np.zeros(nm, bool) for name in accepts}
-        self.complexity = np.zeros(nm, np.int16)
-        self.compute_dims = [d for d in space.dimensions if d.affects_compute]
-        self.memos: dict = {}  # MemoryProbe's work per distinct memory model
-        self.world_blocks: list[list[tuple[int, int]]] | None = None
-
-    def mix(self, k: int, mix: Any) -> None:
-        np = self.np
-        self.searched[k] = True
-        if refusal(self.space.scenario.model, mix):
-            return
-        self.valid[k] = True
-        self.complexity[k] = mix_complexity(mix)
-        for name, f in self.accepts.items():
-            self.accept[name][k] = f is None or f(mix)
-        self.sig[k] = self.signatures.setdefault(tuple(d.get(mix) for d in self.compute_dims), len(self.signatures))
-        self.split[:, k] = mix.model_parallel, mix.pipeline_parallel
-        model = self.space.scenario.model
-        for g, base in enumerate(self.on_gpu):  # unsupported_reason, whose mix and model rules refusal just read
-            self.supported[g, k] = gpu_problem(mix, model, base.cluster.gpu) is None
-        if not self.supported[:, k].any():
-            return
-        for w, base in enumerate(self.at_world):
-            scn = with_mix(base, mix)
-            self.layout_ok[w, k] = layout_reason(scn, self.global_batch) is None
-            if self.layout_ok[w, k]:
-                self._probe(k, w, MemoryProbe(scn, self.seq, self.memos))
-
-    def _probe(self, k: int, w: int, probe: MemoryProbe) -> None:
-        np = self.np
-        self.peak[w, k] = probe.peak_at_one
-        phases = probe.batch_terms()
-        if not self.terms:
-            shape = (len(self.at_world), len(phases), self.space.mixes_per_block)  # phases before mixes: min is fast
-            self.terms = {key: np.full(shape, np.nan) for key in ("fixed", "first", "far")}
-        self.terms["fixed"][w, :, k], self.terms["first"][w, :, k], self.terms["far"][w, :, k] = zip(*phases)
-        if self.fixed_peak is not None:  # at the full capacity, and less the margin when there is one
-            if self.world_blocks is None:  # (block, GPU type) pairs per GPU count, as plain ints for the loop
-                self.world_blocks = [[(b, int(self.g_of[b])) for b in np.flatnonzero(self.w_of == x).tolist()]
-                                     for x in range(len(self.at_world))]
-            blocks, supported = self.world_blocks[w], self.supported[:, k].tolist()
-            _fixed_batch(probe, k, blocks, supported, self.cap_lists[0], self.fixed_peak, self.global_batch)
-            if self.safe_fixed_peak is not self.fixed_peak:
-                _fixed_batch(probe, k, blocks, supported, self.cap_lists[1], self.safe_fixed_peak,
-                             self.global_batch)
-
-
 def classify(np, space: Space, by: str, cal: Calibration, accepts: dict[str, Callable[[Any], bool] | None],
              global_batch: int | None, stop_at: float | None,
-             progress: Callable[[str, int, int | None], None] | None, margin: float = 0.0) -> tuple[Classification, bool]:
+             progress: Callable[[str, int, int | None], None] | None, margin: float = 0.0,
+             share_twins: bool = True) -> tuple[Classification, bool]:
     """The classification of every candidate; True when the clock ran out before every mix was seen. With a
     `margin`, a candidate that fits only in the last `margin` of usable memory is tight (tier 1): rule 1 read at
     capacity x (1 - margin) says which, since its memory grows with the micro-batch."""
     nb, nm = len(space.blocks), space.mixes_per_block
-    scan = _Scan(np, space, accepts, global_batch, margin)
+    scan = Scan(np, space, accepts, global_batch, margin, share_twins)
     cut = False
     for k, mix in enumerate(space.mixes()):
         if k % MIX_CHUNK == 0:
@@ -190,13 +112,14 @@ def classify(np, space: Space, by: str, cal: Calibration, accepts: dict[str, Cal
     live &= runs
     cols = np.flatnonzero(live)
     dead = np.flatnonzero(scan.searched & ~live)
-    fixed_peak = None if scan.fixed_peak is None else scan.fixed_peak[:, cols]
+    slots = scan.slot[cols]  # a live mix has one: some GPU type supports it
+    fixed_peak = None if scan.fixed_peak is None else scan.fixed_peak[:, slots]
     safe_fixed_peak = (fixed_peak if scan.safe_fixed_peak is scan.fixed_peak
-                       else scan.safe_fixed_peak[:, cols])
-    peak = scan.peak[:, cols]
+                       else scan.safe_fixed_peak[:, slots])
+    peak = scan.peak[:, slots]
     split = scan.split[:, cols]
     sig = scan.sig[cols]
-    terms = {key: value[:, :, cols] for key, value in scan.terms.items()}
+    terms = {key: value[:, :, slots] for key, value in scan.terms.items()}
     ok = scan.supported[:, cols][g_of] & scan.layout_ok[:, cols][w_of]
     world = np.array([b.world for b in space.blocks])[:, None]
     replicas = np.maximum(world // split[0], 1)  # data-parallel replicas per candidate (plan/layouts.replicas)
@@ -222,19 +145,6 @@ def classify(np, space: Space, by: str, cal: Calibration, accepts: dict[str, Cal
                "memory": peak[w_of] if fixed_peak is None else chosen_peak}[by]
     return Classification(status, np.where(status == FITS, primary, np.inf), hours, usd, batch, batch_max,
                           scan.complexity, scan.accept, tier, cols, nm, dead), cut
-
-
-def _fixed_batch(probe: MemoryProbe, k: int, blocks: list[tuple[int, int]], supported: list[bool], caps: list[float],
-                 fixed_peak, global_batch: int) -> None:
-    """Peak bytes of the layout that keeps the global batch, for every block at this GPU count that fits at
-    micro-batch 1 (one solve per distinct capacity). blocks: (block, GPU type) pairs; supported: per GPU type."""
-    memo: dict[float, float] = {}
-    for b, g in blocks:
-        cap = caps[b]
-        if supported[g] and probe.peak_at_one <= cap:
-            if cap not in memo:
-                memo[cap] = probe.fixed_batch_peak(cap, global_batch)
-            fixed_peak[b, k] = memo[cap]
 
 
 def _micro_batch_bounds(np, terms, w_of, caps, fits, per_replica):
@@ -271,17 +181,18 @@ def _time_bounds(np, space: Space, cal: Calibration, on_gpu: Sequence[Any], g_of
     lengths = np.array([wl.mean_padded_len(int(b)) for b in batches.tolist()], float)
     seq = np.maximum(lengths[which.reshape(batch.shape)], shortest)
     per_seq = np.zeros(batch.shape)
+    memo: dict = {}
+    by_sig = np.argsort(sig, kind="stable")  # the columns of each signature, ascending, without a pass per signature
+    starts = np.searchsorted(sig[by_sig], np.arange(len(sig) and int(sig.max()) + 2))
     for s, mix in representative.items():
-        work = sequence_work(with_mix(on_gpu[0], mix), shortest)
-        columns = np.flatnonzero(sig == s)
+        work = sequence_work(with_mix(on_gpu[0], mix), shortest, memo)
+        columns = by_sig[starts[s]:starts[s + 1]]
         if not work or not len(columns):
             continue
-        rates = np.zeros((len(on_gpu), len(work), 4))  # GPU types x ops x (a, b, c, d)
-        single = np.zeros(len(on_gpu))
-        for g, base in enumerate(on_gpu):
-            eff = cal.for_gpu(base.cluster.gpu.key)[0]
-            rates[g, :len(work)] = op_rates(work, with_mix(base, mix), eff) or 0.0
-            single[g] = micro_batch_seconds(with_mix(base, mix), 1, shortest, eff)
+        scns = [with_mix(base, mix) for base in on_gpu]
+        effs = [cal.for_gpu(base.cluster.gpu.key)[0] for base in on_gpu]
+        rates = op_rates_per_gpu(np, work, scns, effs)  # GPU types x ops x (a, b, c, d)
+        single = micro_batch_seconds_per_gpu(np, scns, effs, 1, shortest)
         per_seq[:, columns] = np.maximum(seconds_per_sequence(np, rates[g_of], seq[:, columns]),
                                          single[g_of][:, None] / batch_max[:, columns])
     world = np.array([b.world for b in space.blocks], float)[:, None]

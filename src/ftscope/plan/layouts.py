@@ -15,6 +15,12 @@ from ..spec.rules import layout_problem
 from ..spec.scenario import Scenario
 
 
+LAYOUT_FIELDS = ("tensor_parallel", "pipeline_parallel", "context_parallel", "context_parallel_impl", "expert_parallel",
+                 "virtual_stages", "optimizer_in_backward")
+"""The Mix fields layout_reason reads (with the scenario's model, workload and cluster): classify.py checks one mix
+of each distinct value per GPU count (tests/plan/test_layouts.py varies the others)."""
+
+
 def replicas(scn: Scenario) -> int:
     """Data-parallel replicas: GPUs over the model-parallel group (what ZeRO shards over and a step multiplies)."""
     return max(scn.cluster.world_size // scn.mix.model_parallel, 1)

@@ -203,10 +203,12 @@ class Space:
     def mixes(self) -> Iterator[Mix]:
         """Every mix in order (faster than mix(k) one by one)."""
         base = self.scenario.mix.__dict__
-        for combo in itertools.product(*self.values):
+        # each value's Mix fields once (a space of millions of mixes lists each value millions of times)
+        assigned = [[d.assign(v) for v in values] for d, values in zip(MIX_DIMENSIONS, self.values)]
+        for combo in itertools.product(*assigned):
             changes: dict[str, Any] = {}
-            for d, v in zip(MIX_DIMENSIONS, combo):
-                changes.update(d.assign(v))
+            for fields_ in combo:
+                changes.update(fields_)
             yield _mix_with(base, changes)
 
     def coords(self, idx: int) -> tuple[int, int]:

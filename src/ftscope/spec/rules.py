@@ -151,6 +151,9 @@ def _flash3_needs_hopper(m: Mix, model: ModelSpec, gpu: GpuSpec) -> str | None:
 GPU_RULES: tuple[Callable[[Mix, ModelSpec, GpuSpec], str | None], ...] = (
     _flash_needs_ampere, _bf16_needs_support, _fp8_needs_fp8_units, _flash3_needs_hopper,
 )
+GPU_FIELDS = ("attention", "precision", "experts_backend", "fp8")
+"""The Mix fields GPU_RULES read: a search decides gpu_problem once per distinct value of them and GPU type
+(tests/spec/test_rules.py changes every other field and checks the answer stays)."""
 
 
 def check_mix(mix: Mix) -> Mix:

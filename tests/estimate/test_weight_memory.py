@@ -1,29 +1,16 @@
-"""Bytes per parameter by role (estimate/parameter_bytes.py): trained states by precision and engine, the frozen
-base by method, and what forward keeps beside them."""
+"""The frozen base by method and what forward keeps beside it (estimate/weight_memory.py)."""
 from __future__ import annotations
 
 import pytest
 
 import ftscope
-from ftscope.estimate.parameter_bytes import NF4_BYTES, forward_transients, frozen_weight_bytes, state_bytes
+from ftscope.estimate.weight_memory import NF4_BYTES, forward_transients, frozen_weight_bytes
 
 
 def scn(model="llama-3.2-1b", mix=None, gpus=1):
     return ftscope.load_scenario({"model": model, "hardware": {"gpu": "a100-80gb", "gpus_per_node": gpus},
                                   "mix": {"attention": "flash", **(mix or {})},
                                   "workload": {"micro_batch_size": 1, "seq_len": 512}})
-
-
-@pytest.mark.parametrize("mix, gpus, expected", [
-    ({"method": "full"}, 1, (4.0, 4.0, 8.0, False)),                                  # torch AMP: fp32 params
-    ({"method": "full", "zero_stage": 2}, 2, (2.0, 2.0, 12.0, False)),                # bf16 copy, fp32 master
-    ({"method": "full", "precision": "bf16"}, 1, (2.0, 2.0, 4.0, True)),              # pure bf16: bf16 moments
-    ({"method": "full", "precision": "fp32"}, 1, (4.0, 4.0, 8.0, False)),
-    ({"method": "full", "precision": "bf16", "optimizer": "adamw_8bit"}, 1, (2.0, 2.0, 2.0, False)),
-])
-def test_state_bytes_by_precision_and_engine(mix, gpus, expected):
-    b = state_bytes(scn(mix=mix, gpus=gpus))
-    assert (b.weight, b.gradient, b.optimizer, b.low_states) == expected
 
 
 def test_frozen_base_by_method():

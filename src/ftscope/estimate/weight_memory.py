@@ -1,5 +1,5 @@
-"""Bytes per parameter by role: the trained weights' working copy, gradient and optimizer states; the frozen base;
-what forward keeps beside them (autocast copies, dequantized and gathered weights).
+"""Bytes of the weights beyond the trained states (state_memory.py): the frozen base by method, and what forward keeps
+beside it (autocast copies, dequantized and gathered weights).
 
 Bytes per parameter, by where the weights live (N = GPUs that share a shard):
 - full, bf16-mixed without DeepSpeed/FSDP (torch AMP): fp32 weights 4 + fp32 grads 4 + AdamW 8; autocast keeps a
@@ -12,48 +12,11 @@ Bytes per parameter, by where the weights live (N = GPUs that share a shard):
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from ..spec.scenario import Scenario
-from .adapter_memory import kbit_autocast_copies, kbit_fp32_params, peft_merged_expert_bytes
+from .adapter_memory import (kbit_autocast_copies, kbit_fp32_params, largest_dequantized_linear,
+                             peft_merged_expert_bytes)
 
 NF4_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)
-OPTIMIZER_STATE_BYTES = {"adamw": 8.0, "adamw_8bit": 2.0, "paged_adamw_8bit": 2.0, "sgd": 0.0}
-
-
-@dataclass(frozen=True)
-class StateBytes:
-    """Bytes per trainable parameter the run keeps, by role."""
-
-    weight: float
-    """The working copy of a trained weight."""
-    gradient: float
-    optimizer: float
-    """Optimizer states plus an fp32 master copy where the engine keeps one."""
-    low_states: bool
-    """AdamW states kept in bf16 (pure bf16, or a recipe's bf16 adapters)."""
-
-
-def state_bytes(scn: Scenario) -> StateBytes:
-    """Bytes per trainable parameter of the working weight, its gradient and its optimizer state, by precision,
-    engine and recipe."""
-    mix = scn.mix
-    deepspeed, fsdp = mix.zero_stage > 0, mix.fsdp is not None
-    mixed = mix.precision in ("bf16-mixed", "fp16-mixed")
-    low_adapters = mixed and mix.trains_lora and not deepspeed and scn.recipe.adapter_dtype(mix.method) != "fp32"
-    if mix.precision == "fp32":
-        w_b, g_b, master = 4.0, 4.0, 0.0
-    elif mixed and (deepspeed or (mix.method == "full" and fsdp)):
-        w_b, g_b, master = 2.0, 2.0, 4.0        # bf16 working copy, fp32 master in the optimizer
-        if fsdp:
-            w_b, g_b, master = 4.0, 4.0, 0.0    # FSDP2 shards fp32 params; bf16 is a per-block gathered copy
-    elif mixed:
-        w_b, g_b, master = 4.0, 4.0, 0.0        # torch AMP: fp32 parameters, autocast casts per op
-    if mix.precision == "bf16" or low_adapters:  # pure bf16, or a recipe that keeps adapters in bf16
-        w_b, g_b, master = 2.0, 2.0, 0.0
-    low_states = (mix.precision == "bf16" or low_adapters) and mix.optimizer == "adamw"
-    opt_state = OPTIMIZER_STATE_BYTES[mix.optimizer] * (0.5 if low_states else 1.0)
-    return StateBytes(w_b, g_b, opt_state + master, low_states)
 
 
 def frozen_weight_bytes(scn: Scenario) -> float:
@@ -87,8 +50,7 @@ def forward_transients(scn: Scenario, shards: int) -> tuple[float, float]:
     if mix.method == "full" and mixed and not deepspeed and not fsdp:
         transient += m.total_params * 2.0       # autocast's bf16 weight cache, kept for backward
     if mix.method == "qlora":
-        largest = max((lin.params for lin, _ in m.linears() if not (lin.group == "experts" and mix.fused_experts)),
-                      default=0)
+        largest = largest_dequantized_linear(m, mix.fused_experts)
         block += largest * scn.recipe.dequant_bytes_per_weight  # the dequantized weight of the matmul in flight
         if scn.recipe.compiled_dequant_saved and (mix.compile or scn.recipe.compile):
             block = m.largest_layer_params() * 2.0  # compiled: each fused bf16 dequantization saved for backward

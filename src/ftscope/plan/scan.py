@@ -1,0 +1,207 @@
+"""The pass over every mix of a space (classify.py's first stage): refusal, support per GPU type, layout validity
+per GPU count, and one memory probe per mix and GPU count that may fit, with the probes' results kept per slot.
+
+Work is shared wherever the answer provably does not change: GPU support per distinct GPU_FIELDS value, layout
+validity per distinct LAYOUT_FIELDS value, a fused attention kernel's probes copied from its FUSED_ATTENTION twin,
+and no memory model at a GPU count whose state floor (bounds.StateFloor) is above every capacity.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from ..estimate.memory import FUSED_ATTENTION, memory_mix, usable_bytes
+from ..spec.rules import GPU_FIELDS, gpu_problem
+from ..spec.scenario import fast_replace
+from .bounds import MemoryProbe, StateFloor
+from .layouts import LAYOUT_FIELDS, layout_reason
+from .ranking import mix_complexity, refusal
+from .space import MIX_DIMENSIONS, Space, with_mix
+
+SLOT_CHUNK = 4096
+"""Slots (mixes some GPU type supports) the probe arrays start with, and the least they grow by."""
+
+
+class Scan:
+    """What the pass over every mix gathers: per mix (refusal, ranking facts, compute signature, layout degrees),
+    per mix and GPU type (support), per mix and GPU count (layout validity, one memory probe)."""
+
+    def __init__(self, np, space: Space, accepts: dict[str, Callable[[Any], bool] | None],
+                 global_batch: int | None, margin: float = 0.0, share_twins: bool = True) -> None:
+        nb, nm = len(space.blocks), space.mixes_per_block
+        self.np, self.space, self.accepts, self.global_batch = np, space, accepts, global_batch
+        gpus = list(dict.fromkeys(b.gpu.key for b in space.blocks))
+        worlds = list(dict.fromkeys(b.world for b in space.blocks))
+        self.g_of = np.array([gpus.index(b.gpu.key) for b in space.blocks])
+        self.w_of = np.array([worlds.index(b.world) for b in space.blocks])
+        self.on_gpu = [next(b.base for b in space.blocks if b.gpu.key == g) for g in gpus]
+        self.at_world = [next(b.base for b in space.blocks if b.world == w) for w in worlds]
+        self.caps = np.array([usable_bytes(b.gpu) for b in space.blocks], float)
+        self.safe_caps = self.caps * (1.0 - margin)  # the same product max_micro_batch's limit computes
+        self.cap_lists = self.caps.tolist(), self.safe_caps.tolist()
+        self.seq = space.scenario.workload.peak_seq_len()
+        self.searched, self.valid = np.zeros(nm, bool), np.zeros(nm, bool)
+        self.supported = np.zeros((len(gpus), nm), bool)
+        self.layout_ok = np.zeros((len(worlds), nm), bool)  # the layout runs on this GPU count (plan/layouts.py)
+        self.split = np.ones((2, nm), np.int64)  # model-parallel group size and pipeline stages of each mix
+        # the probes' results are kept per slot: one column per mix that some GPU type supports, taken in order
+        # (a search of millions of mixes runs a fifth of them), the arrays grown as slots are taken
+        self.slot = np.full(nm, -1, np.int64)
+        self.slots = 0
+        width = min(nm, SLOT_CHUNK)
+        self.peak = np.full((len(worlds), width), np.inf)
+        self.fixed_peak = np.full((nb, width), np.inf) if global_batch is not None else None
+        self.safe_fixed_peak = (np.full((nb, width), np.inf) if global_batch is not None and margin
+                                else self.fixed_peak)  # the fixed-batch peak solved leaving the margin free
+        self.terms: dict[str, Any] = {}  # fixed bytes and bytes per sequence: worlds x phases x slots
+        self.sig = np.zeros(nm, np.int32)
+        self.signatures: dict[tuple, int] = {}
+        self.accept = {name: np.zeros(nm, bool) for name in accepts}
+        self.complexity = np.zeros(nm, np.int16)
+        self.compute_dims = [d for d in space.dimensions if d.affects_compute]
+        self.memos: dict = {}  # MemoryProbe's work per distinct memory model
+        self.world_blocks: list[list[tuple[int, int]]] | None = None
+        self.twin_offset = _twin_offsets(space) if share_twins else {}
+        self.block_of_world = [np.flatnonzero(self.w_of == x) for x in range(len(worlds))]
+        self.layouts: dict[tuple, list[int]] = {}
+        self.gpu_support: dict[tuple, Any] = {}  # per distinct GPU_FIELDS value: supported per GPU type
+        self.worlds = worlds
+        self.room = np.full((len(worlds), len(gpus)), -np.inf)  # largest capacity per GPU count and type
+        for b in range(nb):
+            w, g = self.w_of[b], self.g_of[b]
+            self.room[w, g] = max(self.room[w, g], self.caps[b])
+
+    def mix(self, k: int, mix: Any) -> None:
+        np = self.np
+        self.searched[k] = True
+        if refusal(self.space.scenario.model, mix):
+            return
+        self.valid[k] = True
+        self.complexity[k] = mix_complexity(mix)
+        for name, f in self.accepts.items():
+            self.accept[name][k] = f is None or f(mix)
+        self.sig[k] = self.signatures.setdefault(tuple(d.get(mix) for d in self.compute_dims), len(self.signatures))
+        self.split[:, k] = mix.model_parallel, mix.pipeline_parallel
+        key = tuple(getattr(mix, f) for f in GPU_FIELDS)
+        on = self.gpu_support.get(key)
+        if on is None:  # unsupported_reason, whose mix and model rules refusal just read
+            model = self.space.scenario.model
+            on = self.gpu_support[key] = np.array([gpu_problem(mix, model, base.cluster.gpu) is None
+                                                   for base in self.on_gpu])
+        self.supported[:, k] = on
+        if not self.supported[:, k].any():
+            return
+        mix_k, k = k, self._take_slot(k)  # from here on, k is the mix's slot
+        twin = self._twin(mix_k, mix)
+        runs = self._layout_runs(mix)
+        self.layout_ok[runs, mix_k] = True
+        if runs:
+            floor = StateFloor(with_mix(self.at_world[0], mix))
+            room = self.room[:, self.supported[:, mix_k]].max(axis=1).tolist()  # per GPU count: the largest capacity
+        for w in runs:
+            if floor.at(self.worlds[w]) > room[w]:
+                continue  # does not fit on any block at this count: no model (peak stays inf, NO_FIT)
+            if twin is not None and self.peak[w, twin] < np.inf:
+                self._copy(k, twin, w, self.supported[:, mix_k])
+            else:
+                self._probe(k, w, MemoryProbe(with_mix(self.at_world[w], mix), self.seq, self.memos), room[w],
+                            self.supported[:, mix_k])
+
+    def _take_slot(self, k: int) -> int:
+        """The next free slot for mix k, the arrays grown by half when full."""
+        np = self.np
+        if self.slots == self.peak.shape[1]:
+            extra = max(SLOT_CHUNK, self.slots // 2)
+            grow = lambda a, fill: np.concatenate([a, np.full(a.shape[:-1] + (extra,), fill)], axis=-1)  # noqa: E731
+            same = self.safe_fixed_peak is self.fixed_peak
+            self.peak = grow(self.peak, np.inf)
+            if self.fixed_peak is not None:
+                self.fixed_peak = grow(self.fixed_peak, np.inf)
+                self.safe_fixed_peak = self.fixed_peak if same else grow(self.safe_fixed_peak, np.inf)
+            self.terms = {key: grow(value, np.nan) for key, value in self.terms.items()}
+        self.slot[k] = self.slots
+        self.slots += 1
+        return self.slot[k]
+
+    def _layout_runs(self, mix: Any) -> list[int]:
+        """The GPU counts (indices) whose layout check passes, per distinct value of the fields it reads."""
+        key = tuple(getattr(mix, f) for f in LAYOUT_FIELDS)
+        runs = self.layouts.get(key)
+        if runs is None:
+            runs = self.layouts[key] = [w for w, base in enumerate(self.at_world)
+                                        if layout_reason(with_mix(base, mix), self.global_batch) is None]
+        return runs
+
+    def _twin(self, k: int, mix: Any) -> int | None:
+        """An earlier mix with the same memory_mix (a fused attention kernel's FUSED_ATTENTION sibling), whose
+        probes this one may copy: equal memory models give equal peaks and solves. Only when every GPU type that
+        supports this mix supports the twin, so the twin solved every block this mix needs."""
+        offset = self.twin_offset.get(mix.attention)
+        if offset is None:
+            return None
+        twin = k - offset
+        if not (self.valid[twin] and (self.supported[:, twin] | ~self.supported[:, k]).all()):
+            return None
+        return int(self.slot[twin])  # the twin has a slot: some GPU type supports it
+
+    def _copy(self, k: int, twin: int, w: int, runs_on: Any) -> None:
+        """_probe's results at GPU count w, from the twin's (k, twin: their slots; blocks on GPU types this mix does
+        not run keep inf: `runs_on`, per GPU type)."""
+        np = self.np
+        self.peak[w, k] = self.peak[w, twin]
+        for value in self.terms.values():
+            value[w, :, k] = value[w, :, twin]
+        blocks = self.block_of_world[w]
+        runs = runs_on[self.g_of[blocks]]
+        for peaks in {id(p): p for p in (self.fixed_peak, self.safe_fixed_peak) if p is not None}.values():
+            peaks[blocks, k] = np.where(runs, peaks[blocks, twin], np.inf)
+
+    def _probe(self, k: int, w: int, probe: MemoryProbe, room: float, runs_on: Any) -> None:
+        """The probe's peak at micro-batch 1 in slot k; where some block has room for it (`room`: the largest
+        capacity of the GPU types this mix runs on at this count, `runs_on`), its batch terms and fixed-batch
+        peaks as well."""
+        np = self.np
+        self.peak[w, k] = probe.peak_at_one
+        if probe.peak_at_one > room:  # NO_FIT on every block: nothing reads its terms
+            return
+        phases = probe.batch_terms()
+        if not self.terms:
+            shape = (len(self.at_world), len(phases), self.peak.shape[1])  # phases before slots: min is fast
+            self.terms = {key: np.full(shape, np.nan) for key in ("fixed", "first", "far")}
+        self.terms["fixed"][w, :, k], self.terms["first"][w, :, k], self.terms["far"][w, :, k] = zip(*phases)
+        if self.fixed_peak is not None:  # at the full capacity, and less the margin when there is one
+            if self.world_blocks is None:  # (block, GPU type) pairs per GPU count, as plain ints for the loop
+                self.world_blocks = [[(b, int(self.g_of[b])) for b in np.flatnonzero(self.w_of == x).tolist()]
+                                     for x in range(len(self.at_world))]
+            blocks, supported = self.world_blocks[w], runs_on.tolist()
+            _fixed_batch(probe, k, blocks, supported, self.cap_lists[0], self.fixed_peak, self.global_batch)
+            if self.safe_fixed_peak is not self.fixed_peak:
+                _fixed_batch(probe, k, blocks, supported, self.cap_lists[1], self.safe_fixed_peak,
+                             self.global_batch)
+
+def _twin_offsets(space: Space) -> dict[str, int]:
+    """Per fused attention kernel the space lists after FUSED_ATTENTION: how many mixes back its FUSED_ATTENTION
+    sibling is (the mixes differ only in that digit). Empty when the space does not search FUSED_ATTENTION."""
+    names = [d.space_field for d in MIX_DIMENSIONS]
+    at = names.index("attention")
+    values = space.values[at]
+    if FUSED_ATTENTION not in values:
+        return {}
+    stride = 1
+    for r in space.radix[at + 1:]:
+        stride *= r
+    base = values.index(FUSED_ATTENTION)
+    probe = space.mix(0)
+    return {v: (i - base) * stride for i, v in enumerate(values)
+            if i > base and memory_mix(fast_replace(probe, attention=v)).attention == FUSED_ATTENTION}
+
+def _fixed_batch(probe: MemoryProbe, k: int, blocks: list[tuple[int, int]], supported: list[bool], caps: list[float],
+                 fixed_peak, global_batch: int) -> None:
+    """Peak bytes of the layout that keeps the global batch, for every block at this GPU count that fits at
+    micro-batch 1 (one solve per distinct capacity). blocks: (block, GPU type) pairs; supported: per GPU type."""
+    memo: dict[float, float] = {}
+    for b, g in blocks:
+        cap = caps[b]
+        if supported[g] and probe.peak_at_one <= cap:
+            if cap not in memo:
+                memo[cap] = probe.fixed_batch_peak(cap, global_batch)
+            fixed_peak[b, k] = memo[cap]

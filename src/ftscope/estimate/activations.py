@@ -25,6 +25,7 @@ from ..spec.mix import Mix
 from ..spec.model import Layer, Linear, ModelSpec
 from ..spec.recipe import Recipe, load_recipe
 from ..spec.scenario import fast_replace
+from .shared import KeyMemo
 
 LOSS_CHUNKS = 8
 """Chunks of a chunked cross-entropy (torchtune's CEWithChunkedOutputLoss default)."""
@@ -359,15 +360,10 @@ ACTIVATION_FREE = dict(offload="none", optimizer="adamw", tensor_parallel=1, seq
                        context_parallel=1, context_parallel_impl="ring", expert_parallel=1)
 """Mix fields activation_coefficients does not read, at one value (the layout scales its coefficients afterwards,
 memory_layout.activation_policy): mixes that differ only here share one (tests/estimate/test_memory.py)."""
-_ACTIVATION_MIXES: dict = {}
+_ACTIVATION_MIXES = KeyMemo(lambda mix: fast_replace(mix, **ACTIVATION_FREE))
 
 
 def activation_mix(mix):
     """The mix with the ACTIVATION_FREE fields at their one value: activation_coefficients' cache key, so that the
     mixes a search lists over sharding-free fields, offload, optimizer and layouts build the coefficients once."""
-    hit = _ACTIVATION_MIXES.get(mix)
-    if hit is None:
-        if len(_ACTIVATION_MIXES) >= 4096:
-            _ACTIVATION_MIXES.clear()
-        hit = _ACTIVATION_MIXES[mix] = fast_replace(mix, **ACTIVATION_FREE)
-    return hit
+    return _ACTIVATION_MIXES[mix]

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from ..spec.scenario import Scenario, fast_replace
 from .layout import Layout, layout
 from .memory import NF4_BYTES
+from .shared import KeyMemo
 
 LOSS_TRAFFIC = {
     "standard": (lambda c: c + 4 * 4, 1.5, 6),
@@ -212,17 +213,12 @@ optimizer: they change memory, collectives and the optimizer step only; plan/spa
 affects_compute=False). The ops and pass-time caches key on the mix with these set to one value (compute_mix), so
 a sweep over them computes each micro-batch's work once; tests/estimate/test_compute.py checks they change
 nothing there."""
-_COMPUTE_MIXES: dict = {}
+_COMPUTE_MIXES = KeyMemo(lambda mix: fast_replace(mix, **NOT_COMPUTE), _OPS_CACHE_SIZE)
 
 
 def compute_mix(mix):
     """The mix with the NOT_COMPUTE fields at one value: the part of it a micro-batch's work depends on."""
-    hit = _COMPUTE_MIXES.get(mix)
-    if hit is None:
-        if len(_COMPUTE_MIXES) >= _OPS_CACHE_SIZE:
-            _COMPUTE_MIXES.clear()
-        hit = _COMPUTE_MIXES[mix] = fast_replace(mix, **NOT_COMPUTE)
-    return hit
+    return _COMPUTE_MIXES[mix]
 
 
 def cached_ops(scn: Scenario, batch: int, seq: float) -> tuple[Op, ...]:

@@ -12,6 +12,7 @@ from typing import NamedTuple
 from ..spec.hardware import GIB, GpuSpec
 from ..spec.scenario import Scenario, fast_replace
 from .activations import ActivationCoefficients, activation_coefficients, activation_mix
+from .shared import KeyMemo
 from .head_gradient import NO_HEAD_GRADIENT, HeadGradient, head_gradient  # noqa: F401 (re-exported)
 from .memory_layout import (activation_policy, clone_init_cache, clone_init_groups, fsdp1_stream_bytes,
                             paged_state_params, small_pool_step_bytes, split_states)
@@ -255,20 +256,15 @@ _MODELS: dict[tuple, MemoryModel] = {}
 FUSED_ATTENTION = "sdpa"
 """The attention memory_mix gives every fused kernel: the memory model tells eager attention (its saved scores)
 from the fused ones (sdpa, flash, flash1, flash3: none saves them) and nothing more."""
-_MEMORY_MIXES: dict = {}
+_MEMORY_MIXES = KeyMemo(lambda mix: mix if mix.attention in ("eager", FUSED_ATTENTION)
+                        else fast_replace(mix, attention=FUSED_ATTENTION))
 
 
 def memory_mix(mix):
     """The mix with the fields the memory model does not read at one value (fused attention kernels as
     FUSED_ATTENTION): mixes with the same memory_mix have equal memory models (tests/estimate/test_memory.py
     checks it on every attention choice), so memory_model builds one for them."""
-    hit = _MEMORY_MIXES.get(mix)
-    if hit is None:
-        if len(_MEMORY_MIXES) >= 4096:
-            _MEMORY_MIXES.clear()
-        hit = _MEMORY_MIXES[mix] = (mix if mix.attention in ("eager", FUSED_ATTENTION)
-                                    else fast_replace(mix, attention=FUSED_ATTENTION))
-    return hit
+    return _MEMORY_MIXES[mix]
 
 
 def memory_model(scn: Scenario, allocator: AllocatorModel = DEFAULT_ALLOCATOR) -> MemoryModel:

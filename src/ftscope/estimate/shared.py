@@ -56,6 +56,21 @@ class Shared:
         return self.get((name, id(cl.gpu), cl.gpus_per_node, cl.nodes, cl.inter_node_gbs), make, cl.gpu)
 
 
+class KeyMemo(dict):
+    """A bounded memo of one function of its key: `memo[key]` is a plain dict lookup on a hit and makes the value
+    (`make(key)`) on a miss, starting over past `limit` values rather than growing for a long-lived process."""
+
+    def __init__(self, make: Callable[[Any], Any], limit: int = 4096) -> None:
+        super().__init__()
+        self.make, self.limit = make, limit
+
+    def __missing__(self, key: Any) -> Any:
+        if len(self) >= self.limit:
+            self.clear()
+        value = self[key] = self.make(key)
+        return value
+
+
 def shared_for(shared: Shared | None, scn: Scenario) -> Shared | None:
     """`shared` when it covers `scn`, else None (the unshared path)."""
     return shared if shared is not None and shared.covers(scn) else None

@@ -7,7 +7,8 @@ import pytest
 
 from ftscope import catalog
 from ftscope.spec.architecture import normalize
-from ftscope.spec.families import FAMILIES, TRANSFORMERS_FAMILIES, siglip_tower_params, vision_tower
+from ftscope.spec.families import (FAMILIES, TRANSFORMERS_FAMILIES, pixtral_tower_params, siglip_tower_params,
+                                   vision_tower)
 from ftscope.spec.resolve import load_model
 
 B = 1e9
@@ -24,6 +25,7 @@ PUBLISHED_TOTAL = {
     "gemma-3-27b": ("27.4", "Hub: 27.4B"),
     "mistral-7b-v0.3": ("7.25", "Hub: 7.25B"),
     "mistral-small-24b": ("23.6", "Hub: 23.6B ('24B')"),
+    "mistral-small-3.1-24b": ("24", "model card and Hub: 24B (a tied lm_head would read 23)"),
     "phi-3-mini-4k": ("3.8", "model card: 3.8B"),
     "phi-4": ("14.7", "Hub: 14.7B ('14B')"),
     "deepseek-v3": ("671", "model card: 671B total (685B with the MTP module)"),
@@ -102,9 +104,23 @@ def test_siglip_tower_counts_its_head_when_the_config_asks_for_one():
 def test_only_wrappers_whose_causal_lm_builds_a_tower_count_one():
     gemma = catalog.model_config("gemma-3-4b")
     llama4 = catalog.model_config("llama-4-scout")
-    assert vision_tower(gemma, 2560)[1] == (1152, 4304, 27)
+    assert vision_tower(gemma, 2560)[1][-1] == ("fc2", 4304, 1152, True, 27)
     assert vision_tower(llama4, 5120) == (0, ())  # Llama4ForCausalLM drops the vision model
+    assert vision_tower(catalog.model_config("mistral-small-3.1-24b"), 5120)[1][-1] == ("linear_2", 5120, 5120, False, 1)
     assert vision_tower(catalog.model_config("qwen3-8b"), 4096) == (0, ())
+
+
+def test_pixtral_tower_and_projector_counted_by_hand():
+    cfg = catalog.model_config("mistral-small-3.1-24b")
+    h, inter, layers, patch, text = 1024, 4096, 24, 14, 5120
+    block = 4 * h * h + 3 * h * inter + 2 * h            # q, k, v, o and a SwiGLU MLP, no biases; two RMSNorms
+    tower = 3 * patch * patch * h + h + layers * block    # patch conv (no bias), ln_pre; rotary positions
+    projector = h + 4 * h * h + h * text + text * text    # RMSNorm, 2x2 patch merger, linear_1, linear_2
+    assert pixtral_tower_params(cfg, text) == tower + projector == load_model("mistral-small-3.1-24b").vision_params
+    assert round(tower / 1e8) == 4                        # Pixtral's "400M vision encoder"
+    biased = {**cfg, "multimodal_projector_bias": True, "vision_feature_layer": [-1, -2]}
+    assert pixtral_tower_params(biased, text) - pixtral_tower_params(cfg, text) == h * text + 2 * text
+    assert pixtral_tower_params({"model_type": "mistral3"}, text) == tower + projector  # Mistral3Config's default
 
 
 def test_gemma3_text_config_takes_the_config_class_defaults_it_leaves_out():

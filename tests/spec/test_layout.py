@@ -1,5 +1,6 @@
 """Block layouts counted by hand from the published architectures where they differ from a plain Llama block:
-Phi-3's fused projections, gpt-oss's biases and attention sinks, Gemma 3's vision Linears as LoRA targets."""
+Phi-3's fused projections, gpt-oss's biases and attention sinks, Gemma 3's and Mistral 3's vision
+Linears as LoRA targets."""
 from __future__ import annotations
 
 import pytest
@@ -44,6 +45,16 @@ def test_gemma3_vision_linears_answer_to_all_linear_and_names_not_to_attention()
     vision_all = R * layers * (4 * 2 * h + 2 * (h + inter))
     assert m.lora_params(R, "all-linear") == m.lora_params(R, "attention") + m.lora_params(R, "mlp") + vision_all
     assert m.lora_params(R, ["fc1"]) == R * (h + inter) * layers  # a name only the tower has
+
+
+def test_mistral3_pixtral_and_projector_linears_answer_to_all_linear_and_names():
+    m = load_model("mistral-small-3.1-24b")
+    h, inter, layers, text = 1024, 4096, 24, 5120
+    vision_all = R * (layers * (4 * 2 * h + 3 * (h + inter)) + (4 * h + h) + (h + text) + 2 * text)
+    assert m.lora_params(R, "all-linear") == m.lora_params(R, "attention") + m.lora_params(R, "mlp") + vision_all
+    text_o = R * 40 * (32 * 128 + text)
+    assert m.lora_params(R, ["o_proj"]) == text_o + R * layers * 2 * h  # Pixtral's attention names its o_proj so too
+    assert m.lora_params(R, ["merging_layer", "linear_1"]) == R * (5 * h + h + text)
 
 
 def test_text_only_models_have_no_vision_part():

@@ -66,6 +66,9 @@ def shrink(cfg: dict) -> dict:
     if isinstance(vision, dict) and vision.get("model_type") == "siglip_vision_model":
         out["vision_config"] = {**vision, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
                                 "num_attention_heads": 2, "image_size": 28, "patch_size": 14}
+    if isinstance(vision, dict) and vision.get("model_type") == "pixtral":
+        out["vision_config"] = {**vision, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
+                                "num_attention_heads": 2, "head_dim": 16, "image_size": 56, "patch_size": 7}
     return out
 
 
@@ -107,10 +110,18 @@ def _shrink_text(cfg: dict) -> dict:
 
 
 def build_hf(cfg: dict):
-    """The transformers model of a config dict, on the meta device (no memory)."""
+    """The transformers model of a config dict as a fine-tuning load builds it, on the meta device (no memory).
+    AutoModelForCausalLM, else (Mistral3Config, which it refuses) AutoModelForImageTextToText with the lm_head
+    tied as the text config says: Mistral3Config's own default ties it, but from_pretrained of a checkpoint that
+    holds both matrices (Mistral Small 3.1 / 3.2) keeps them apart (test_mistral3_checkpoint_keeps_its_lm_head)."""
     hf_cfg = transformers.AutoConfig.for_model(**cfg)
+    auto = transformers.AutoModelForCausalLM
+    if type(hf_cfg) not in auto._model_mapping:
+        auto = transformers.AutoModelForImageTextToText
+        if "tie_word_embeddings" not in cfg:
+            hf_cfg.tie_word_embeddings = hf_cfg.text_config.tie_word_embeddings
     with torch.device("meta"):
-        return transformers.AutoModelForCausalLM.from_config(hf_cfg)
+        return auto.from_config(hf_cfg)
 
 
 def numel(model) -> int:
@@ -170,6 +181,29 @@ def test_shrunk_preset_components_equal_transformers(name, shrunk):
                                          or "shared_expert_gate" in n)
     assert parts.get("vision", 0) == sum(p.numel() for n, p in named.items()
                                          if "vision_tower." in n or "multi_modal_projector." in n)
+
+
+@pytest.mark.slow  # builds and saves a tiny transformers model
+def test_mistral3_checkpoint_keeps_its_lm_head(tmp_path):
+    """A from_config build of a Mistral 3 config ties lm_head to the embedding (Mistral3Config's default,
+    transformers 5); the published checkpoints hold both, and from_pretrained then leaves them apart ("both are
+    present in the checkpoints with different values, so we will NOT tie them"). ftscope counts that model."""
+    cfg = shrink(catalog.model_config("mistral-small-3.1-24b"))
+    hf_cfg = transformers.AutoConfig.for_model(**cfg)
+    assert hf_cfg.tie_word_embeddings and "tie_word_embeddings" not in cfg  # the default ties
+    hf_cfg.tie_word_embeddings = False
+    transformers.AutoModelForImageTextToText.from_config(hf_cfg).save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    saved.pop("tie_word_embeddings", None)  # as published: the config.json states no tie flag
+    saved["text_config"].pop("tie_word_embeddings", None)
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    loaded = transformers.AutoModelForImageTextToText.from_pretrained(tmp_path)
+    assert loaded.lm_head.weight is not loaded.get_input_embeddings().weight
+    spec = model_from_config(saved)
+    assert numel(loaded) == spec.total_params == numel(build_hf(cfg))
+    with torch.device("meta"):  # the config alone, built as its class's default says
+        tied = transformers.AutoModelForImageTextToText.from_config(transformers.AutoConfig.for_model(**cfg))
+    assert spec.total_params - numel(tied) == spec.lm_head_params > 0
 
 
 BASE = dict(hidden_size=64, num_hidden_layers=3, num_attention_heads=4, vocab_size=256, max_position_embeddings=128,

@@ -145,6 +145,8 @@ PUBLISHED_VARIANTS = {
     "mixtral-8x7b": ["mistralai/Mixtral-8x7B-Instruct-v0.1"],
     "mixtral-8x22b": ["mistralai/Mixtral-8x22B-Instruct-v0.1"],
     "mistral-small-24b": ["mistralai/Mistral-Small-24B-Instruct-2501"],
+    "mistral-small-3.1-24b": ["mistralai/Mistral-Small-3.1-24B-Base-2503", "mistralai/Mistral-Small-3.2-24B-Instruct-2506",
+                              "unsloth/Mistral-Small-3.1-24B-Instruct-2503-bnb-4bit"],
     "qwen2.5-7b": ["Qwen/Qwen2.5-7B-Instruct"], "qwen2.5-14b": ["Qwen/Qwen2.5-14B-Instruct"],
     "qwen2.5-72b": ["Qwen/Qwen2.5-72B-Instruct", "Qwen/Qwen2.5-72B-Instruct-AWQ"],
     "qwen1.5-moe-a2.7b": ["Qwen/Qwen1.5-MoE-A2.7B-Chat"],

@@ -79,9 +79,10 @@ class Arch:
     mamba_d_inner: int = 0
     mamba_dt_rank: int = 0
     vision_params: int = 0
-    """Parameters AutoModelForCausalLM builds beside the language model (Gemma 3's SigLIP tower and projector)."""
-    vision_dims: tuple[int, ...] = ()
-    """(hidden, intermediate, layers) of that vision tower's encoder blocks, whose Linears LoRA can target."""
+    """Parameters the fine-tuning load builds beside the language model (Gemma 3's SigLIP tower and projector,
+    Mistral 3's Pixtral tower and projector)."""
+    vision_matrices: tuple[tuple[str, int, int, bool, int], ...] = ()
+    """That tower's nn.Linears, which LoRA can target: (module name, in, out, bias, how many blocks hold it)."""
     facts: tuple[tuple[str, Any], ...] = ()
 
     def fact(self, key: str, default: Any = None) -> Any:
@@ -299,5 +300,5 @@ def normalize(cfg: dict[str, Any], where: str = "config.json") -> Arch:
         mamba_d_state=(c.mamba_d_state or 16) if mixer == "mamba" else 0,
         mamba_d_conv=(c.mamba_d_conv or 4) if mixer == "mamba" else 0,
         mamba_d_inner=d_inner, mamba_dt_rank=dt_rank,
-        vision_params=vision[0], vision_dims=vision[1], facts=_facts(cfg, c, fam),
+        vision_params=vision[0], vision_matrices=vision[1], facts=_facts(cfg, c, fam),
     )

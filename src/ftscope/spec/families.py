@@ -54,12 +54,23 @@ FAMILIES: dict[str, dict[str, Any]] = {
 
 TRANSFORMERS_FAMILIES = frozenset(FAMILIES) - {"blackmamba"}
 
-# Multimodal wrappers: what AutoModelForCausalLM builds from them. Gemma 3 builds the whole
-# Gemma3ForConditionalGeneration (SigLIP tower and projector included); Llama 4 builds the text model only.
-WRAPPERS: dict[str, str | None] = {"gemma3": "siglip", "llama4": None}
+# Multimodal wrappers: the vision tower a fine-tuning load builds beside the language model. Gemma 3:
+# AutoModelForCausalLM builds the whole Gemma3ForConditionalGeneration (SigLIP tower and projector included);
+# Llama 4: it builds the text model only. Mistral 3 (Mistral Small 3.1 / 3.2): AutoModelForCausalLM refuses
+# Mistral3Config (transformers 5.24), so the model is loaded as AutoModelForImageTextToText loads it (TRL, Axolotl
+# and LLaMA-Factory do for these ids): Mistral3ForConditionalGeneration, Pixtral tower and projector included.
+WRAPPERS: dict[str, str | None] = {"gemma3": "siglip", "llama4": None, "mistral3": "pixtral"}
+
+VisionMatrix = tuple[str, int, int, bool, int]
+"""One nn.Linear of a vision tower or projector: (module name, in, out, bias, how many blocks hold it)."""
 
 _SIGLIP_DEFAULTS = {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "num_channels": 3,
                     "image_size": 224, "patch_size": 16, "vision_use_head": True}
+# PixtralVisionConfig's defaults fill a vision_config's missing keys; with no vision_config at all Mistral3Config
+# builds its own default tower (Mistral Small 3.1's: patch 14), which only the patch size sets apart
+_PIXTRAL_DEFAULTS = {"hidden_size": 1024, "intermediate_size": 4096, "num_hidden_layers": 24, "num_channels": 3,
+                     "patch_size": 16}
+_MISTRAL3_VISION = {**_PIXTRAL_DEFAULTS, "patch_size": 14}
 
 
 def _siglip(vision: dict[str, Any]) -> dict[str, Any]:
@@ -83,15 +94,66 @@ def siglip_tower_params(vision: dict[str, Any], text_hidden: int) -> int:
     return tower + projector
 
 
-def vision_tower(cfg: dict[str, Any], text_hidden: int) -> tuple[int, tuple[int, int, int]]:
-    """(parameters, (hidden, intermediate, layers) of its encoder blocks) of what transformers builds beside the
-    language model of a multimodal config; (0, ()) when it builds nothing there."""
-    vision = cfg.get("vision_config")
-    if WRAPPERS.get(str(cfg.get("model_type"))) != "siglip" or not isinstance(vision, dict):
-        return 0, ()
+def _siglip_matrices(vision: dict[str, Any]) -> tuple[VisionMatrix, ...]:
+    """The SigLIP encoder blocks' Linears (the projector is a bare matrix, not an nn.Linear)."""
     v = _siglip(vision)
-    dims = (int(v["hidden_size"]), int(v["intermediate_size"]), int(v["num_hidden_layers"]))
-    return siglip_tower_params(vision, text_hidden), dims
+    h, inter, layers = int(v["hidden_size"]), int(v["intermediate_size"]), int(v["num_hidden_layers"])
+    return (*((name, h, h, True, layers) for name in ("q_proj", "k_proj", "v_proj", "out_proj")),
+            ("fc1", h, inter, True, layers), ("fc2", inter, h, True, layers))
+
+
+def _pixtral(cfg: dict[str, Any]) -> dict[str, Any]:
+    vision = cfg.get("vision_config")
+    if not isinstance(vision, dict):
+        return dict(_MISTRAL3_VISION)
+    return {**_PIXTRAL_DEFAULTS, **{k: x for k, x in vision.items() if x is not None}}
+
+
+def _patch_area(patch: Any) -> int:
+    """The patch conv's kernel area: patch_size is an int or a (height, width) pair."""
+    if isinstance(patch, (list, tuple)):
+        return int(patch[0]) * int(patch[-1])
+    return int(patch) ** 2
+
+
+def _pixtral_matrices(cfg: dict[str, Any], text_hidden: int) -> tuple[VisionMatrix, ...]:
+    """Mistral 3's Linears beside the LM: the Pixtral blocks' (SwiGLU MLP, no biases) and the projector's
+    (patch merger over spatial_merge_size^2 patches, then two layers to the text width)."""
+    v = _pixtral(cfg)
+    h, inter, layers = int(v["hidden_size"]), int(v["intermediate_size"]), int(v["num_hidden_layers"])
+    merge = int(cfg.get("spatial_merge_size") or 2)
+    feature_layer = cfg.get("vision_feature_layer", -1)
+    features = len(feature_layer) if isinstance(feature_layer, (list, tuple)) else 1  # concatenated layers
+    bias = bool(cfg.get("multimodal_projector_bias", False))
+    return (*((name, h, h, False, layers) for name in ("q_proj", "k_proj", "v_proj", "o_proj")),
+            ("gate_proj", h, inter, False, layers), ("up_proj", h, inter, False, layers),
+            ("down_proj", inter, h, False, layers),
+            ("merging_layer", h * merge * merge, h, False, 1),
+            ("linear_1", h * features, text_hidden, bias, 1), ("linear_2", text_hidden, text_hidden, bias, 1))
+
+
+def pixtral_tower_params(cfg: dict[str, Any], text_hidden: int) -> int:
+    """Parameters of Mistral 3's Pixtral vision tower and multimodal projector (PixtralVisionModel +
+    Mistral3MultiModalProjector), from the wrapper config (the projector reads keys outside vision_config).
+    Pixtral's positions are rotary (buffers, no parameters)."""
+    v = _pixtral(cfg)
+    h, layers = int(v["hidden_size"]), int(v["num_hidden_layers"])
+    linears = sum((i * o + (o if bias else 0)) * n for _, i, o, bias, n in _pixtral_matrices(cfg, text_hidden))
+    patch_conv = int(v["num_channels"]) * _patch_area(v["patch_size"]) * h  # no bias
+    norms = h + layers * 2 * h + h  # ln_pre, attention_norm and ffn_norm per block, the projector's RMSNorm
+    return linears + patch_conv + norms
+
+
+def vision_tower(cfg: dict[str, Any], text_hidden: int) -> tuple[int, tuple[VisionMatrix, ...]]:
+    """(parameters, its nn.Linears) of what the fine-tuning load of a multimodal config builds beside the
+    language model; (0, ()) when it builds nothing there."""
+    kind = WRAPPERS.get(str(cfg.get("model_type")))
+    if kind == "pixtral":
+        return pixtral_tower_params(cfg, text_hidden), _pixtral_matrices(cfg, text_hidden)
+    vision = cfg.get("vision_config")
+    if kind != "siglip" or not isinstance(vision, dict):
+        return 0, ()
+    return siglip_tower_params(vision, text_hidden), _siglip_matrices(vision)
 
 
 def moe_interval_layers(layers: int, step: int) -> tuple[int, ...]:

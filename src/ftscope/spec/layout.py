@@ -104,14 +104,10 @@ def _mamba_linears(a: Arch) -> tuple[list[Linear], int]:
 
 
 def _vision_linears(a: Arch) -> tuple[tuple[Linear, int], ...]:
-    """A SigLIP tower's block Linears (PEFT's module names reach them); not run on text-only batches."""
-    if not a.vision_dims:
-        return ()
-    h, inter, layers = a.vision_dims
-    lins = [Linear(f"vision_{n}", (n,), h, h, True, group="vision") for n in ("q_proj", "k_proj", "v_proj", "out_proj")]
-    lins += [Linear("vision_fc1", ("fc1",), h, inter, True, group="vision"),
-             Linear("vision_fc2", ("fc2",), inter, h, True, group="vision")]
-    return tuple((lin, layers) for lin in lins)
+    """A vision tower's and projector's Linears (PEFT's all-linear and module names reach them); not run on
+    text-only batches."""
+    return tuple((Linear(f"vision_{name}", (name,), i, o, bias, group="vision"), n)
+                 for name, i, o, bias, n in a.vision_matrices)
 
 
 def _norms_per_layer(a: Arch) -> int:

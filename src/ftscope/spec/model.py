@@ -78,8 +78,9 @@ class ModelSpec:
     """0 when tied to the embedding (counted once, as transformers' parameters() does)."""
     final_norm_params: int
     vision_params: int = 0
-    """A multimodal checkpoint's vision tower and projector as AutoModelForCausalLM builds them (Gemma 3): held
-    and, in full fine-tuning, trained; never a LoRA target here; no activations (text-only batches)."""
+    """A multimodal checkpoint's vision tower and projector as its fine-tuning load builds them (Gemma 3 through
+    AutoModelForCausalLM, Mistral 3 through AutoModelForImageTextToText): held and, in full fine-tuning, trained;
+    no activations (text-only batches)."""
     vision_linears: tuple[tuple[Linear, int], ...] = ()
     """That tower's block Linears with their block count: LoRA targets (all-linear, module names), nothing else."""
     source: str = ""

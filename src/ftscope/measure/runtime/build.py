@@ -1,7 +1,8 @@
 """Build the real HF model of a scenario (random weights or a local checkpoint, never a download), with the scenario's mix applied.
 
 The point of ftscope's measurements is to run the code people actually train with, so this module only
-assembles real pieces: `AutoModelForCausalLM.from_config` for the architecture, the config keys transformers 5
+assembles real pieces: `AutoModelForCausalLM.from_config` for the architecture (`AutoModelForImageTextToText` for
+a multimodal wrapper it refuses: Mistral 3), the config keys transformers 5
 reads for attention (`attn_implementation`), MoE experts (`experts_implementation`) and top-k
 (`num_experts_per_tok`), activation checkpointing (non-reentrant, transformers' default), PEFT `LoraConfig`
 for LoRA (fused 3-D expert weights through `target_parameters`), and bitsandbytes `Linear4bit` (NF4, double
@@ -223,9 +224,23 @@ def check_weights(weights: str | Path, cfg: dict[str, Any], shrink: dict[str, An
     return folder
 
 
-def _from_pretrained(transformers: Any, folder: Path, hf_cfg: Any, dtype: Any, device: str, kwargs: dict[str, Any]) -> Any:
+def auto_model_class(transformers: Any, hf_cfg: Any, cfg: dict[str, Any]) -> Any:
+    """The Auto class a fine-tuning load uses: AutoModelForCausalLM, else, for a multimodal wrapper it refuses
+    (Mistral3Config), AutoModelForImageTextToText, as TRL, Axolotl and LLaMA-Factory load it (spec/families.py
+    WRAPPERS). Such a wrapper's lm_head is tied as its text config says when the file states no flag: the published
+    Mistral 3 checkpoints hold both matrices and from_pretrained keeps them apart, which Mistral3Config's own default
+    (tied) would not build from the config alone."""
+    if type(hf_cfg) in transformers.AutoModelForCausalLM._model_mapping:
+        return transformers.AutoModelForCausalLM
+    if "tie_word_embeddings" not in cfg and hasattr(hf_cfg, "text_config"):
+        hf_cfg.tie_word_embeddings = hf_cfg.get_text_config().tie_word_embeddings
+    return transformers.AutoModelForImageTextToText
+
+
+def _from_pretrained(transformers: Any, folder: Path, hf_cfg: Any, dtype: Any, device: str, kwargs: dict[str, Any],
+                     auto: Any) -> Any:
     try:
-        return transformers.AutoModelForCausalLM.from_pretrained(
+        return auto.from_pretrained(
             str(folder), config=hf_cfg, dtype=dtype, device_map=device if device.startswith("cuda") else None,
             local_files_only=True, **kwargs)
     except (OSError, RuntimeError) as exc:
@@ -278,11 +293,13 @@ def _instantiate(scn: Scenario, cfg: dict[str, Any], folder: Path | None, dtype:
     except (ValueError, TypeError, KeyError) as exc:
         raise FtscopeError(f"transformers cannot build a config for {scn.model.name}: {exc}") from None
 
+    auto = auto_model_class(transformers, hf_cfg, cfg)
+
     def instantiate() -> Any:
         if folder is not None:
-            return _from_pretrained(transformers, folder, hf_cfg, dtype, device, kwargs)
+            return _from_pretrained(transformers, folder, hf_cfg, dtype, device, kwargs, auto)
         with torch.device(device):
-            return transformers.AutoModelForCausalLM.from_config(hf_cfg, dtype=dtype, **kwargs)
+            return auto.from_config(hf_cfg, dtype=dtype, **kwargs)
 
     for _ in range(3):  # at most twice more: without an experts backend, then with eager attention
         try:

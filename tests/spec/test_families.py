@@ -25,7 +25,7 @@ PUBLISHED_TOTAL = {
     "gemma-3-27b": ("27.4", "Hub: 27.4B"),
     "mistral-7b-v0.3": ("7.25", "Hub: 7.25B"),
     "mistral-small-24b": ("23.6", "Hub: 23.6B ('24B')"),
-    "mistral-small-3.1-24b": ("24", "model card and Hub: 24B (a tied lm_head would read 23)"),
+    "mistral-small-3.1-24b": ("24", "model card and transformers docs: 24B (a tied lm_head would read 23)"),
     "phi-3-mini-4k": ("3.8", "model card: 3.8B"),
     "phi-4": ("14.7", "Hub: 14.7B ('14B')"),
     "deepseek-v3": ("671", "model card: 671B total (685B with the MTP module)"),

@@ -57,8 +57,8 @@ TRANSFORMERS_FAMILIES = frozenset(FAMILIES) - {"blackmamba"}
 # Multimodal wrappers: the vision tower a fine-tuning load builds beside the language model. Gemma 3:
 # AutoModelForCausalLM builds the whole Gemma3ForConditionalGeneration (SigLIP tower and projector included);
 # Llama 4: it builds the text model only. Mistral 3 (Mistral Small 3.1 / 3.2): AutoModelForCausalLM refuses
-# Mistral3Config (transformers 5.24), so the model is loaded as AutoModelForImageTextToText loads it (TRL, Axolotl
-# and LLaMA-Factory do for these ids): Mistral3ForConditionalGeneration, Pixtral tower and projector included.
+# Mistral3Config (transformers 5.24), so it is counted as AutoModelForImageTextToText builds it (the Auto class
+# transformers' Mistral 3 docs load these ids with): Mistral3ForConditionalGeneration, Pixtral tower and projector.
 WRAPPERS: dict[str, str | None] = {"gemma3": "siglip", "llama4": None, "mistral3": "pixtral"}
 
 VisionMatrix = tuple[str, int, int, bool, int]

@@ -226,8 +226,8 @@ def check_weights(weights: str | Path, cfg: dict[str, Any], shrink: dict[str, An
 
 def auto_model_class(transformers: Any, hf_cfg: Any, cfg: dict[str, Any]) -> Any:
     """The Auto class a fine-tuning load uses: AutoModelForCausalLM, else, for a multimodal wrapper it refuses
-    (Mistral3Config), AutoModelForImageTextToText, as TRL, Axolotl and LLaMA-Factory load it (spec/families.py
-    WRAPPERS). Such a wrapper's lm_head is tied as its text config says when the file states no flag: the published
+    (Mistral3Config), AutoModelForImageTextToText, the Auto class transformers' Mistral 3 docs load it with
+    (spec/families.py WRAPPERS). Such a wrapper's lm_head is tied as its text config says when the file states no flag: the published
     Mistral 3 checkpoints hold both matrices and from_pretrained keeps them apart, which Mistral3Config's own default
     (tied) would not build from the config alone."""
     if type(hf_cfg) in transformers.AutoModelForCausalLM._model_mapping:

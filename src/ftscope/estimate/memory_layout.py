@@ -8,9 +8,10 @@ memory.py builds one data-parallel rank's memory as if it held the whole model; 
   tokens; a 1F1B pipeline's first stage holds pp micro-batches of its 1 / pp of the blocks: one micro-batch of
   every block, as without a pipeline (interleaving adds (pp - 1) / (pp x v) more);
 - Megatron's selective checkpointing saves everything but the attention core (for fused attention that is
-  about all of it; eager attention's scores are dropped); torchtitan's per-op policy and torch.compile keep
-  the matmul inputs and outputs and recompute the elementwise ops between them (the norms' fp32 copies and
-  the gated MLP's activation intermediates); checkpoint_every N keeps full activations for the other blocks;
+  about all of it; eager attention's scores are dropped); torchtitan's per-op policy keeps the matmul inputs and
+  outputs and recomputes the elementwise ops between them (the norms' fp32 copies and two of the gated MLP's
+  intermediates); torch.compile's partition recomputes the norms and one MLP intermediate (a traced block);
+  checkpoint_every N keeps full activations for the other blocks;
 - the optimizer step fused into backward holds one block's gradients at a time, and so does FSDP's CPU offload
   (it copies each sharded gradient to the host); activation offload keeps only the block being computed and the
   next one's prefetched activations on the GPU (under checkpointing: two blocks' inputs);
@@ -64,17 +65,24 @@ def _expert_params(m: ModelSpec) -> int:
     return sum(lin.params * n for lin, n in m.linears() if lin.group == "experts")
 
 
-def elementwise_saved_per_token(model: ModelSpec, mix) -> float:
-    """Bytes per token of what the elementwise ops between matmuls save (recomputed by per-op checkpointing
-    and torch.compile): each attention block's fp32 norm copies and two of a gated MLP's three intermediates."""
+def elementwise_saved_per_token(model: ModelSpec, mix, compiled: bool = False) -> float:
+    """Bytes per token of what the elementwise ops between matmuls save and a policy recomputes. Per-op checkpointing
+    (the matmuls' and attention's outputs kept): each attention block's fp32 norm copies and two of a gated MLP's
+    intermediates. torch.compile (Inductor's partition of a compiled block, `compiled`): the norms' fp32 copies and
+    normalized outputs less one h-wide tensor it keeps, and ONE of the MLP's intermediates (a trace of torchtune's
+    own block, torch 2.13: eager 24 h + 8 f, compiled 14 h + 6 f bytes per token; benchmarks/compiled_layer_saved.py)."""
     a = model.arch
     c = 4 if mix.precision == "fp32" else 2
     out = 0.0
     for layer, n in model.layer_groups:
         if layer.mixer != "attention":
             continue
-        norms = 4 * a.hidden_size * (2 if not a.fact("parallel") else 1)
-        mlp = 2 * c * a.intermediate_size if layer.ffn == "dense" and any(lin.role == "gate" for lin in layer.linears) else 0
+        count = 2 if not a.fact("parallel") else 1
+        norms = 4 * a.hidden_size * count
+        if compiled:  # the bf16 normalized outputs too, but one more h-wide tensor kept
+            norms += c * a.hidden_size * (count - 1)
+        gated = layer.ffn == "dense" and any(lin.role == "gate" for lin in layer.linears)
+        mlp = (1 if compiled else 2) * c * a.intermediate_size if gated else 0
         out += (norms + mlp) * n
     return out
 
@@ -92,8 +100,9 @@ def activation_policy(acts: ActivationCoefficients, scn: Scenario) -> tuple[Acti
     checkpointing = mix.gradient_checkpointing and mix.checkpointing == "full"
     if mix.gradient_checkpointing and mix.checkpointing == "selective":
         acts = replace(acts, saved_per_token_quadratic=0.0, layer_per_token_quadratic=0.0)
-    if (mix.gradient_checkpointing and mix.checkpointing == "per-op") or mix.compile:
-        drop = elementwise_saved_per_token(scn.model, mix)
+    per_op = mix.gradient_checkpointing and mix.checkpointing == "per-op"
+    if per_op or mix.compile:
+        drop = elementwise_saved_per_token(scn.model, mix, compiled=not per_op)
         acts = replace(acts, saved_per_token=max(acts.saved_per_token - drop, 0.0))
     if checkpointing and mix.checkpoint_every > 1:
         # 1 in N blocks keeps its input only; the others keep everything they save

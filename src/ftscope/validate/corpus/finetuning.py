@@ -70,9 +70,11 @@ TORCHTUNE_CONFIG_LORA = {
     "llama3_1/8B_qlora_single_device": (8, ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]),
     "llama3_1/70B_lora": (16, ["q_proj", "k_proj", "v_proj"]),
     "llama3_1/405B_qlora": (16, ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]),
+    "llama2/7B_lora_single_device": (8, ["q_proj", "v_proj"]),
+    "llama2/7B_qlora_single_device": (8, ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]),
 }
 """lora_rank and lora_attn_modules (+ apply_lora_to_mlp) of the named configs (recipes/configs/<name>.yaml at
-30b8519e), for rows that do not repeat them."""
+30b8519e; the llama2 ones at 0914d5cf), for rows that do not repeat them."""
 
 
 TORCHTUNE_GIB_FROM = "2024-08-15"
@@ -88,8 +90,17 @@ TORCHTUNE_FIGURE_DATES = {
 """When the figures of a doc the corpus cites at a later HEAD were written (`git log -S` on the figure): the recipe,
 unit and dataset defaults of that date apply, not HEAD's."""
 
+TORCHTUNE_COPIED_FIGURES = {
+    "torchtune-2404-llama2-7b-lora-1x4090": "2024-03-21",   # a95c6b93 (#551) wrote 17.18 GB; fef3ed10 (#775) kept it
+    "torchtune-2404-llama2-7b-qlora-1x4090": "2024-03-22",  # 412a4ecd (#478) wrote 9.29 GB; fef3ed10 (#775) kept it
+}
+"""README rows whose figure an earlier table wrote (`git log -S` on the figure): the date it was measured."""
+
 
 def _doc_date(raw: Mapping[str, Any]) -> str:
+    copied = TORCHTUNE_COPIED_FIGURES.get(str(raw.get("id")))
+    if copied:
+        return copied
     doc = str(raw.get("doc", ""))
     date = re.search(r"\((\d{4}-\d{2}-\d{2})\)", doc)
     if date:
@@ -103,9 +114,9 @@ def _torchtune_memory(raw: Mapping[str, Any]) -> Measure | None:
         if r.get(key) is not None:
             kind = memory_kind(r.get("mem_kind"))
             why = ""
-            if kind == "unknown":  # its recipes log torch's counters (active, allocated, reserved), never nvidia-smi
-                kind, why = "reserved", "; counter unstated: reserved, the one torchtune's own tables name"
             date = _doc_date(raw)
+            if kind == "unknown":  # its recipes log torch's counters (active, allocated, reserved), never nvidia-smi
+                kind, why = _unstated_counter(date)
             value = float(r[key])
             if date and date < TORCHTUNE_GIB_FROM:
                 return peak(value * 1e9 / 2**30, kind, f"{key} {value:g} GB (torchtune logged 1e9 bytes until "
@@ -113,6 +124,21 @@ def _torchtune_memory(raw: Mapping[str, Any]) -> Measure | None:
             unit = "GiB" if date else r.get("unit", "GiB" if key.endswith("gib") else "GB")
             return peak(value, kind, f"{key} as {kind} (source unit: {unit}, compared as GiB){why}")
     return None
+
+
+TORCHTUNE_ACTIVE_NAMED = "2024-11-18"
+"""The README's "Optimization flags" table (1814feb1, 2024-11-18) names its counter: "Peak Memory Active (GiB)"; the
+2024-02/04 tables named reserved ("GPU peak memory reserved", README at e802c057; max_memory_reserved at eef59f7a^)
+and so does the QLoRA tutorial (0914d5cf). torch's peak active bytes are what max_memory_allocated reports."""
+
+
+def _unstated_counter(date: str) -> tuple[str, str]:
+    """(counter, note) for a torchtune figure that names none: the counter its tables of the same logging era name.
+    Until TORCHTUNE_GIB_FROM (GB tables) reserved; after it (GiB tables) peak active, read as allocated."""
+    if date and date >= TORCHTUNE_GIB_FROM:
+        return "allocated", (f"; counter unstated: peak active, the one the GiB-era table of {TORCHTUNE_ACTIVE_NAMED} "
+                             "names")
+    return "reserved", "; counter unstated: reserved, the one the GB-era tables name"
 
 
 def _torchtune_throughput(raw: Mapping[str, Any]) -> Measure | None:
@@ -148,13 +174,37 @@ TORCHTUNE_UNSTATED_CONFIG = {
 """Rows whose figure cannot be tied to a config: (README commit, GPU word) -> why their peak is not compared."""
 
 
+TORCHTUNE_OFF_SETUP = {
+    "torchtune-2404-llama2-7b-lora-2x4090": "20.95 GB is 6.8 GB above what the same recipe and config measured three "
+    "weeks earlier, 14.17 GB (README at a95c6b93: lora_finetune_distributed on 2 GPUs, q,v r8, batch 2, no "
+    "checkpointing, alpaca-cleaned then untruncated, so longer batches); lora_finetune_distributed.py changed in "
+    "between only by gradient accumulation and cleanup_before_training (which empties the cache): the table "
+    "contradicts its own earlier figure, by about the other rank's half of the bf16 weights (6.28 GiB)",
+    "torchtune-2409-llama31-8b-lora-rtx4090-24gbx1": "16.2 GiB is less than the stated setup (batch 2 packed to 2,048, "
+    "checkpointing, the chunked loss) keeps at the end of forward, whatever the counter: bf16 weights 14.96 GiB + 32 "
+    "checkpointed layer inputs 1.00 GiB + the 8 chunks' bf16 logits the loss saves 0.98 GiB = 16.94 GiB (the table's "
+    "QLoRA and full rows sit above theirs)",
+    "torchtune-2409-llama31-405b-qlora-a100x8": "44.8 GB is less than the stated setup (batch 2 packed to 2,048) holds: "
+    "NF4 shards 25.2 GiB + 126 checkpointed layer inputs 15.75 GiB + CrossEntropyLoss's fp32 logits and log-softmax "
+    "3.9 GiB + FSDP2's root (embeddings, LM head), which lora_finetune_distributed leaves unwrapped and FSDP2 keeps "
+    "gathered from forward to the end of backward, 6.9 GiB more = 51.8 GiB; its config (405B_qlora.yaml at 30b8519e) "
+    "runs batch_size 1, and the row alone is labelled GB",
+}
+"""Rows whose figure their stated setup cannot produce: below what it must hold (its irreducible tensors, read from the
+recipe at the table's commit), or contradicted by the same project's earlier figure of the same recipe and config.
+Their peak is listed, their throughput still compared."""
+
+
 def _unstated_config(raw: Mapping[str, Any]) -> str | None:
+    off = TORCHTUNE_OFF_SETUP.get(str(raw.get("id")))
+    if off:
+        return off
     doc, gpu = str(raw.get("doc", "")), str(raw.get("gpu", "")).lower()
     return next((why for (ref, card), why in TORCHTUNE_UNSTATED_CONFIG.items() if ref in doc and card in gpu), None)
 
 
 def _torchtune_text(raw: Mapping[str, Any]) -> str:
-    text = f"{raw.get('optimizer', '')} {raw.get('note', '')}"
+    text = f"{raw.get('optimizer', '')} {raw.get('note', '')} {raw.get('config', '')}"
     return " ".join([text, *(facts for name, facts in TORCHTUNE_CONFIGS.items() if name in text)]).lower()
 
 
@@ -197,9 +247,10 @@ def _torchtune_mix(raw: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
     return mix, needs
 
 
-TORCHTUNE_ALPACA_512_UNTIL = "2024-08-15"
+TORCHTUNE_ALPACA_512_FROM, TORCHTUNE_ALPACA_512_UNTIL = "2024-03-30", "2024-08-15"
 """torchtune's alpaca_dataset and alpaca_cleaned_dataset truncated at max_seq_len=512 by default
-(torchtune/datasets/_alpaca.py lines 15, 66 at ff594c23) until 8295cc35 (#1284, 2024-08-15)."""
+(torchtune/datasets/_alpaca.py lines 15, 66 at ff594c23) from 73647e26 (#620, 2024-03-30: InstructDataset gained
+max_seq_len; before it nothing truncated, datasets/_instruct.py at a95c6b93) until 8295cc35 (#1284, 2024-08-15)."""
 
 TORCHTUNE_CONFIG_DATASETS = {"llama2/7B_lora_single_device": "alpaca_cleaned", "llama2/7B_qlora_single_device": "alpaca_cleaned"}
 """The dataset of configs a point names without its dataset (recipes/configs/llama2/*.yaml at ff594c23: alpaca_cleaned_dataset,
@@ -207,7 +258,6 @@ its defaults)."""
 
 TORCHTUNE_SAME_FIGURE = {
     "torchtune-tut-lora-llama2-7b-reserved": "torchtune-tut-lora-llama2-7b-r8-qv (15.57 GB: the two tutorials quote one run)",
-    "torchtune-tut-qlora-llama2-7b-reserved": "torchtune-2404-llama2-7b-qlora-1x4090 (9.29 GB: the README quotes the tutorial's run)",
 }
 """Points whose training figure is another point's (the same run quoted twice): listed, so one run counts once."""
 
@@ -219,6 +269,9 @@ def _torchtune_seq(raw: Mapping[str, Any]) -> tuple[int | None, str, str]:
     if raw.get("packing"):
         return int(number(seq)), "packed", "packed to seq_len"
     date = _doc_date(raw)
+    if "alpaca" in dataset and date and date < TORCHTUNE_ALPACA_512_FROM:
+        return None, "", (f"figure measured {date}, before torchtune's alpaca builders truncated ({TORCHTUNE_ALPACA_512_FROM}): "
+                          "padded to the longest alpaca sample the logged steps drew, not stated")
     if "max_seq_len 512" in dataset or (seq is None and "alpaca" in dataset and date and date < TORCHTUNE_ALPACA_512_UNTIL):
         return 512, "max_length", "alpaca has samples past 512 tokens: the longest batch is padded to 512"
     return None, "", "needs the dataset's token-length distribution (alpaca, unpacked; not stated)"
@@ -245,6 +298,8 @@ def torchtune(raw: Mapping[str, Any], src: Mapping[str, Any]) -> Mapped:
     if not exact_gpu(raw["gpu"]):
         measures = tuple(m if m.metric.startswith("peak") else Measure(m.metric, m.value, m.note, "GPU size not stated")
                          for m in measures)
+    if unstated and all(m.reason for m in measures):  # nothing left to compare: the point is listed
+        return listed(raw, src["id"], "torchtune", unstated, *measures)
     mix, needs = _torchtune_mix(raw)
     n = int(raw.get("n_gpus") or 1)
     scenario = {"model": model, "framework": torchtune_version(raw), "hardware": {"gpu": gpu, "gpus_per_node": n},

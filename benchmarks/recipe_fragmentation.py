@@ -16,7 +16,7 @@ fixed segments, not a share of the activations (Llama-2-7B QLoRA at 1 x 2048: 0.
 
 Run:  .venv/bin/python benchmarks/recipe_fragmentation.py      # fsdp-qlora: 0.30 (0.295-0.325 over its 7 shapes)
       .venv/bin/python benchmarks/recipe_fragmentation.py --framework peft-sft-2024 --model meta-llama/Llama-2-70b-hf \
-          --rank 8 --shapes qlora:2:2048:bf16-mixed,lora:8:2048      # 0.28 (0.298 QLoRA, 0.255 LoRA)
+          --rank 8 --min-tokens 4096 --shapes qlora:2:2048:bf16-mixed,lora:8:2048
 (shapes: method:batch:seq[:precision]; one to a few minutes per shape on 2 CPU cores; needs the test extras:
 torch, transformers, peft, bitsandbytes)
 """
@@ -68,6 +68,7 @@ def main() -> int:
     ap.add_argument("--model", default=MODEL)
     ap.add_argument("--shapes", default=SHAPES, help="method:batch:seq[:precision],...")
     ap.add_argument("--rank", type=int, default=64, help="LoRA rank (on every linear)")
+    ap.add_argument("--min-tokens", type=int, default=MIN_TOKENS, help="smallest batch x seq in the median")
     args = ap.parse_args()
 
     from ftscope.measure.trace.allocator import replay_steps
@@ -98,14 +99,14 @@ def main() -> int:
         alloc = replay_steps(result.recs, steps=3, watch=watch)
         churn = result.categories["activations"] + result.categories["temporary"]
         frac, pinned = (alloc.peak_reserved - alloc.peak_allocated) / churn, at_peak[1] / churn
-        if int(batch) * int(seq) >= MIN_TOKENS:
+        if int(batch) * int(seq) >= args.min_tokens:
             fractions.append((frac, pinned))
         print(f"{shape:16s} allocated {alloc.peak_allocated / GIB:6.2f} GiB  reserved {alloc.peak_reserved / GIB:6.2f}  "
               f"activations {churn / GIB:6.2f}  fraction {frac:.3f}  pinned {pinned:.3f}", flush=True)
     if fractions:
         print(f"{args.framework}: fragmentation of the checkpointed step {statistics.median(f for f, _ in fractions):.2f}, "
               f"pinned {statistics.median(p for _, p in fractions):.2f} "
-              f"(medians of {len(fractions)} shapes of at least {MIN_TOKENS} tokens)")
+              f"(medians of {len(fractions)} shapes of at least {args.min_tokens} tokens)")
     return 0
 
 

@@ -47,7 +47,7 @@ class AllocatorModel:
     inside segments that still hold one stays. A run fits while allocated + workspace + this share (at most the
     step's own fraction) fits, and its max_memory_reserved then reads at most the capacity. Traced steps replayed
     (benchmarks/recipe_fragmentation.py: CachingAllocator.pinned_free at the peak of allocated bytes over the
-    activations): 0.12-0.22 for fsdp_qlora's Llama-2-7B and PEFT's 70B shapes, 0.04-0.05 for Llama-3.1-8B LoRA at
+    activations): 0.12-0.23 for fsdp_qlora's Llama-2-7B and PEFT's 70B shapes, 0.04-0.05 for Llama-3.1-8B LoRA at
     4 x 1024; median 0.15 over 11 shapes."""
 
 
@@ -67,7 +67,7 @@ class MemoryBreakdown:
     """weights, gradients, optimizer, activations, temporary, overhead (bytes) at the peak phase."""
     phases: dict[str, float]
     """Allocated bytes per phase."""
-    fit_bytes: float = 0.0
+    fit_bytes: float
     """What must fit on the device: peak_bytes less what the allocator returns when it releases its cache
     (AllocatorModel.pinned); the run runs out of memory when this exceeds the capacity."""
 

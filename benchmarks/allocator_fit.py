@@ -1,15 +1,17 @@
-"""Fit the caching allocator's fragmentation fraction on measured CUDA runs; check it on runs it did not see.
+"""Fit the caching allocator's fragmentation fractions on measured CUDA runs; check them on runs they did not see.
 
 ftscope predicts reserved memory as allocated + workspace + fragmentation x (activations + temporaries at the
-peak phase): the caching allocator keeps freed blocks that later, larger requests cannot reuse. This fits the one
-fraction on the characterization store (data/measurements/gpu-runs.json) with the estimator's own allocated bytes
-and checks it on the long-context and timing stores. The value goes into `AllocatorModel.fragmentation`.
+peak phase): the caching allocator keeps freed blocks that later, larger requests cannot reuse. A step with
+activation checkpointing fragments more (each block's kept input is carved out of a block its larger transients
+freed and pins that segment), so the two kinds of step get a fraction each: `AllocatorModel.fragmentation` and
+`fragmentation_checkpointed`. Each is fitted on its points of the characterization store
+(data/measurements/gpu-runs.sqlite) with today's estimator (`memory_model` at the measured batch and sequence)
+and checked on the long-context and timing stores.
 
 Run:  .venv/bin/python benchmarks/allocator_fit.py
 """
 from __future__ import annotations
 
-import json
 import math
 import statistics
 import sys
@@ -18,47 +20,58 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from ftscope.estimate.memory import DEFAULT_ALLOCATOR  # noqa: E402
+from ftscope.estimate.memory import DEFAULT_ALLOCATOR, AllocatorModel, memory_model  # noqa: E402
+from ftscope.spec.hardware import GIB  # noqa: E402
 
 DATA = ROOT / "data" / "measurements"
-FIT = ("gpu-runs.json",)
-HELD_OUT = ("gpu-long.json", "gpu-timing.json")
+FIT = ("gpu-runs.sqlite",)
+HELD_OUT = ("gpu-long.sqlite", "gpu-timing.sqlite")
 
 
-def points(names: tuple[str, ...]) -> list[tuple[float, float, float]]:
-    """(estimated allocated GiB, estimated churning GiB, measured reserved GiB) per CUDA point."""
+def points(names: tuple[str, ...], checkpointed: bool) -> list[tuple]:
+    """(scenario, batch, seq, measured reserved GiB) of every CUDA reserved point of these stores whose step
+    does (or does not) checkpoint activations."""
+    from ftscope.validate.store_cases import store_checks
+
     out = []
     for name in names:
-        for run in json.loads((DATA / name).read_text())["runs"]:
-            for p in run["points"]:
-                m = p["measurement"]
-                mem = m.get("memory") or {}
-                if m.get("status") != "ok" or not mem.get("peak_reserved_bytes") or not m.get("estimate"):
-                    continue
-                e = m["estimate"]["memory"]
-                b = e["breakdown_gib"]
-                out.append((e["allocated_gib"], b["activations"] + b["temporary"], mem["peak_reserved_bytes"] / 2**30))
+        checks, _ = store_checks(DATA / name)
+        for c in checks:
+            if c.metric == "peak_gib:reserved" and c.scenario.mix.gradient_checkpointing == checkpointed:
+                w = c.scenario.workload
+                out.append((c.scenario, w.micro_batch_size, w.seq_len, c.measured))
     return out
 
 
-def errors(pts: list[tuple[float, float, float]], frac: float) -> list[float]:
-    ws = DEFAULT_ALLOCATOR.workspace_gib
-    return [100.0 * ((a + ws + frac * churn) / reserved - 1.0) for a, churn, reserved in pts]
+def errors(pts: list[tuple], allocator: AllocatorModel) -> list[float]:
+    """% error of the predicted reserved bytes of each point under this allocator model."""
+    out = []
+    for scn, batch, seq, reserved in pts:
+        mm = memory_model(scn, allocator)
+        predicted = (mm.breakdown(batch, seq).peak_bytes - mm.paged_optimizer) / GIB
+        out.append(100.0 * (predicted / reserved - 1.0))
+    return out
+
+
+def with_fraction(checkpointed: bool, frac: float) -> AllocatorModel:
+    field = "fragmentation_checkpointed" if checkpointed else "fragmentation"
+    return AllocatorModel(**{**DEFAULT_ALLOCATOR.__dict__, field: frac})
 
 
 def main() -> None:
-    from scipy.optimize import minimize_scalar
-
-    fit, held = points(FIT), points(HELD_OUT)
-    res = minimize_scalar(lambda f: statistics.mean(abs(math.log1p(e / 100)) for e in errors(fit, f)),
-                          bounds=(0.0, 1.0), method="bounded")
-    best = round(res.x, 2)
-    for label, frac in (("current", DEFAULT_ALLOCATOR.fragmentation), ("fitted", best)):
-        for name, pts in (("fit set", fit), ("held out", held)):
-            errs = [abs(e) for e in errors(pts, frac)]
-            under = sum(1 for e in errors(pts, frac) if e < 0)
-            print(f"{label} fragmentation {frac:.2f}: {name:8s} n={len(pts):3d}  median {statistics.median(errs):4.1f} %  "
-                  f"max {max(errs):5.1f} %  under-predicted {under}/{len(pts)}")
+    for checkpointed in (False, True):
+        field = "fragmentation_checkpointed" if checkpointed else "fragmentation"
+        fit, held = points(FIT, checkpointed), points(HELD_OUT, checkpointed)
+        grid = [i / 100 for i in range(101)]
+        best = min(grid, key=lambda f: statistics.mean(abs(math.log1p(e / 100))
+                                                       for e in errors(fit, with_fraction(checkpointed, f))))
+        for label, frac in (("current", getattr(DEFAULT_ALLOCATOR, field)), ("fitted", best)):
+            for name, pts in (("fit set", fit), ("held out", held)):
+                errs = errors(pts, with_fraction(checkpointed, frac))
+                absolute = [abs(e) for e in errs]
+                under = sum(1 for e in errs if e < 0)
+                print(f"{label} {field} {frac:.2f}: {name:8s} n={len(pts):3d}  median {statistics.median(absolute):4.1f} %  "
+                      f"max {max(absolute):5.1f} %  under-predicted {under}/{len(pts)}")
 
 
 if __name__ == "__main__":

@@ -498,3 +498,64 @@ def test_activation_coefficients_do_not_read_the_fields_activation_mix_leaves_ou
         assert activation_mix(mix) == activation_mix(base.mix)
         got = activation_coefficients(base.model, mix, base.top_k, base.recipe)
         assert got == activation_coefficients(base.model, activation_mix(mix), base.top_k, base.recipe), changes
+
+
+# --- the caching allocator's overhead ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_overhead_is_workspace_plus_the_step_kinds_fraction_of_the_churn(checkpointing):
+    from ftscope.estimate.memory import AllocatorModel
+
+    s = scn(model="llama-2-7b", mix={"method": "lora", "gradient_checkpointing": checkpointing})
+    for al in (AllocatorModel(fragmentation=0.1, fragmentation_checkpointed=0.5),
+               AllocatorModel(fragmentation=0.5, fragmentation_checkpointed=0.1)):
+        bd = memory_model(s, al).breakdown(4, 1024)
+        frac = al.fragmentation_checkpointed if checkpointing else al.fragmentation
+        c = bd.categories
+        assert c["overhead"] == pytest.approx(al.workspace_gib * GIB + frac * (c["activations"] + c["temporary"]))
+
+
+def test_checkpointed_steps_fragment_more_by_default():
+    from ftscope.estimate.memory import DEFAULT_ALLOCATOR
+
+    assert DEFAULT_ALLOCATOR.fragmentation_checkpointed > DEFAULT_ALLOCATOR.fragmentation
+
+
+def test_a_recipe_with_a_replayed_fraction_sets_the_checkpointed_one():
+    from ftscope.estimate.memory import DEFAULT_ALLOCATOR
+    from ftscope.spec.recipe import load_recipe
+
+    own = load_recipe("fsdp-qlora").allocator_fragmentation_checkpointed
+    assert own is not None and own != DEFAULT_ALLOCATOR.fragmentation_checkpointed
+    mix = {"method": "lora", "gradient_checkpointing": True, "fsdp": "none"}
+    framework = ftscope.load_scenario({"model": "llama-2-7b", "framework": "fsdp-qlora", "hardware": {"gpu": "a100-80gb"},
+                                       "mix": mix, "workload": {"micro_batch_size": 4, "seq_len": 1024}})
+    al = memory_model(framework).allocator
+    assert al.fragmentation_checkpointed == own and al.fragmentation == DEFAULT_ALLOCATOR.fragmentation
+    assert memory_model(scn(model="llama-2-7b", mix=mix)).allocator == DEFAULT_ALLOCATOR
+
+
+def test_a_reserve_above_the_device_stops_at_it_while_what_the_cache_cannot_return_fits():
+    # torch's allocator frees its cached segments and retries a failed cudaMalloc, so a checkpointed run fits while
+    # allocated + workspace + the pinned share of the churn fits, and its reserved peak then reads the capacity
+    s = scn(model="llama-2-7b", mix={"method": "lora", "gradient_checkpointing": True})
+    mm = memory_model(s)
+    al, seq = mm.allocator, 2048
+    assert al.pinned < al.fragmentation_checkpointed
+    capped = False
+    for b in range(1, 200):
+        bd = mm.breakdown(b, seq)
+        c = bd.categories
+        churn = c["activations"] + c["temporary"]
+        natural = bd.allocated_bytes + al.workspace_gib * GIB + al.fragmentation_checkpointed * churn
+        assert bd.fit_bytes == pytest.approx(mm.peak_bytes(b, seq))
+        assert bd.fit_bytes <= natural * (1 + 1e-12)
+        if bd.fit_bytes > mm.capacity_bytes:
+            assert bd.peak_bytes == pytest.approx(natural) and not mm.fits(b, seq)
+            break
+        assert mm.fits(b, seq)
+        assert bd.peak_bytes == pytest.approx(min(natural, mm.capacity_bytes))
+        capped = capped or natural > mm.capacity_bytes
+    assert capped  # some batch reserved more than the device and still fit
+    est = ftscope.estimate(s.with_(micro_batch_size="max"))
+    assert est.fits and est.memory.fit_bytes <= mm.capacity_bytes

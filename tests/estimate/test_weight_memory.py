@@ -24,11 +24,31 @@ def test_frozen_base_by_method():
 
 
 def test_sharded_weights_gather_two_whole_units_in_forward():
-    """ZeRO-3 gathers the current block and prefetches the next, each as a whole unit in bf16; ZeRO-2 gathers none."""
+    """FSDP gathers the current block and prefetches the next, each as a whole unit in bf16; ZeRO-2 gathers none."""
     z2 = scn("llama-2-7b", mix={"method": "full", "zero_stage": 2}, gpus=4)
-    z3 = scn("llama-2-7b", mix={"method": "full", "zero_stage": 3}, gpus=4)
-    (t2, b2), (t3, b3) = forward_transients(z2, 4), forward_transients(z3, 4)
-    assert t3 - t2 == pytest.approx(2 * z3.model.largest_layer_params() * 2.0) and b3 == b2
+    f3 = scn("llama-2-7b", mix={"method": "full", "fsdp": "full_shard"}, gpus=4)
+    (t2, b2), (t3, b3) = forward_transients(z2, 4), forward_transients(f3, 4)
+    assert t3 - t2 == pytest.approx(2 * f3.model.largest_layer_params() * 2.0) and b3 == b2
+
+
+@pytest.mark.parametrize("model,method", [("llama-2-7b", "full"), ("llama-2-70b", "qlora"), ("llama-2-70b", "lora")])
+def test_zero3_keeps_what_its_trace_reuses_within_the_reuse_distance(model, method):
+    """DeepSpeed keeps a block gathered after its forward when its next use (its backward) comes within 1e9 elements:
+    the head and the blocks after it. Llama-2-7B bf16 blocks (202M elements, head 131M) keep 5; Llama-2-70B NF4
+    blocks stored in bf16 (221M elements, head 262M) keep 4; a 70B bf16 block (856M) keeps only itself, fewer than
+    the two units in flight."""
+    from ftscope.estimate.weight_memory import ZERO3_MAX_REUSE_DISTANCE, zero3_reuse_kept
+
+    z3 = scn(model, mix={"method": method, "zero_stage": 3}, gpus=8)
+    m, per = z3.model, NF4_BYTES if method == "qlora" else 2.0
+    layer, head = m.largest_layer_params(), m.lm_head_params + m.final_norm_params
+    elements = layer * per / 2.0
+    kept = next(j for j in range(m.num_layers + 1) if j * elements + head >= ZERO3_MAX_REUSE_DISTANCE)
+    assert kept == {"llama-2-7b": 5, "llama-2-70b": 4 if method == "qlora" else 1}[model]
+    assert zero3_reuse_kept(z3, per) == pytest.approx(kept * layer * per + head * 2.0)
+    fsdp = scn(model, mix={"method": method, "fsdp": "full_shard"}, gpus=8)
+    extra = forward_transients(z3, 8)[0] - forward_transients(fsdp, 8)[0]
+    assert extra == pytest.approx(max(0.0, zero3_reuse_kept(z3, per) - 2 * layer * per), rel=1e-9, abs=1.0)
 
 
 def test_qlora_dequantizes_one_weight_at_a_time():

@@ -63,6 +63,10 @@ def test_malformed_recipe_rejected():
         recipe_from_dict({**base, "kbit_upcast": True})
     with pytest.raises(FtscopeError, match="kbit_fp32_params"):
         recipe_from_dict({**base, "kbit_fp32_params": ["heads"]})
+    for bad in (-0.1, 3.0, "high"):
+        with pytest.raises(FtscopeError, match="allocator_fragmentation_checkpointed"):
+            recipe_from_dict({**base, "allocator_fragmentation_checkpointed": bad})
+    assert recipe_from_dict({**base, "allocator_fragmentation_checkpointed": 0.3}).allocator_fragmentation_checkpointed == 0.3
 
 
 def test_lora_dropout_range_checked():

@@ -80,8 +80,8 @@ def estimate(scn: Scenario, margin: float = DEFAULT_MARGIN, strict: bool = True,
     less than `tight_margin` of usable memory left is "tight" (Estimate.status). `shared`: a sweep's memo of the
     work its candidates share (estimate/shared.py); the same numbers, computed once."""
     sh, reason, mem, seq, max_b, batch, breakdown = memory_stage(scn, margin, strict, tight_margin, shared)
-    if reason is None and breakdown.peak_bytes > mem.capacity_bytes * (1 - margin):
-        reason = (f"does not fit: needs {breakdown.peak_bytes / 2**30:.1f} GiB per GPU at micro-batch {batch}, "
+    if reason is None and breakdown.fit_bytes > mem.capacity_bytes * (1 - margin):
+        reason = (f"does not fit: needs {breakdown.fit_bytes / 2**30:.1f} GiB per GPU at micro-batch {batch}, "
                   f"seq {seq}; {scn.cluster.gpu.key} has {mem.capacity_bytes / 2**30:.1f} GiB usable")
     result = Estimate(scenario=scn, micro_batch_size=batch, seq_len=seq, memory=breakdown, model_memory=mem,
                       max_micro_batch_size=max_b, margin=margin, reason=reason,
@@ -111,11 +111,12 @@ def memory_stage(scn: Scenario, margin: float, strict: bool, tight_margin: float
                            f"CUDA context ({mem.allocator.cuda_context_gib} GiB); give hardware.gpu more memory")
     wl = scn.workload
     seq = wl.peak_seq_len()
-    if sh:  # the memory models of one GPU count differ only in the capacity, which the breakdown ignores
+    if sh:  # the memory models of one GPU count differ only in the capacity
         max_b = sh.get(("max_b", world, mem.capacity_bytes, margin), lambda: max_micro_batch(mem, seq, margin))
     else:
         max_b = max_micro_batch(mem, seq, margin)
     batch = (max_b or 1) if wl.solve_batch else int(wl.micro_batch_size)
-    breakdown = (sh.get(("breakdown", world, batch), lambda: mem.breakdown(batch, seq)) if sh
+    # the breakdown reads the capacity only where a reserved peak above it stops there (the allocator's retry)
+    breakdown = (sh.get(("breakdown", world, batch, mem.capacity_bytes), lambda: mem.breakdown(batch, seq)) if sh
                  else mem.breakdown(batch, seq))
     return sh, reason, mem, seq, max_b, batch, breakdown

@@ -124,6 +124,12 @@ class CachingAllocator:
                 b.size += nb.size
         self._insert(b)
 
+    def pinned_free(self) -> int:
+        """Free bytes inside segments that still hold a live block: what releasing the cache cannot return (torch's
+        release_cached_blocks, on a failed cudaMalloc or empty_cache, frees only segments with no live block)."""
+        return sum(self._blocks[i].size for pool in self._pools.values() for _, _, i in pool
+                   if self._blocks[i].prev is not None or self._blocks[i].next is not None)
+
     def empty_cache(self) -> None:
         """torch.cuda.empty_cache(): return every segment that is entirely free."""
         for small, pool in self._pools.items():

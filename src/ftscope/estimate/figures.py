@@ -38,7 +38,7 @@ def figures(scn: Scenario, margin: float, cal: Calibration, tight_margin: float,
     """The ranking figures of estimate(scn, margin, strict=False, calibration=cal, tight_margin, shared); None when
     one of them is not a finite, non-negative number (the caller builds the estimate, whose checks say which)."""
     sh, reason, mem, seq, max_b, batch, bd = memory_stage(scn, margin, False, tight_margin, shared)
-    peak, cap = bd.peak_bytes, mem.capacity_bytes
+    peak, cap = bd.fit_bytes, mem.capacity_bytes  # what must fit (MemoryBreakdown.fit_bytes), as Estimate.fits
     if not _memory_sane(bd, sh, scn.cluster.world_size, batch):
         return None
     dnf = reason is None and peak > cap * (1 - margin)

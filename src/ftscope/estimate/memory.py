@@ -30,10 +30,25 @@ class AllocatorModel:
     """CUDA context, cuBLAS/cuDNN kernels: visible in nvidia-smi, not in torch's reserved."""
     workspace_gib: float = 0.03
     """cuBLAS workspaces and small buffers the caching allocator holds."""
-    fragmentation: float = 0.17
-    """Reserved exceeds allocated by this fraction of the memory that churns (activations, temporaries).
-    Fitted on 49 H200 profile points, checked on 35 others (benchmarks/allocator_fit.py): median 5.7 % held out,
-    and the real ratio spreads from 0.05 to 0.6 by model and mix, so a tight fit needs a profile run."""
+    fragmentation: float = 0.12
+    """Reserved exceeds allocated by this fraction of the memory that churns (activations, temporaries), in a step
+    without activation checkpointing. Fitted on the 37 such H200 profile points, checked on 24 others
+    (benchmarks/allocator_fit.py): median 3.3 % held out; the real ratio spreads from 0.05 to 0.4 by model and mix."""
+    fragmentation_checkpointed: float = 0.41
+    """The same with activation checkpointing, where it is higher: each block's kept input is carved out of a block
+    freed by the block's larger transients (the MLP's intermediate), so every layer pins a segment of transient size
+    that the next block's transients cannot reuse (the traced steps' allocations replayed through
+    caching_allocator.py show it). Fitted on 12 H200 points, checked on 11: median 5.1 % held out (one fraction for
+    both kinds, 0.17, read 13.6 % under on those 11); a recipe whose step was replayed sets its own
+    (Recipe.allocator_fragmentation_checkpointed)."""
+    pinned: float = 0.15
+    """Of the churning bytes, what stays reserved when the allocator releases its cache: on a failed cudaMalloc torch
+    frees every cached segment that holds no live tensor and retries (release_cached_blocks), and only the free space
+    inside segments that still hold one stays. A run fits while allocated + workspace + this share (at most the
+    step's own fraction) fits, and its max_memory_reserved then reads at most the capacity. Traced steps replayed
+    (benchmarks/recipe_fragmentation.py: CachingAllocator.pinned_free at the peak of allocated bytes over the
+    activations): 0.12-0.23 for fsdp_qlora's Llama-2-7B and PEFT's 70B shapes, 0.04-0.05 for Llama-3.1-8B LoRA at
+    4 x 1024; median 0.15 over 11 shapes."""
 
 
 DEFAULT_ALLOCATOR = AllocatorModel()
@@ -52,6 +67,9 @@ class MemoryBreakdown:
     """weights, gradients, optimizer, activations, temporary, overhead (bytes) at the peak phase."""
     phases: dict[str, float]
     """Allocated bytes per phase."""
+    fit_bytes: float
+    """What must fit on the device: peak_bytes less what the allocator returns when it releases its cache
+    (AllocatorModel.pinned); the run runs out of memory when this exceeds the capacity."""
 
 
 class PhasePoint(NamedTuple):
@@ -194,38 +212,49 @@ class MemoryModel:
 
     def reserved_bytes(self, point: PhasePoint) -> float:
         """What the caching allocator holds at a phase point: the compute stream's allocated + overhead, plus what
-        another stream's pool holds (the solvers' curves; `reserved_floor` bounds the compute stream's part)."""
+        another stream's pool holds (`reserved_floor` bounds the compute stream's part)."""
         return self._reserved_of((point,))[0]
 
     def breakdown(self, batch: float, seq: float) -> MemoryBreakdown:
-        """Memory at the phase where reserved memory (allocated + allocator overhead) peaks."""
+        """Memory at the phase where reserved memory (allocated + allocator overhead) peaks. When that is more than
+        the device holds but what the allocator cannot release fits (fit_bytes), torch frees its cache and retries:
+        the run goes on and its reserved peak reads the capacity."""
         phases = self._points(batch, seq)  # (phase, gradients, activations, temporary, allocated), as PhasePoint
         totals = self._reserved_of(phases)
         i = max(range(len(phases)), key=totals.__getitem__)
         name, grads, act, temp, allocated = phases[i]
-        overhead = max(totals[i], self.least_reserved) - allocated
+        peak = max(totals[i], self.least_reserved)
+        need = max(self.least_reserved, *self._reserved_of(phases, held=True))
+        if peak > self.capacity_bytes >= need:
+            peak = self.capacity_bytes
+        overhead = peak - allocated
         per_phase: dict[str, float] = {}
         for phase, _, _, _, held in phases:
             per_phase[phase] = max(per_phase.get(phase, 0.0), held)
         cats = {"weights": self.weights, "gradients": grads, "optimizer": self.optimizer, "activations": act,
                 "temporary": temp, "overhead": overhead}
         return MemoryBreakdown(peak_bytes=allocated + overhead, allocated_bytes=allocated, phase=name,
-                               categories=cats, phases=per_phase)
+                               categories=cats, phases=per_phase, fit_bytes=need)
 
     def peak_bytes(self, batch: float, seq: float) -> float:
-        """breakdown(batch, seq).peak_bytes without building the breakdown (the solvers' hot path)."""
+        """breakdown(batch, seq).fit_bytes without building the breakdown (the solvers' hot path): what must fit."""
         return max(self.least_reserved, *self.reserved_totals(batch, seq))
 
     def reserved_totals(self, batch: float, seq: float) -> list[float]:
-        """reserved_bytes of every phase point, in order (the same sums, without building PhasePoints)."""
-        return self._reserved_of(self._points(batch, seq))
+        """What each phase point needs on the device, in order: its reserved bytes less what releasing the cache
+        returns (the fit decision's sums; capacity-free, so the solvers' curves serve every GPU type)."""
+        return self._reserved_of(self._points(batch, seq), held=True)
 
-    def _reserved_of(self, points) -> list[float]:
+    def _reserved_of(self, points, held: bool = False) -> list[float]:
         """reserved_bytes of these point tuples: the compute stream's part (allocated plus the allocator's overhead:
         its workspace and a fragmentation share of the churning activations and temporaries; gathered units moved to
-        the other stream's pool outside the optimizer step) plus that pool."""
+        the other stream's pool outside the optimizer step) plus that pool. `held`: only the share that releasing
+        the cache leaves (AllocatorModel.pinned)."""
         al, g, pool = self.allocator, self.stream_gathered, self.stream_pool
-        ws, fr = al.workspace_gib * GIB, al.fragmentation
+        ws = al.workspace_gib * GIB
+        fr = al.fragmentation_checkpointed if self.checkpointing else al.fragmentation
+        if held:
+            fr = min(fr, al.pinned)
         owns = [g if p[0] != "optimizer" else 0.0 for p in points]
         return [p[4] - own + ws + fr * (p[2] + p[3] - own) + pool for p, own in zip(points, owns)]
 
@@ -271,6 +300,9 @@ def memory_model(scn: Scenario, allocator: AllocatorModel = DEFAULT_ALLOCATOR) -
     """The per-GPU memory model of a scenario. It reads the GPU only for its capacity, so one model is built per
     model, mix (as memory_mix), accumulation, recipe and GPU count, and shared across GPU types with the capacity
     replaced."""
+    frag = scn.recipe.allocator_fragmentation_checkpointed
+    if frag is not None and frag != allocator.fragmentation_checkpointed:  # the framework's own step, replayed
+        allocator = fast_replace(allocator, fragmentation_checkpointed=float(frag))
     key = (scn.model, memory_mix(scn.mix), scn.workload.gradient_accumulation > 1, scn.recipe,
            scn.cluster.world_size, allocator)
     mm = _MODELS.get(key)

@@ -78,12 +78,13 @@ class Estimate:
 
     @property
     def fits(self) -> bool:
-        return self.reason is None and self.memory.peak_bytes <= self.model_memory.capacity_bytes * (1 - self.margin)
+        return self.reason is None and self.memory.fit_bytes <= self.model_memory.capacity_bytes * (1 - self.margin)
 
     @property
     def headroom_bytes(self) -> float:
-        """Usable memory left at the peak (negative when it does not fit)."""
-        return self.model_memory.capacity_bytes - self.memory.peak_bytes
+        """Usable memory left at the peak before the run runs out (negative when it does not fit): the capacity less
+        what must fit (MemoryBreakdown.fit_bytes; cached blocks beyond it the allocator releases when it must)."""
+        return self.model_memory.capacity_bytes - self.memory.fit_bytes
 
     @property
     def headroom_fraction(self) -> float:
@@ -98,7 +99,7 @@ class Estimate:
         if not self.fits:
             return "does_not_fit"
         # the product the solvers' limit computes, so a batch solved to leave the margin is never called tight
-        tight = self.memory.peak_bytes > self.model_memory.capacity_bytes * (1.0 - self.tight_margin)
+        tight = self.memory.fit_bytes > self.model_memory.capacity_bytes * (1.0 - self.tight_margin)
         return "tight" if tight else "fits"
 
     def to_dict(self) -> dict[str, Any]:

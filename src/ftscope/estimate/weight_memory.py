@@ -17,6 +17,10 @@ from .adapter_memory import (kbit_autocast_copies, kbit_fp32_params, largest_deq
                              peft_merged_expert_bytes)
 
 NF4_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)
+ZERO3_MAX_REUSE_DISTANCE = 1e9
+"""DeepSpeed's stage3_max_reuse_distance default, in parameter elements (HF's "auto" and accelerate's generated
+configs leave it): a submodule's parameters stay gathered after it runs when the trace uses them again within that
+many elements (partitioned_param_coordinator.__params_to_release, v0.13.4)."""
 
 
 def frozen_weight_bytes(scn: Scenario) -> float:
@@ -67,10 +71,26 @@ def forward_transients(scn: Scenario, shards: int) -> tuple[float, float]:
         # buffer of the whole unit beside the rank's shard, which stays (FSDP1's padded unsharded flat parameter,
         # FSDP2's all-gather output, DeepSpeed's all_gather_coalesced flat tensor): the full unit, not (n - 1) / n
         per_param = NF4_BYTES if mix.method == "qlora" else 2.0
-        transient += 2 * m.largest_layer_params() * per_param
+        gathered = 2 * m.largest_layer_params() * per_param
+        if deepspeed:
+            gathered = max(gathered, zero3_reuse_kept(scn, per_param))
+        transient += gathered
         if scn.recipe.fsdp_root_gathered and fsdp:
             root = m.embedding_params + m.lm_head_params + m.final_norm_params
             transient += root * (4.0 if mix.precision == "fp32" else 2.0)
     elif fsdp and mix.method == "full":
         transient += m.total_params * 2.0       # shard_grad_op keeps the unsharded bf16 weights until backward ends
     return transient, block
+
+
+def zero3_reuse_kept(scn: Scenario, per_param: float) -> float:
+    """Bytes DeepSpeed's ZeRO-3 keeps gathered where forward turns into backward: the LM head and the last blocks,
+    whose next use (their backward, under checkpointing their recompute) comes within ZERO3_MAX_REUSE_DISTANCE
+    elements of the trace. The block j from the end stays while the j blocks after it and the head hold fewer
+    elements; a 4-bit weight counts the 2-byte elements of its bf16 quant storage (a Llama-2-70B NF4 block: 221M)."""
+    m = scn.model
+    layer = m.largest_layer_params()
+    elements = layer * (per_param / 2.0 if scn.mix.method == "qlora" else 1.0)
+    head = m.lm_head_params + m.final_norm_params
+    kept = 0 if head >= ZERO3_MAX_REUSE_DISTANCE else int((ZERO3_MAX_REUSE_DISTANCE - head) // elements) + 1
+    return min(kept, m.num_layers) * layer * per_param + head * 2.0

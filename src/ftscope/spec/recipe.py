@@ -130,6 +130,10 @@ class Recipe:
     a whole block's weights are alive while it runs (torchao NF4Tensor: a trace of the compiled step)."""
     compile: bool = False
     """torch.compile on the model by default (time model)."""
+    allocator_fragmentation_checkpointed: float | None = None
+    """This framework's own AllocatorModel.fragmentation_checkpointed: reserved minus allocated over the churning bytes
+    when its checkpointed step (its loss code included) is traced and replayed through the caching-allocator model
+    (benchmarks/recipe_fragmentation.py); None: the H200 fit."""
     quantize_at_load: bool = True
     """QLoRA weights are quantized while loading, one bf16 tensor at a time (not a full bf16 copy)."""
     gpu_only: bool = False
@@ -181,6 +185,9 @@ def recipe_from_dict(raw: Mapping[str, Any]) -> Recipe:
                                 ("verified", rec.verified, VERIFIED)):
         if value not in options:
             raise FtscopeError(f"recipe {rec.name}: {key} must be one of {', '.join(options)}; got {value!r}")
+    frag = rec.allocator_fragmentation_checkpointed
+    if frag is not None and not (isinstance(frag, (int, float)) and 0.0 <= frag <= 2.0):
+        raise FtscopeError(f"recipe {rec.name}: allocator_fragmentation_checkpointed must be a number from 0 to 2; got {frag!r}")
     if rec.loss_chunk_tokens < 1 or rec.loss_chunks < 0:
         raise FtscopeError(f"recipe {rec.name}: loss_chunk_tokens must be positive and loss_chunks not negative")
     bad = set(rec.kbit_fp32_params) - set(KBIT_GROUPS) - {"all"}

@@ -65,7 +65,7 @@ class Check:
         if m == "max_micro_batch_size":
             return float(est.max_micro_batch_size)
         if m == "oom":  # memory alone decides (an unsupported kernel is not an out-of-memory)
-            return float(est.memory.peak_bytes > est.model_memory.capacity_bytes * (1 - est.margin))
+            return float(est.memory.fit_bytes > est.model_memory.capacity_bytes * (1 - est.margin))
         if m.startswith("peak_gib"):
             return memory_gib(est, m.split(":")[1])
         if est.time is None:

@@ -34,3 +34,20 @@ def test_empty_cache_returns_only_entirely_free_segments():
     assert a.reserved == 20 * MiB
     a.malloc("v", 13 * MiB)  # nothing cached is that large: a new 14 MiB segment
     assert a.reserved == 34 * MiB and a.segments == 2
+
+
+def test_replay_steps_shows_every_event_of_every_step_to_its_watcher():
+    import math
+
+    from ftscope.measure.trace.allocator import replay_steps
+
+    class Rec:
+        def __init__(self, nbytes, t0, t1, kind):
+            self.nbytes, self.t0, self.t1, self.kind = nbytes, t0, t1, kind
+
+    recs = [Rec(40 * MiB, 0, math.inf, "param"), Rec(30 * MiB, 1, 3, "forward"), Rec(12 * MiB, 2, math.inf, "forward")]
+    seen = []
+    alloc = replay_steps(recs, steps=2, watch=lambda a, step: seen.append((step, a.allocated)))
+    # per step: two mallocs and two frees (the one alive at the end is freed when the step ends)
+    assert [s for s, _ in seen] == [0] * 4 + [1] * 4
+    assert max(b for _, b in seen) == alloc.peak_allocated == 82 * MiB

@@ -23,12 +23,12 @@ def replay(events: Iterable[tuple[str, object, int]]) -> CachingAllocator:
     return alloc
 
 
-def replay_steps(recs: list[Any], steps: int = 3, allocator: Any = None) -> Any:
+def replay_steps(recs: list[Any], steps: int = 3, allocator: Any = None, watch: Any = None) -> Any:
     """The traced step as a training loop would repeat it, through the caching-allocator model: weights first;
     each step allocates and frees as traced, except that optimizer states are created in the first step only and
     kept, gradients are freed at the end of every step (zero_grad(set_to_none=True)), and whatever the step left
     alive (input, loss) is freed then too. With `allocator`, continue that allocator's history (a profile sweep:
-    the weights and optimizer states are already there)."""
+    the weights and optimizer states are already there). `watch(allocator, step)` runs after every event of the steps."""
     fresh = allocator is None
     alloc = CachingAllocator() if fresh else allocator
     if fresh:
@@ -48,4 +48,6 @@ def replay_steps(recs: list[Any], steps: int = 3, allocator: Any = None) -> Any:
                 alloc.malloc(key, r.nbytes)
             else:
                 alloc.free(key)
+            if watch is not None:
+                watch(alloc, step)
     return alloc

@@ -41,3 +41,15 @@ def test_offload_moves_states_and_then_parameters_to_the_host():
     w, g, o, cpu = sharded_states(s.mix, 4, 0.0, p, per)
     assert w == 0 and o == 0 and g == pytest.approx(p * per.gradient / 4)
     assert cpu == pytest.approx(p * per.optimizer / 4 + p * 4.0 / 4 + p * per.weight / 4)
+
+
+def test_replicated_bytes_stay_whole_on_the_gpu_when_the_rest_is_sharded_or_offloaded():
+    """bitsandbytes' quantization state (weight_memory.kbit_state_bytes) is neither sharded nor offloaded."""
+    s = scn("llama-2-70b", mix={"method": "qlora", "fsdp": "full_shard"}, gpus=4)
+    per, frozen, r = state_bytes(s), 36e9, 1e9
+    w, *_ = sharded_states(s.mix, 4, frozen, 0, per, r)
+    assert w == pytest.approx((frozen - r) / 4 + r)
+    assert sharded_states(s.mix, 1, frozen, 0, per, r)[0] == pytest.approx(frozen)  # one GPU: the same bytes
+    off = scn("llama-2-70b", mix={"method": "qlora", "fsdp": "full_shard", "offload": "optimizer+params"}, gpus=4)
+    w, _, _, cpu = sharded_states(off.mix, 4, frozen, 0, per, r)
+    assert w == pytest.approx(r) and cpu == pytest.approx((frozen - r) / 4)

@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 
 import ftscope
-from ftscope.estimate.weight_memory import NF4_BYTES, forward_transients, frozen_weight_bytes
+from ftscope.estimate.weight_memory import (NF4_BYTES, NF4_DATA_BYTES, NF4_STATE_BYTES, forward_transients,
+                                            frozen_weight_bytes, gathered_bytes_per_weight, kbit_state_bytes)
 
 
 def scn(model="llama-3.2-1b", mix=None, gpus=1):
@@ -35,12 +36,12 @@ def test_sharded_weights_gather_two_whole_units_in_forward():
 def test_zero3_keeps_what_its_trace_reuses_within_the_reuse_distance(model, method):
     """DeepSpeed keeps a block gathered after its forward when its next use (its backward) comes within 1e9 elements:
     the head and the blocks after it. Llama-2-7B bf16 blocks (202M elements, head 131M) keep 5; Llama-2-70B NF4
-    blocks stored in bf16 (221M elements, head 262M) keep 4; a 70B bf16 block (856M) keeps only itself, fewer than
+    blocks stored in bf16 (214M elements of 4-bit data, head 262M) keep 4; a 70B bf16 block (856M) keeps only itself, fewer than
     the two units in flight."""
     from ftscope.estimate.weight_memory import ZERO3_MAX_REUSE_DISTANCE, zero3_reuse_kept
 
     z3 = scn(model, mix={"method": method, "zero_stage": 3}, gpus=8)
-    m, per = z3.model, NF4_BYTES if method == "qlora" else 2.0
+    m, per = z3.model, NF4_DATA_BYTES if method == "qlora" else 2.0
     layer, head = m.largest_layer_params(), m.lm_head_params + m.final_norm_params
     elements = layer * per / 2.0
     kept = next(j for j in range(m.num_layers + 1) if j * elements + head >= ZERO3_MAX_REUSE_DISTANCE)
@@ -55,3 +56,23 @@ def test_qlora_dequantizes_one_weight_at_a_time():
     s = scn("llama-2-7b", mix={"method": "qlora"})
     largest = max(lin.params for lin, _ in s.model.linears())
     assert forward_transients(s, 1)[1] == pytest.approx(largest * s.recipe.dequant_bytes_per_weight)
+
+
+def test_bitsandbytes_quant_state_is_whole_on_every_rank_and_torchao_shards_it():
+    """bitsandbytes keeps each Linear4bit's quant_state (1/64 + 4/16384 B per weight) as a plain attribute on every
+    rank's GPU: a QLoRA under FSDP / ZeRO-3 keeps it whole, and gathers the 4-bit data alone; torchao's NF4Tensor
+    (torchtune) splits its scalers with the data."""
+    bnb = scn("llama-2-70b", mix={"method": "qlora", "fsdp": "full_shard"}, gpus=2)
+    quantized = bnb.model.quantizable_params()
+    assert NF4_DATA_BYTES + NF4_STATE_BYTES == NF4_BYTES
+    assert kbit_state_bytes(bnb) == pytest.approx(quantized * NF4_STATE_BYTES)
+    assert 1.0 < kbit_state_bytes(bnb) / 2**30 < 1.05          # Llama-2-70B: 68.5B weights, about 1 GiB
+    assert gathered_bytes_per_weight(bnb) == NF4_DATA_BYTES
+    ao = ftscope.load_scenario({"model": "llama-2-70b", "framework": "torchtune",
+                                "hardware": {"gpu": "a100-80gb", "gpus_per_node": 2},
+                                "mix": {"method": "qlora", "fsdp": "full_shard"},
+                                "workload": {"micro_batch_size": 1, "seq_len": 512}})
+    assert ao.recipe.kbit_state_sharded and kbit_state_bytes(ao) == 0.0 and gathered_bytes_per_weight(ao) == NF4_BYTES
+    for method in ("lora", "full"):
+        s = scn(mix={"method": method})
+        assert kbit_state_bytes(s) == 0.0 and gathered_bytes_per_weight(s) == 2.0

@@ -18,7 +18,7 @@ from .memory_layout import (activation_policy, clone_init_cache, clone_init_grou
                             paged_state_params, small_pool_step_bytes, split_states)
 from .state_memory import OPTIMIZER_STATE_BYTES, StateBytes, sharded_states, state_bytes  # noqa: F401 (re-exported)
 from .weight_memory import (NF4_BYTES, forward_transients, fp32_lora_base,  # noqa: F401 (re-exported)
-                            frozen_weight_bytes)
+                            frozen_weight_bytes, gathered_bytes_per_weight, kbit_state_bytes)
 
 
 
@@ -328,7 +328,7 @@ def _build_memory_model(scn: Scenario, allocator: AllocatorModel) -> MemoryModel
 
     shard_w = n if (stage == 3 or mix.fsdp is not None) else 1
     shard_o = n if stage >= 1 else 1
-    weights, grads, optimizer, cpu = sharded_states(mix, n, frozen_weight_bytes(scn), trainable, per)
+    weights, grads, optimizer, cpu = sharded_states(mix, n, frozen_weight_bytes(scn), trainable, per, kbit_state_bytes(scn))
 
     if stage == 0 and n > 1:
         # DDP copies every gradient into its communication buckets (HF Trainer / accelerate default)
@@ -355,7 +355,7 @@ def _build_memory_model(scn: Scenario, allocator: AllocatorModel) -> MemoryModel
         floor = weights + clone_init_cache(*clone_init_groups(scn))
     elif mix.method == "qlora" and shard_w == 1 and scn.recipe.init_quantize_bytes_per_weight:  # built on this GPU
         floor = weights + m.largest_linear_params() * scn.recipe.init_quantize_bytes_per_weight
-    init_cache, pool, gathered = fsdp1_stream_bytes(scn, NF4_BYTES if mix.method == "qlora" else 2.0, n)
+    init_cache, pool, gathered = fsdp1_stream_bytes(scn, gathered_bytes_per_weight(scn), n)
     if mix.fsdp is not None and init_cache:
         floor = weights + init_cache
     small = small_pool_step_bytes(scn, per.gradient, per.optimizer, shard_w) if floor else 0.0

@@ -28,6 +28,7 @@ from ..spec.model import ModelSpec
 from ..spec.scenario import Scenario, fast_replace
 from .activations import ActivationCoefficients
 from .caching_allocator import SMALL_SIZE, CachingAllocator
+from .weight_memory import fp32_lora_base
 
 PAGED_MIN_NUMEL = 100_000
 """bitsandbytes' paged optimizers put a parameter's states in CUDA managed memory (cudaMallocManaged, outside torch's
@@ -215,7 +216,9 @@ def fsdp1_stream_bytes(scn: Scenario, per_param: float, shards: int) -> tuple[fl
     Init: fsdp1_init_cache's replay of every unit. In the step the gathered units live on the unshard stream: the
     root (when the recipe keeps it gathered) and two blocks in flight (unsharded bytes). Under CPU offload or a
     mixed-precision param_dtype each unit's shard is first copied to the GPU on a third stream (the pre-unshard
-    stream), whose pool holds the largest copies alive at once: the root's shard, or two blocks' (prefetched)."""
+    stream), whose pool holds the largest copies alive at once: the root's shard, or two blocks' (prefetched). FSDP1
+    casts only a unit stored in another dtype than param_dtype (`_uses_param_mixed_precision`: fwd_bwd dtype !=
+    orig dtype): fp32 weights, not a bf16 LoRA base or QLoRA's bf16 quant storage."""
     m, rec = scn.model, scn.recipe
     root_bytes = (m.embedding_params + m.lm_head_params + m.final_norm_params) * (4.0 if scn.mix.precision == "fp32" else 2.0)
     block_bytes = m.largest_layer_params() * per_param
@@ -229,8 +232,13 @@ def fsdp1_stream_bytes(scn: Scenario, per_param: float, shards: int) -> tuple[fl
         # from the host, _use_low_precision_shard casts one into _mp_shard; either copy is dropped once all-gathered
         # (torch/distributed/fsdp/_runtime_utils.py _unshard, _flat_param.py pre_unshard / unshard), so the stream's
         # cache keeps the largest of them: the root's shard, or two prefetched blocks' carved from it
-        if scn.mix.offload == "optimizer+params" or scn.mix.precision in ("bf16-mixed", "fp16-mixed"):
+        mixed = scn.mix.precision in ("bf16-mixed", "fp16-mixed")
+        blocks_fp32 = mixed and (scn.mix.method == "full" or fp32_lora_base(scn))
+        root_fp32 = blocks_fp32 or (mixed and any(rec.kbit_fp32(g) for g in ("embeddings", "lm_head")))
+        if scn.mix.offload == "optimizer+params":
             pool += max(root_bytes, 2 * block_bytes) / shards
+        elif root_fp32 or blocks_fp32:
+            pool += max(root_bytes * root_fp32, 2 * block_bytes * blocks_fp32) / shards
     return init, pool, gathered
 
 

@@ -45,14 +45,16 @@ def state_bytes(scn: Scenario) -> StateBytes:
     return StateBytes(w_b, g_b, opt_state + master, low_states)
 
 
-def sharded_states(mix, n: int, frozen: float, trainable: int, per: StateBytes) -> tuple[float, float, float, float]:
+def sharded_states(mix, n: int, frozen: float, trainable: int, per: StateBytes,
+                   replicated: float = 0.0) -> tuple[float, float, float, float]:
     """(weights, gradients, optimizer states, host bytes) per GPU before the layout splits them: ZeRO / FSDP shard
-    over the n data-parallel ranks, offload moves states (and parameters) to the host."""
+    over the n data-parallel ranks, offload moves states (and parameters) to the host. `replicated`: bytes of
+    `frozen` every rank keeps whole on its GPU (weight_memory.kbit_state_bytes), neither sharded nor offloaded."""
     stage = mix.shard_stage
     shard_w = n if (stage == 3 or mix.fsdp is not None) else 1  # FSDP2 shards parameters at both strategies
     shard_g = n if stage >= 2 else 1
     shard_o = n if stage >= 1 else 1
-    weights = (frozen + trainable * per.weight) / shard_w
+    weights = (frozen - replicated + trainable * per.weight) / shard_w
     grads = trainable * per.gradient / shard_g
     optimizer = trainable * per.optimizer / shard_o
     cpu = 0.0
@@ -62,4 +64,4 @@ def sharded_states(mix, n: int, frozen: float, trainable: int, per: StateBytes) 
     if mix.offload == "optimizer+params":
         cpu += weights
         weights = 0.0
-    return weights, grads, optimizer, cpu
+    return weights + replicated, grads, optimizer, cpu

@@ -8,7 +8,8 @@ Bytes per parameter, by where the weights live (N = GPUs that share a shard):
   ZeRO-2 also the grads, ZeRO-3 also the weights; FSDP2 keeps fp32 sharded params and gathers bf16 per block;
 - LoRA: frozen bf16 base 2; adapters fp32 (PEFT upcasts them) + grads + AdamW;
 - QLoRA: NF4 with double quantization, 0.5 + 1/64 + 4/16384 bytes per quantized weight; embeddings, norms
-  and LM head stay bf16; one block's weights are dequantized to bf16 at a time.
+  and LM head stay bf16; one block's weights are dequantized to bf16 at a time. Under FSDP / ZeRO-3 the 4-bit data
+  is sharded; bitsandbytes' quantization state (the 1/64 + 4/16384) stays whole on every rank (`kbit_state_bytes`).
 """
 from __future__ import annotations
 
@@ -16,7 +17,12 @@ from ..spec.scenario import Scenario
 from .adapter_memory import (kbit_autocast_copies, kbit_fp32_params, largest_dequantized_linear,
                              peft_merged_expert_bytes)
 
-NF4_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)
+NF4_DATA_BYTES = 0.5
+"""4-bit data per quantized weight, two weights a byte (packed into the quant storage dtype)."""
+NF4_STATE_BYTES = 1 / 64 + 4 / (64 * 256)
+"""Quantization state per weight under double quantization: a uint8 absmax per block of 64 weights and an fp32
+absmax per 256 of those (bitsandbytes' QuantState and its state2; torchao's quantized scalers and factors)."""
+NF4_BYTES = NF4_DATA_BYTES + NF4_STATE_BYTES
 ZERO3_MAX_REUSE_DISTANCE = 1e9
 """DeepSpeed's stage3_max_reuse_distance default, in parameter elements (HF's "auto" and accelerate's generated
 configs leave it): a submodule's parameters stay gathered after it runs when the trace uses them again within that
@@ -28,13 +34,38 @@ def frozen_weight_bytes(scn: Scenario) -> float:
     m, mix = scn.model, scn.mix
     total = m.total_params
     if mix.method == "qlora":
-        quantized = m.quantizable_params()
-        if m.is_moe and mix.fused_experts:
-            # bitsandbytes replaces nn.Linear only: transformers 5's fused 3-D experts stay in bf16
-            quantized -= sum(lin.params * k for lin, k in m.linears() if lin.group == "experts")
+        quantized = quantized_params(scn)
         return quantized * NF4_BYTES + (total - quantized) * 2.0 + kbit_fp32_params(scn, quantized) * 2.0
     frozen = 0 if mix.method == "full" else total
     return frozen * (4.0 if mix.precision == "fp32" or fp32_lora_base(scn) else 2.0)
+
+
+def quantized_params(scn: Scenario) -> int:
+    """QLoRA: the weights bitsandbytes quantizes (nn.Linear only: transformers 5's fused 3-D experts stay bf16)."""
+    m = scn.model
+    quantized = m.quantizable_params()
+    if m.is_moe and scn.mix.fused_experts:
+        quantized -= sum(lin.params * k for lin, k in m.linears() if lin.group == "experts")
+    return quantized
+
+
+def kbit_state_bytes(scn: Scenario) -> float:
+    """Bytes of frozen_weight_bytes that every data-parallel rank keeps whole on its GPU, never sharded nor
+    offloaded: bitsandbytes' quantization state. transformers quantizes each weight on the rank's own GPU and moves
+    only the 4-bit data to the CPU or meta device (`type(value)(value.data.to(param_to), **value.__dict__)`,
+    modeling_utils 4.39), fsdp_qlora's train.py does the same (its load_and_quantize comment: "FSDP only syncs
+    parameters and buffers, so the quant_state isn't copied"), and FSDP / ZeRO-3 then shard the data alone."""
+    if scn.mix.method != "qlora" or scn.recipe.kbit_state_sharded:
+        return 0.0
+    return quantized_params(scn) * NF4_STATE_BYTES
+
+
+def gathered_bytes_per_weight(scn: Scenario) -> float:
+    """Bytes per weight of a block that FSDP / ZeRO-3 all-gathers: bf16, or the 4-bit data (with the scalers when the
+    recipe shards them with it, kbit_state_sharded)."""
+    if scn.mix.method != "qlora":
+        return 2.0
+    return NF4_BYTES if scn.recipe.kbit_state_sharded else NF4_DATA_BYTES
 
 
 def fp32_lora_base(scn: Scenario) -> bool:
@@ -70,7 +101,7 @@ def forward_transients(scn: Scenario, shards: int) -> tuple[float, float]:
         # ZeRO-3/FSDP gather the current block and prefetch the next (MoE blocks are gathered whole), each into a
         # buffer of the whole unit beside the rank's shard, which stays (FSDP1's padded unsharded flat parameter,
         # FSDP2's all-gather output, DeepSpeed's all_gather_coalesced flat tensor): the full unit, not (n - 1) / n
-        per_param = NF4_BYTES if mix.method == "qlora" else 2.0
+        per_param = gathered_bytes_per_weight(scn)
         gathered = 2 * m.largest_layer_params() * per_param
         if deepspeed:
             gathered = max(gathered, zero3_reuse_kept(scn, per_param))
@@ -87,7 +118,7 @@ def zero3_reuse_kept(scn: Scenario, per_param: float) -> float:
     """Bytes DeepSpeed's ZeRO-3 keeps gathered where forward turns into backward: the LM head and the last blocks,
     whose next use (their backward, under checkpointing their recompute) comes within ZERO3_MAX_REUSE_DISTANCE
     elements of the trace. The block j from the end stays while the j blocks after it and the head hold fewer
-    elements; a 4-bit weight counts the 2-byte elements of its bf16 quant storage (a Llama-2-70B NF4 block: 221M)."""
+    elements; a 4-bit weight counts the 2-byte elements of its bf16 quant storage (a Llama-2-70B NF4 block: 214M)."""
     m = scn.model
     layer = m.largest_layer_params()
     elements = layer * (per_param / 2.0 if scn.mix.method == "qlora" else 1.0)

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from ..estimate.compute import Op, compute_mix, micro_batch_ops, recomputed
 from ..estimate.efficiency import Efficiency
 from ..estimate.layout import layout
-from ..estimate.memory import MemoryModel, frozen_weight_bytes, memory_model, trainable_params
+from ..estimate.memory import MemoryModel, frozen_weight_bytes, kbit_state_bytes, memory_model, trainable_params
 from ..estimate.state_memory import sharded_states, state_bytes
 from ..estimate.memory_layout import state_split
 from ..estimate.time import Rates, micro_batch_times, rates, step_time
@@ -163,11 +163,12 @@ class StateFloor:
     def __init__(self, scn: Scenario) -> None:
         self.mix = scn.mix
         self.frozen, self.trainable, self.per = frozen_weight_bytes(scn), trainable_params(scn), state_bytes(scn)
+        self.replicated = kbit_state_bytes(scn)
         self.split = state_split(scn)
 
     def at(self, world: int) -> float:
         n = world // self.mix.model_parallel
-        weights, _, optimizer, _ = sharded_states(self.mix, n, self.frozen, self.trainable, self.per)
+        weights, _, optimizer, _ = sharded_states(self.mix, n, self.frozen, self.trainable, self.per, self.replicated)
         return (weights * self.split + optimizer * self.split) * SAFETY
 
 

@@ -84,18 +84,21 @@ class Classification:
 def classify(np, space: Space, by: str, cal: Calibration, accepts: dict[str, Callable[[Any], bool] | None],
              global_batch: int | None, stop_at: float | None,
              progress: Callable[[str, int, int | None], None] | None, margin: float = 0.0,
-             share_twins: bool = True) -> tuple[Classification, bool]:
-    """The classification of every candidate; True when the clock ran out before every mix was seen. With a
-    `margin`, a candidate that fits only in the last `margin` of usable memory is tight (tier 1): rule 1 read at
-    capacity x (1 - margin) says which, since its memory grows with the micro-batch."""
+             share_twins: bool = True, scan_until: float | None = None) -> tuple[Classification, bool]:
+    """The classification of every candidate; True when the clock ran out before every mix was seen and bounded.
+    With a `margin`, a candidate that fits only in the last `margin` of usable memory is tight (tier 1): rule 1
+    read at capacity x (1 - margin) says which, since its memory grows with the micro-batch. The pass over the
+    mixes stops at `scan_until` (default `stop_at`), the time bounds at `stop_at`: a candidate that fits but whose
+    compute signature the clock left without a bound is unsearched."""
     nb, nm = len(space.blocks), space.mixes_per_block
     scan = Scan(np, space, accepts, global_batch, margin, share_twins)
     cut = False
+    scan_until = stop_at if scan_until is None else scan_until
     for k, mix in enumerate(space.mixes()):
         if k % MIX_CHUNK == 0:
             if progress:
                 progress("classify", k * nb, nb * nm)
-            if stop_at is not None and time.perf_counter() > stop_at:
+            if scan_until is not None and time.perf_counter() > scan_until:
                 cut = True
                 break
         scan.mix(k, mix)
@@ -139,7 +142,11 @@ def classify(np, space: Space, by: str, cal: Calibration, accepts: dict[str, Cal
     for j in np.flatnonzero((status == FITS).any(axis=0)).tolist():
         if sig[j] not in mixes:
             mixes[sig[j]] = space.mix(int(cols[j]))
-    hours, usd = _time_bounds(np, space, cal, scan.on_gpu, g_of, sig, mixes, batch, batch_max, replicas)
+    hours, usd, unbounded = _time_bounds(np, space, cal, scan.on_gpu, g_of, sig, mixes, batch, batch_max, replicas,
+                                         stop_at)
+    if unbounded.any():  # out of time: these fit, but without a bound they cannot be ranked
+        status[:, unbounded] = np.where(status[:, unbounded] == FITS, UNSEARCHED, status[:, unbounded])
+        cut = True
     chosen_peak = fixed_peak if fixed_peak is None else np.where(tier == 0, safe_fixed_peak, fixed_peak)
     primary = {"time": hours, "cost": np.where(np.isnan(usd), np.inf, usd),
                "memory": peak[w_of] if fixed_peak is None else chosen_peak}[by]
@@ -172,9 +179,10 @@ def _micro_batch_bounds(np, terms, w_of, caps, fits, per_replica):
 
 
 def _time_bounds(np, space: Space, cal: Calibration, on_gpu: Sequence[Any], g_of, sig, representative, batch,
-                 batch_max, replicas):
+                 batch_max, replicas, stop_at: float | None = None):
     """Lower bounds of hours and dollars per candidate: per compute signature and GPU type, the per-op
-    seconds per sequence (bounds.op_rates) at the shortest padded length its micro-batch bound can have."""
+    seconds per sequence (bounds.op_rates) at the shortest padded length its micro-batch bound can have. Also
+    which columns the clock (`stop_at`) left without a bound, the signatures taken in listing order."""
     wl = space.scenario.workload
     shortest = shortest_sequence(space.scenario)
     batches, which = _distinct_batches(np, batch)
@@ -184,7 +192,12 @@ def _time_bounds(np, space: Space, cal: Calibration, on_gpu: Sequence[Any], g_of
     memo: dict = {}
     by_sig = np.argsort(sig, kind="stable")  # the columns of each signature, ascending, without a pass per signature
     starts = np.searchsorted(sig[by_sig], np.arange(len(sig) and int(sig.max()) + 2))
-    for s, mix in representative.items():
+    unbounded = np.zeros(len(sig), bool)
+    for n, (s, mix) in enumerate(representative.items()):
+        if stop_at is not None and time.perf_counter() > stop_at:
+            for s in list(representative)[n:]:
+                unbounded[by_sig[starts[s]:starts[s + 1]]] = True
+            break
         work = sequence_work(with_mix(on_gpu[0], mix), shortest, memo)
         columns = by_sig[starts[s]:starts[s + 1]]
         if not work or not len(columns):
@@ -199,7 +212,7 @@ def _time_bounds(np, space: Space, cal: Calibration, on_gpu: Sequence[Any], g_of
     prices = [price_of(b.base)[0] for b in space.blocks]
     price = np.array([np.nan if p is None else p for p in prices])[:, None]
     hours = per_seq * hours_per_gpu_second(space.scenario) / replicas
-    return hours, hours * world * price
+    return hours, hours * world * price, unbounded
 
 
 def _distinct_batches(np, batch):

@@ -181,6 +181,28 @@ def test_probes_that_share_equal_memory_models_answer_as_fresh_ones():
     assert len(memos) < len(MIXES)  # the sharing is exercised: some mixes have equal memory models
 
 
+def test_an_inexact_fixed_batch_peak_fits_where_the_exact_one_does():
+    """fixed_batch_peak(exact=False), what a search by time or cost keeps: on every capacity the peak at 1 fits,
+    it fits exactly where the exact peak fits (with and without accumulation, below and at the batch cap), and
+    it is the exact peak where it needs no solve."""
+    from ftscope.plan.bounds import MemoryProbe
+    caps = [usable_bytes(gpu_from_catalog(g)) for g in ("t4", "rtx-4090", "a40", "a100-80gb", "h200")]
+    solved = 0
+    for mix in MIXES[::2]:
+        for ga in (1, 4):
+            scn = _scn("olmoe-1b-7b", **mix).with_(gradient_accumulation=ga)
+            probe = MemoryProbe(scn, 1024)
+            for cap, gb in itertools.product(caps, (8, 64, 4096)):
+                if probe.peak_at_one > cap:
+                    continue
+                exact, fast = probe.fixed_batch_peak(cap, gb), probe.fixed_batch_peak(cap, gb, exact=False)
+                assert (exact <= cap) == (fast <= cap), (mix, ga, cap, gb)
+                if fast != exact:
+                    solved += 1
+                    assert ga > 1 and fast == probe.peak_at_one
+    assert solved  # the shortcut is exercised
+
+
 def test_sequence_work_shared_per_ops_mix_is_each_mixs_own():
     """sequence_work with a memo fits the ops once per ops_mix (checkpointing and the fused attention kernel left
     out) and gives every mix what it computes alone, passes included; the memo holds fewer fits than mixes."""

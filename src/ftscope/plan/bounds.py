@@ -122,11 +122,15 @@ class MemoryProbe:
             hit = peaks[batch] = self.model.peak_bytes(batch, self.seq)
         return hit
 
-    def fixed_batch_peak(self, capacity: float, global_batch: int) -> float:
+    def fixed_batch_peak(self, capacity: float, global_batch: int, exact: bool = True) -> float:
         """Peak bytes of the layout recommend picks to keep the global batch (micro-batch as large as fits up to
         the global batch over the replicas and stages, accumulation for the rest), the way recommend's evaluate
         picks it. When the capped micro-batch itself fits, the solver's larger answer would be capped to it
-        (reserved bytes grow with the micro-batch), so no solve is needed."""
+        (reserved bytes grow with the micro-batch), so no solve is needed. With `exact` False, for a capacity the
+        peak at micro-batch 1 fits, only whether the answer fits is kept (a search ranked by time or cost reads
+        nothing else of it): below the cap the solver's batch accumulates (ga >= 2), and when the scenario's
+        model accumulates too it is this model, whose peak at the solver's batch fits by the solver's definition;
+        so the peak at 1, which fits, stands for it and no solve is needed."""
         scn = self.scenario
         fixed = self._fixed
         if fixed is None or fixed[0] != global_batch:  # what does not depend on the capacity, once per probe
@@ -139,6 +143,8 @@ class MemoryProbe:
             if when_capped is None:
                 when_capped = fixed[5] = self._kept_batch_peak(cap, global_batch, reps, stages)
             return when_capped
+        if not exact and self.peak_at_one <= capacity and scn.workload.gradient_accumulation > 1:
+            return self.peak_at_one
         return self._kept_batch_peak(self.max_micro_batch(capacity), global_batch, reps, stages)
 
     def _kept_batch_peak(self, fitting: int, global_batch: int, reps: int, stages: int) -> float:

@@ -91,7 +91,7 @@ def classify(np, space: Space, by: str, cal: Calibration, accepts: dict[str, Cal
     mixes stops at `scan_until` (default `stop_at`), the time bounds at `stop_at`: a candidate that fits but whose
     compute signature the clock left without a bound is unsearched."""
     nb, nm = len(space.blocks), space.mixes_per_block
-    scan = Scan(np, space, accepts, global_batch, margin, share_twins)
+    scan = Scan(np, space, accepts, global_batch, margin, share_twins, exact_peaks=by == "memory")
     cut = False
     scan_until = stop_at if scan_until is None else scan_until
     for k, mix in enumerate(space.mixes()):

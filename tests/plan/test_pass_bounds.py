@@ -32,6 +32,7 @@ def test_micro_batch_seconds_per_gpu_are_each_gpus_own(model):
              dict(method="qlora", gradient_checkpointing=True), dict(compile=True), dict(method="full"),
              dict(experts_backend="modules"), dict(tensor_parallel=2, sequence_parallel=True)]
     checked = 0
+    memo: dict = {}
     for mix, (batch, length) in itertools.product(mixes, ((1, 37.0), (16, 2048.0))):
         if "experts_backend" in mix and model != "olmoe-1b-7b":
             continue
@@ -39,8 +40,27 @@ def test_micro_batch_seconds_per_gpu_are_each_gpus_own(model):
         scns = [replace(base, cluster=replace(base.cluster, gpu=gpu_from_catalog(g))) for g in GPUS]
         effs = [cal.for_gpu(g)[0] for g in GPUS]
         got = micro_batch_seconds_per_gpu(np, scns, effs, batch, length)
+        # with a memo the op times are made once per op list and rates: the second call reads them
+        for _ in range(2):
+            assert micro_batch_seconds_per_gpu(np, scns, effs, batch, length, memo).tolist() == got.tolist()
         want = [micro_batch_seconds(s, batch, length, e) for s, e in zip(scns, effs)]
         assert got.tolist() == pytest.approx(want, rel=1e-12, abs=0), (mix, batch)
         assert len(set(want)) > 1
         checked += 1
     assert checked >= 14
+    assert len(memo) <= checked  # flash with checkpointing shares nothing here; the repeats hit
+
+
+def test_checkpointing_reads_the_shared_op_times_with_its_own_recompute():
+    """Mixes that differ only in checkpointing share one op list and rates in the memo, and each gets its own
+    micro_batch_seconds."""
+    cal = load_calibration()
+    memo: dict = {}
+    for gc in (False, True):
+        base = _scn("llama-3.2-1b", gradient_checkpointing=gc)
+        scns = [replace(base, cluster=replace(base.cluster, gpu=gpu_from_catalog(g))) for g in GPUS]
+        effs = [cal.for_gpu(g)[0] for g in GPUS]
+        got = micro_batch_seconds_per_gpu(np, scns, effs, 4, 512.0, memo)
+        want = [micro_batch_seconds(s, 4, 512.0, e) for s, e in zip(scns, effs)]
+        assert got.tolist() == pytest.approx(want, rel=1e-12, abs=0), gc
+    assert len(memo) == 1

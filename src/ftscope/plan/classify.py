@@ -168,13 +168,17 @@ def _micro_batch_bounds(np, terms, w_of, caps, fits, per_replica):
         with np.errstate(divide="ignore", invalid="ignore"):
             return np.where(per > 0, (cap - fixed) / per, np.inf).min(axis=0)  # over the phases
 
+    high[:] = BATCH_CAP
     for b in range(fits.shape[0]):
-        w = w_of[b]
-        lo = np.clip(np.floor(largest(terms["fixed"][w], terms["first"][w], caps[b]) * (1 - 1e-6)), 1, BATCH_CAP)
-        hi = np.clip(np.floor(largest(terms["fixed"][w], terms["far"][w], caps[b]) * (1 + 1e-6)), 1, BATCH_CAP)
+        at = np.flatnonzero(fits[b])  # only the fitting columns (a few in a hundred on a large space)
+        if not len(at):
+            continue
+        fixed = terms["fixed"][w_of[b]][:, at]
+        lo = np.clip(np.floor(largest(fixed, terms["first"][w_of[b]][:, at], caps[b]) * (1 - 1e-6)), 1, BATCH_CAP)
+        hi = np.clip(np.floor(largest(fixed, terms["far"][w_of[b]][:, at], caps[b]) * (1 + 1e-6)), 1, BATCH_CAP)
         if per_replica is not None:
-            lo, hi = np.minimum(lo, per_replica[b]), np.minimum(hi, per_replica[b])
-        low[b], high[b] = np.where(fits[b], lo, 1), np.where(fits[b], hi, BATCH_CAP)
+            lo, hi = np.minimum(lo, per_replica[b, at]), np.minimum(hi, per_replica[b, at])
+        low[b, at], high[b, at] = lo, hi
     return low, high
 
 
@@ -187,9 +191,13 @@ def _time_bounds(np, space: Space, cal: Calibration, on_gpu: Sequence[Any], g_of
     shortest = shortest_sequence(space.scenario)
     batches, which = _distinct_batches(np, batch)
     lengths = np.array([wl.mean_padded_len(int(b)) for b in batches.tolist()], float)
-    seq = np.maximum(lengths[which.reshape(batch.shape)], shortest)
+    # the distinct padded lengths (one when packed) and each candidate's: a signature's seconds per sequence are
+    # computed per GPU type and length, then read per candidate
+    seqs, seq_of = np.unique(np.maximum(lengths, shortest), return_inverse=True)
+    seq_of = seq_of.reshape(-1)[which.reshape(batch.shape)]
     per_seq = np.zeros(batch.shape)
     memo: dict = {}
+    passes: dict = {}  # micro_batch_seconds_per_gpu's op times per op list and rates
     by_sig = np.argsort(sig, kind="stable")  # the columns of each signature, ascending, without a pass per signature
     starts = np.searchsorted(sig[by_sig], np.arange(len(sig) and int(sig.max()) + 2))
     unbounded = np.zeros(len(sig), bool)
@@ -205,8 +213,11 @@ def _time_bounds(np, space: Space, cal: Calibration, on_gpu: Sequence[Any], g_of
         scns = [with_mix(base, mix) for base in on_gpu]
         effs = [cal.for_gpu(base.cluster.gpu.key)[0] for base in on_gpu]
         rates = op_rates_per_gpu(np, work, scns, effs)  # GPU types x ops x (a, b, c, d)
-        single = micro_batch_seconds_per_gpu(np, scns, effs, 1, shortest)
-        per_seq[:, columns] = np.maximum(seconds_per_sequence(np, rates[g_of], seq[:, columns]),
+        single = micro_batch_seconds_per_gpu(np, scns, effs, 1, shortest, passes)
+        at = seq_of[:, columns]
+        used = np.unique(at) if len(seqs) > 1 else np.zeros(1, np.int64)
+        table = seconds_per_sequence(np, rates, np.broadcast_to(seqs[used], (len(on_gpu), len(used))))
+        per_seq[:, columns] = np.maximum(table[g_of[:, None], np.searchsorted(used, at)],
                                          single[g_of][:, None] / batch_max[:, columns])
     world = np.array([b.world for b in space.blocks], float)[:, None]
     prices = [price_of(b.base)[0] for b in space.blocks]

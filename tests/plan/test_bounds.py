@@ -150,6 +150,25 @@ def test_parallel_layouts_respect_their_bounds(model, batch):
         assert cls.hours.flat[idx] <= e.run.hours and sharp <= e.run.hours, cand.mix.label()
 
 
+def test_the_refined_bound_counts_the_communication_no_compute_hides(monkeypatch):
+    """Rule 4 adds the exposed collectives (expert parallelism's all-to-all, 1F1B's sends, tensor parallelism
+    without overlap): sharper than with communication dropped, still at most the estimate's hours."""
+    from ftscope.plan import bounds
+    cal = load_calibration()
+    eff, _ = cal.for_gpu("h100-80gb")
+    evaluate = evaluator(64, cal, None, None)
+    scn = _scn("olmoe-1b-7b", batch=2).with_(gpu=gpu_from_catalog("h100-80gb"), gpus_per_node=8, nodes=2,
+                                              gradient_accumulation=2)
+    for layout in (dict(expert_parallel=8), dict(pipeline_parallel=2), dict(tensor_parallel=2)):
+        cand = scn.with_(**layout)
+        est = evaluate(cand).estimate
+        with_comm = refined_hours(cand, est.micro_batch_size, est.micro_batch_size, 64, eff)
+        with monkeypatch.context() as m:
+            m.setattr(bounds, "collectives", lambda *a, **k: [])
+            without = refined_hours(cand, est.micro_batch_size, est.micro_batch_size, 64, eff)
+        assert without < with_comm <= est.run.hours, layout
+
+
 def test_memory_reads_the_accumulation_only_as_accumulating_or_not():
     """MemoryProbe.fixed_batch_peak keeps one memory model for every accumulation above 1."""
     for mix in MIXES[::4]:

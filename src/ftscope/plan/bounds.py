@@ -29,7 +29,10 @@ estimates every candidate whose bound could still enter a top-k, and checks ever
    shortest length it may pad to. A micro-batch's compute never shrinks with the length (GEMM time is a
    non-decreasing step in the rows); per sequence it may grow with the micro-batch (a partly filled last tile),
    hence the minimum over micro-batches; the optimizer step and host overheads are per step and grow with
-   accumulation; communication (>= 0) is dropped.
+   accumulation; of the communication only what no compute hides counts: the collectives of window "none"
+   (tensor parallelism without overlap, expert and all-to-all context parallelism, 1F1B's sends, DeepSpeed's
+   gather after the step) and the `unhidden` part of the others, which comm.exposed leaves exposed whatever the
+   compute (their bytes grow with the tokens or do not read them); the rest (>= 0) is dropped.
 Dollars are hours x GPUs x price. A factor 1 - 1e-6 covers floating-point rounding in all of these.
 
 Not used, because this estimator breaks them: memory monotone in the GPU count (DDP's gradient buckets double
@@ -44,13 +47,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..estimate.comm import collectives
 from ..estimate.compute import Op, compute_mix, micro_batch_ops, recomputed
 from ..estimate.efficiency import Efficiency
 from ..estimate.layout import layout
 from ..estimate.memory import MemoryModel, frozen_weight_bytes, memory_model, trainable_params
 from ..estimate.state_memory import sharded_states, state_bytes
 from ..estimate.memory_layout import state_split
-from ..estimate.time import Rates, micro_batch_times, rates, step_time
+from ..estimate.time import Rates, micro_batch_times, rates, step_parts
 from ..spec.scenario import Scenario, fast_replace
 from ..estimate.solvers import BATCH_CAP, ReservedCurve, phase_totals, reserved_curves, solve_batch
 from .layouts import keep_global_batch, replicas
@@ -353,7 +357,8 @@ def refined_hours(scn: Scenario, batch_low: int, batch_high: int, global_batch: 
     """A tighter lower bound on a candidate's hours, from the estimator's own step time at each micro-batch it
     may run and the shortest length it may pad to (0 when the range is wider than REFINE_SPAN). Exact because
     a micro-batch's compute never shrinks with the length (GEMM time is a non-decreasing step in the rows, see
-    kernels.gemm_utilization); the optimizer step and host overheads are per step; communication is dropped.
+    kernels.gemm_utilization); the optimizer step and host overheads are per step; of the communication only what
+    no compute hides counts (rule 4).
     Per sequence, compute may grow with the micro-batch (a partly filled last tile), hence one per batch."""
     if batch_high - batch_low > REFINE_SPAN:
         return 0.0
@@ -370,10 +375,12 @@ def refined_hours(scn: Scenario, batch_low: int, batch_high: int, global_batch: 
             ga = max(1, math.ceil(global_batch / (batch * world)))
             sequences_per_step = global_batch + batch * world
         fixed = scn.with_(padding="max_length", seq_len=length, gradient_accumulation=ga)
-        parts = step_time(fixed, batch, eff, trainable).breakdown_s
+        parts = step_parts(fixed, batch, eff, trainable)[0]  # step_time.breakdown_s, without its other figures
         compute = parts["forward"] + parts["backward"] + parts["recompute"] + parts["dequant"]
+        transfers = collectives(fixed, eff, trainable, batch, fixed.workload.mean_padded_len(batch), layout(fixed))
+        exposed = sum(t.seconds if t.window == "none" else min(t.unhidden, t.seconds) for t in transfers)
         seconds = sequences / world * compute / (ga * batch) + sequences / sequences_per_step * (
-            parts["optimizer"] + parts["other"])
+            parts["optimizer"] + parts["other"] + exposed)
         best = min(best, seconds)
     return best / 3600.0 * SAFETY
 

@@ -64,3 +64,41 @@ def test_checkpointing_reads_the_shared_op_times_with_its_own_recompute():
         want = [micro_batch_seconds(s, 4, 512.0, e) for s, e in zip(scns, effs)]
         assert got.tolist() == pytest.approx(want, rel=1e-12, abs=0), gc
     assert len(memo) == 1
+
+
+def test_the_collectives_read_only_the_comm_fields():
+    """exposed_seconds_per_sequence shares its numbers per COMM_FIELDS value: the other searched fields change
+    no model-parallel transfer."""
+    from ftscope.estimate.comm import model_parallel
+    from ftscope.estimate.layout import layout
+    base = _scn("olmoe-1b-7b").with_(gpu=gpu_from_catalog("h100-80gb"), gpus_per_node=8, nodes=2)
+    eff = load_calibration().for_gpu("h100-80gb")[0]
+    others = [dict(method="full"), dict(method="qlora"), dict(attention="eager"), dict(experts_backend="modules"),
+              dict(zero_stage=3), dict(offload="optimizer"), dict(optimizer="adamw_8bit")]
+    for par in (dict(expert_parallel=8), dict(tensor_parallel=2, sequence_parallel=True), dict(pipeline_parallel=2),
+                dict(context_parallel=2, context_parallel_impl="all_to_all")):
+        scn = base.with_(**par)
+        want = model_parallel(scn, eff, 1, 512.0, layout(scn))
+        assert want
+        for change in others:
+            other = scn.with_(**change)
+            assert model_parallel(other, eff, 1, 512.0, layout(other)) == want, (par, change)
+
+
+def test_exposed_communication_per_sequence_is_at_most_the_estimates():
+    """Per sequence, the exposed model-parallel collectives are at most the estimate's communication per sequence
+    (a step's over micro-batch x accumulation), and above 0 where some collective has no window."""
+    from ftscope.plan.pass_bounds import exposed_seconds_per_sequence
+    from ftscope.plan.recommend import evaluator
+    cal = load_calibration()
+    base = _scn("olmoe-1b-7b").with_(gpu=gpu_from_catalog("h100-80gb"), gpus_per_node=8, nodes=2)
+    evaluate = evaluator(64, cal, None, None)
+    for par in (dict(expert_parallel=8), dict(tensor_parallel=2, sequence_parallel=True), dict(pipeline_parallel=2),
+                dict(context_parallel=2, context_parallel_impl="all_to_all"), dict()):
+        scn = base.with_(**par)
+        est = evaluate(scn).estimate
+        eff = cal.for_gpu("h100-80gb")[0]
+        bound = exposed_seconds_per_sequence(np, [scn], [eff], scn.mix, 2048.0, {})[0]
+        per_sequence = est.time.breakdown_s["communication"] / (est.micro_batch_size *
+                                                                est.scenario.workload.gradient_accumulation)
+        assert 0 < bound <= per_sequence if par else bound == 0, (par, bound, per_sequence)

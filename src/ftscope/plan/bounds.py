@@ -24,6 +24,7 @@ estimates every candidate whose bound could still enter a top-k, and checks ever
    length), so per sequence at least that over the largest micro-batch the candidate may run. Under a parallel
    layout the ops are one GPU's share (micro_batch_ops applies the layout) and every GPU of a tensor, pipeline or
    context group runs each of its group's sequences: hours divide by the data-parallel replicas, not the GPUs.
+   A sequence also adds the model-parallel collectives no compute hides (pass_bounds.exposed_seconds_per_sequence).
 4. Time, for a candidate rule 3 cannot rule out (`refined_hours`): the least of the estimator's own step
    times over the micro-batches the candidate may run (when they are at most REFINE_SPAN apart), at the
    shortest length it may pad to. A micro-batch's compute never shrinks with the length (GEMM time is a

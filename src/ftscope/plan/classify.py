@@ -16,7 +16,7 @@ from ..estimate.efficiency import Calibration
 from ..estimate.solvers import BATCH_CAP
 from .bounds import (hours_per_gpu_second, op_rates_per_gpu, seconds_per_sequence, sequence_work,
                      shortest_sequence)
-from .pass_bounds import micro_batch_seconds_per_gpu
+from .pass_bounds import exposed_seconds_per_sequence, micro_batch_seconds_per_gpu
 from .scan import Scan
 from .space import Space, with_mix
 
@@ -185,7 +185,8 @@ def _micro_batch_bounds(np, terms, w_of, caps, fits, per_replica):
 def _time_bounds(np, space: Space, cal: Calibration, on_gpu: Sequence[Any], g_of, sig, representative, batch,
                  batch_max, replicas, stop_at: float | None = None):
     """Lower bounds of hours and dollars per candidate: per compute signature and GPU type, the per-op
-    seconds per sequence (bounds.op_rates) at the shortest padded length its micro-batch bound can have. Also
+    seconds per sequence (bounds.op_rates) at the shortest padded length its micro-batch bound can have, plus per
+    block the model-parallel communication no compute hides (pass_bounds.exposed_seconds_per_sequence). Also
     which columns the clock (`stop_at`) left without a bound, the signatures taken in listing order."""
     wl = space.scenario.workload
     shortest = shortest_sequence(space.scenario)
@@ -198,6 +199,9 @@ def _time_bounds(np, space: Space, cal: Calibration, on_gpu: Sequence[Any], g_of
     per_seq = np.zeros(batch.shape)
     memo: dict = {}
     passes: dict = {}  # micro_batch_seconds_per_gpu's op times per op list and rates
+    comms: dict = {}  # exposed_seconds_per_sequence per distinct COMM_FIELDS value
+    bases = [b.base for b in space.blocks]
+    block_effs = [cal.for_gpu(b.gpu.key)[0] for b in space.blocks]
     by_sig = np.argsort(sig, kind="stable")  # the columns of each signature, ascending, without a pass per signature
     starts = np.searchsorted(sig[by_sig], np.arange(len(sig) and int(sig.max()) + 2))
     unbounded = np.zeros(len(sig), bool)
@@ -217,8 +221,9 @@ def _time_bounds(np, space: Space, cal: Calibration, on_gpu: Sequence[Any], g_of
         at = seq_of[:, columns]
         used = np.unique(at) if len(seqs) > 1 else np.zeros(1, np.int64)
         table = seconds_per_sequence(np, rates, np.broadcast_to(seqs[used], (len(on_gpu), len(used))))
+        exposed = exposed_seconds_per_sequence(np, bases, block_effs, mix, shortest, comms)  # per block
         per_seq[:, columns] = np.maximum(table[g_of[:, None], np.searchsorted(used, at)],
-                                         single[g_of][:, None] / batch_max[:, columns])
+                                         single[g_of][:, None] / batch_max[:, columns]) + exposed[:, None]
     world = np.array([b.world for b in space.blocks], float)[:, None]
     prices = [price_of(b.base)[0] for b in space.blocks]
     price = np.array([np.nan if p is None else p for p in prices])[:, None]

@@ -9,12 +9,14 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
+from ..estimate.comm import model_parallel
 from ..estimate.compute import Op, cached_ops, recomputed
 from ..estimate.efficiency import Efficiency
 from ..estimate.kernels import SHORT_TILE, TILE, UNKNOWN_SMS
+from ..estimate.layout import layout
 from ..estimate.time import rates
 from ..spec.scenario import Scenario, fast_replace
-from .bounds import ops_mix
+from .bounds import SAFETY, ops_mix
 
 RATE_FIELDS = ("fp8_gemm", "gemm", "attention", "seq_half", "stream", "dequant", "floor", "host", "sync", "sms",
                "k_half", "grouped", "compile_bytes", "compile_kernels")
@@ -104,3 +106,27 @@ def micro_batch_seconds_per_gpu(np, scns: Sequence[Scenario], effs: Sequence[Eff
         scale = np.where(gpu > 0, np.maximum(kern * r["host"] / gpu, 1.0), 1.0)  # host-bound passes stretch
     parts = (gpu - deq) * scale + syncs
     return parts.sum(axis=0) + (deq * scale).sum(axis=0)
+
+
+COMM_FIELDS = ("precision", "gradient_checkpointing", "checkpointing", "tensor_parallel", "sequence_parallel",
+               "tp_comm_overlap", "pipeline_parallel", "virtual_stages", "context_parallel", "context_parallel_impl",
+               "expert_parallel", "experts_top_k")
+"""The Mix fields comm.model_parallel and the layout read (tests/plan/test_pass_bounds.py varies the others)."""
+
+
+def exposed_seconds_per_sequence(np, bases: Sequence[Scenario], effs: Sequence[Efficiency], mix: Any, seq: float,
+                                 memo: dict):
+    """Per block (`bases`, `effs` its efficiency): a lower bound on the exposed communication seconds one sequence
+    of at least `seq` tokens adds, from the model-parallel collectives no compute hides (window "none", which
+    comm.exposed adds whole). Their bytes are linear in the tokens of a step (ga x micro-batch x length, no
+    latency term), so a step's are at least ga x micro-batch times one sequence's at the shortest length. Kept
+    per distinct COMM_FIELDS value in `memo`."""
+    key = tuple(getattr(mix, f) for f in COMM_FIELDS)
+    hit = memo.get(key)
+    if hit is None:
+        out = []
+        for base, eff in zip(bases, effs):
+            scn = fast_replace(base, mix=mix, workload=fast_replace(base.workload, gradient_accumulation=1))
+            out.append(sum(t.seconds for t in model_parallel(scn, eff, 1, seq, layout(scn)) if t.window == "none"))
+        hit = memo[key] = np.array(out) * SAFETY
+    return hit

@@ -126,6 +126,9 @@ def exposed_seconds_per_sequence(np, bases: Sequence[Scenario], effs: Sequence[E
     if hit is None:
         out = []
         for base, eff in zip(bases, effs):
+            if base.cluster.world_size <= 1:  # comm.collectives: one GPU talks to no one
+                out.append(0.0)
+                continue
             scn = fast_replace(base, mix=mix, workload=fast_replace(base.workload, gradient_accumulation=1))
             out.append(sum(t.seconds for t in model_parallel(scn, eff, 1, seq, layout(scn)) if t.window == "none"))
         hit = memo[key] = np.array(out) * SAFETY

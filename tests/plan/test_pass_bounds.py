@@ -102,3 +102,28 @@ def test_exposed_communication_per_sequence_is_at_most_the_estimates():
         per_sequence = est.time.breakdown_s["communication"] / (est.micro_batch_size *
                                                                 est.scenario.workload.gradient_accumulation)
         assert 0 < bound <= per_sequence if par else bound == 0, (par, bound, per_sequence)
+
+
+def test_the_rates_read_only_the_rate_fields_and_given_rates_change_nothing():
+    """rates_per_gpu shares the rates per RATE_MIX_FIELDS value: the other searched fields (and the workload) change
+    no rate; micro_batch_seconds_per_gpu with them equals it without."""
+    from ftscope.estimate.time import rates
+    from ftscope.plan.pass_bounds import rates_per_gpu
+    cal = load_calibration()
+    eff = cal.for_gpu("h100-80gb")[0]
+    base = _scn("olmoe-1b-7b").with_(gpu=gpu_from_catalog("h100-80gb"), gpus_per_node=8)
+    want = rates(base, eff)
+    for change in (dict(method="full"), dict(gradient_checkpointing=True), dict(experts_backend="modules"),
+                   dict(zero_stage=3), dict(offload="optimizer"), dict(optimizer="adamw_8bit"),
+                   dict(tensor_parallel=2, sequence_parallel=True), dict(expert_parallel=4), dict(seq_len=333)):
+        assert rates(base.with_(**change), eff) == want, change
+    memo: dict = {}
+    for mix in (dict(), dict(attention="eager"), dict(method="qlora", gradient_checkpointing=True)):
+        scn = _scn("olmoe-1b-7b", **mix)
+        scns = [replace(scn, cluster=replace(scn.cluster, gpu=gpu_from_catalog(g))) for g in GPUS]
+        effs = [cal.for_gpu(g)[0] for g in GPUS]
+        rated = rates_per_gpu(np, scns, effs, memo)
+        assert rated[0] == [rates(s, e) for s, e in zip(scns, effs)]
+        got = micro_batch_seconds_per_gpu(np, scns, effs, 2, 700.0, None, rated)
+        assert got.tolist() == micro_batch_seconds_per_gpu(np, scns, effs, 2, 700.0).tolist()
+    assert len(memo) == 2  # eager has its own rates; qlora with checkpointing shares the first's

@@ -303,14 +303,15 @@ def op_rates(work: list[SequenceWork], scn: Scenario, eff: Efficiency) -> list[t
     return out
 
 
-def op_rates_per_gpu(np, work: list[SequenceWork], scns: list[Scenario], effs: list[Efficiency]):
+def op_rates_per_gpu(np, work: list[SequenceWork], scns: list[Scenario], effs: list[Efficiency],
+                     each: list[Rates] | None = None):
     """op_rates on several GPUs at once: an array GPUs x ops x (a, b, c, d), the same numbers (the same float
-    operations, each op's rate looked up per GPU from the few its kind and dtype give)."""
+    operations, each op's rate looked up per GPU from the few its kind and dtype give). `each`: their rates."""
     kinds = {}  # op class -> column of the rate table
     cls = [kinds.setdefault((w.fusible, w.kind, w.fp8, w.grouped), len(kinds)) for w in work]
     rate, stream = np.zeros((len(scns), len(kinds))), np.zeros((len(scns), 2))
     for g, (scn, eff) in enumerate(zip(scns, effs)):
-        r = rates(scn, eff)
+        r = rates(scn, eff) if each is None else each[g]
         for (fusible, kind, fp8, grouped), c in kinds.items():
             rate[g, c] = _best_rate(SequenceWork(kind, grouped, fp8, fusible, (0.0, 0.0), (0.0, 0.0), 0.0), r)
         stream[g] = r.stream / 1.0, r.stream / r.compile_bytes

@@ -16,7 +16,7 @@ from ..estimate.efficiency import Calibration
 from ..estimate.solvers import BATCH_CAP
 from .bounds import (hours_per_gpu_second, op_rates_per_gpu, seconds_per_sequence, sequence_work,
                      shortest_sequence)
-from .pass_bounds import exposed_seconds_per_sequence, micro_batch_seconds_per_gpu
+from .pass_bounds import exposed_seconds_per_sequence, micro_batch_seconds_per_gpu, rates_per_gpu
 from .scan import Scan
 from .space import Space, with_mix
 
@@ -200,6 +200,8 @@ def _time_bounds(np, space: Space, cal: Calibration, on_gpu: Sequence[Any], g_of
     memo: dict = {}
     passes: dict = {}  # micro_batch_seconds_per_gpu's op times per op list and rates
     comms: dict = {}  # exposed_seconds_per_sequence per distinct COMM_FIELDS value
+    rate_memo: dict = {}  # rates_per_gpu per distinct RATE_MIX_FIELDS value
+    effs = [cal.for_gpu(base.cluster.gpu.key)[0] for base in on_gpu]
     bases = [b.base for b in space.blocks]
     block_effs = [cal.for_gpu(b.gpu.key)[0] for b in space.blocks]
     by_sig = np.argsort(sig, kind="stable")  # the columns of each signature, ascending, without a pass per signature
@@ -215,9 +217,9 @@ def _time_bounds(np, space: Space, cal: Calibration, on_gpu: Sequence[Any], g_of
         if not work or not len(columns):
             continue
         scns = [with_mix(base, mix) for base in on_gpu]
-        effs = [cal.for_gpu(base.cluster.gpu.key)[0] for base in on_gpu]
-        rates = op_rates_per_gpu(np, work, scns, effs)  # GPU types x ops x (a, b, c, d)
-        single = micro_batch_seconds_per_gpu(np, scns, effs, 1, shortest, passes)
+        rated = rates_per_gpu(np, scns, effs, rate_memo)
+        rates = op_rates_per_gpu(np, work, scns, effs, rated[0])  # GPU types x ops x (a, b, c, d)
+        single = micro_batch_seconds_per_gpu(np, scns, effs, 1, shortest, passes, rated)
         at = seq_of[:, columns]
         used = np.unique(at) if len(seqs) > 1 else np.zeros(1, np.int64)
         table = seconds_per_sequence(np, rates, np.broadcast_to(seqs[used], (len(on_gpu), len(used))))

@@ -76,19 +76,35 @@ def _op_matrices(np, ops: Sequence[Op], r: dict[str, Any]):
     return times, kernels, dispatch, dequant, launches
 
 
+RATE_MIX_FIELDS = ("precision", "attention", "compile")
+"""The Mix fields time.rates reads (with the GPU and the efficiency; tests/plan/test_pass_bounds.py varies the
+others)."""
+
+
+def rates_per_gpu(np, scns: Sequence[Scenario], effs: Sequence[Efficiency], memo: dict):
+    """(time.rates of each scenario, the RATE_FIELDS as arrays over them), kept in `memo` per distinct
+    RATE_MIX_FIELDS value: the scenarios of one search's calls are one mix on the same GPU types."""
+    key = tuple(getattr(scns[0].mix, f) for f in RATE_MIX_FIELDS)
+    hit = memo.get(key)
+    if hit is None:
+        each = [rates(s, e) for s, e in zip(scns, effs)]
+        hit = memo[key] = (each, {name: np.array([getattr(x, name) for x in each], float) for name in RATE_FIELDS})
+    return hit
+
+
 def micro_batch_seconds_per_gpu(np, scns: Sequence[Scenario], effs: Sequence[Efficiency], batch: int, length: float,
-                                memo: dict | None = None):
+                                memo: dict | None = None, rated: tuple | None = None):
     """bounds.micro_batch_seconds of `scns` (one mix on each GPU type, `effs` their efficiencies): per GPU type,
     the forward, backward, recompute and dequantization seconds of one micro-batch at a fixed padded length, each
     pass stretched when its kernel launches outlast its GPU work. `memo`: a dict shared by the calls of one search
     (same GPU types), keeping each op list's times per rates (_op_matrices); the passes are summed as one matrix
-    product, the same terms in another order (a few ulps, inside the bounds' SAFETY)."""
-    fixed = [s.with_(padding="max_length", seq_len=max(1, math.floor(length))) for s in scns]
-    seq = fixed[0].workload.mean_padded_len(batch)
-    mix = fixed[0].mix  # the ops depend neither on the GPU nor on what ops_mix leaves out (checkpointing)
-    ops = cached_ops(fast_replace(fixed[0], mix=ops_mix(mix)), batch, seq)
-    each = [rates(f, e) for f, e in zip(fixed, effs)]
-    r = {name: np.array([getattr(x, name) for x in each], float) for name in RATE_FIELDS}
+    product, the same terms in another order (a few ulps, inside the bounds' SAFETY). `rated`: rates_per_gpu's
+    answer for `scns`, when known (the rates do not read the workload)."""
+    fixed = scns[0].with_(padding="max_length", seq_len=max(1, math.floor(length)))
+    seq = fixed.workload.mean_padded_len(batch)
+    mix = fixed.mix  # the ops depend neither on the GPU nor on what ops_mix leaves out (checkpointing)
+    ops = cached_ops(fast_replace(fixed, mix=ops_mix(mix)), batch, seq)
+    each, r = rated if rated is not None else rates_per_gpu(np, scns, effs, {})
     key = (id(ops), tuple(each))
     hit = None if memo is None else memo.get(key)
     if hit is None or hit[0] is not ops:

@@ -148,7 +148,7 @@ def test_a_time_budget_leaves_the_exact_estimates_a_share_and_holds_after_the_sc
     start = time.perf_counter()
     rec = recommend(scn, space=SPACE, time_budget_s=1.0, **kw)
     s = rec.summary
-    assert time.perf_counter() - start < 1.3 and not s.complete and s.unsearched > 0
+    assert time.perf_counter() - start < 2.0 and not s.complete and s.unsearched > 0  # 1 s, and start-up slack
     assert s.estimates > 0 and rec.best is not None
 
 

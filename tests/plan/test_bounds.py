@@ -150,6 +150,25 @@ def test_parallel_layouts_respect_their_bounds(model, batch):
         assert cls.hours.flat[idx] <= e.run.hours and sharp <= e.run.hours, cand.mix.label()
 
 
+def test_the_refined_bound_counts_the_communication_no_compute_hides(monkeypatch):
+    """Rule 4 adds the exposed collectives (expert parallelism's all-to-all, 1F1B's sends, tensor parallelism
+    without overlap): sharper than with communication dropped, still at most the estimate's hours."""
+    from ftscope.plan import bounds
+    cal = load_calibration()
+    eff, _ = cal.for_gpu("h100-80gb")
+    evaluate = evaluator(64, cal, None, None)
+    scn = _scn("olmoe-1b-7b", batch=2).with_(gpu=gpu_from_catalog("h100-80gb"), gpus_per_node=8, nodes=2,
+                                              gradient_accumulation=2)
+    for layout in (dict(expert_parallel=8), dict(pipeline_parallel=2), dict(tensor_parallel=2)):
+        cand = scn.with_(**layout)
+        est = evaluate(cand).estimate
+        with_comm = refined_hours(cand, est.micro_batch_size, est.micro_batch_size, 64, eff)
+        with monkeypatch.context() as m:
+            m.setattr(bounds, "collectives", lambda *a, **k: [])
+            without = refined_hours(cand, est.micro_batch_size, est.micro_batch_size, 64, eff)
+        assert without < with_comm <= est.run.hours, layout
+
+
 def test_memory_reads_the_accumulation_only_as_accumulating_or_not():
     """MemoryProbe.fixed_batch_peak keeps one memory model for every accumulation above 1."""
     for mix in MIXES[::4]:
@@ -179,6 +198,28 @@ def test_probes_that_share_equal_memory_models_answer_as_fresh_ones():
             assert shared.max_micro_batch(cap) == fresh.max_micro_batch(cap)
             assert shared.fixed_batch_peak(cap, gb) == fresh.fixed_batch_peak(cap, gb)
     assert len(memos) < len(MIXES)  # the sharing is exercised: some mixes have equal memory models
+
+
+def test_an_inexact_fixed_batch_peak_fits_where_the_exact_one_does():
+    """fixed_batch_peak(exact=False), what a search by time or cost keeps: on every capacity the peak at 1 fits,
+    it fits exactly where the exact peak fits (with and without accumulation, below and at the batch cap), and
+    it is the exact peak where it needs no solve."""
+    from ftscope.plan.bounds import MemoryProbe
+    caps = [usable_bytes(gpu_from_catalog(g)) for g in ("t4", "rtx-4090", "a40", "a100-80gb", "h200")]
+    solved = 0
+    for mix in MIXES[::2]:
+        for ga in (1, 4):
+            scn = _scn("olmoe-1b-7b", **mix).with_(gradient_accumulation=ga)
+            probe = MemoryProbe(scn, 1024)
+            for cap, gb in itertools.product(caps, (8, 64, 4096)):
+                if probe.peak_at_one > cap:
+                    continue
+                exact, fast = probe.fixed_batch_peak(cap, gb), probe.fixed_batch_peak(cap, gb, exact=False)
+                assert (exact <= cap) == (fast <= cap), (mix, ga, cap, gb)
+                if fast != exact:
+                    solved += 1
+                    assert ga > 1 and fast == probe.peak_at_one
+    assert solved  # the shortcut is exercised
 
 
 def test_sequence_work_shared_per_ops_mix_is_each_mixs_own():

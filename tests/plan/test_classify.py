@@ -45,6 +45,18 @@ def test_progress_is_reported_and_a_spent_clock_leaves_candidates_unsearched():
     assert calls and calls[0] == ("classify", 0, len(space))
 
 
+def test_a_clock_spent_after_the_scan_leaves_the_unbounded_fitting_candidates_unsearched():
+    """The time bounds stop at `stop_at` too (the scan at `scan_until`): what fits but has no bound is unsearched,
+    the other statuses stay exact."""
+    space = _space("max")
+    cal = load_calibration()
+    full, _ = classify(np, space, "time", cal, {"top": None}, None, None, None)
+    cls, cut = classify(np, space, "time", cal, {"top": None}, None, 0.0, None, scan_until=float("inf"))
+    want, got = full.full(np), cls.full(np)
+    assert cut and (want == FITS).any()
+    assert (got[want == FITS] == UNSEARCHED).all() and (got[want != FITS] == want[want != FITS]).all()
+
+
 def test_distinct_batches_are_what_np_unique_gives():
     """The table of whole micro-batches present equals np.unique's values and inverse; anything else goes to
     np.unique itself."""

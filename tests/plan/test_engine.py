@@ -136,6 +136,22 @@ def test_a_time_budget_returns_what_it_has_and_says_how_much_it_covered():
         assert s.feasible + sum(s.reasons.values()) + s.unsearched == s.candidates
 
 
+def test_a_time_budget_leaves_the_exact_estimates_a_share_and_holds_after_the_scan(monkeypatch):
+    """The scan stops at SCAN_SHARE of the budget, the time bounds at BOUND_SHARE, the ranking at the budget: a
+    search the clock cuts in the scan (here slowed to 5 ms a mix) still estimates and ranks what it saw, in time."""
+    import time
+    from ftscope.plan import classify
+    scn, kw = GRID["dense, fixed global batch"]
+    monkeypatch.setattr(classify, "MIX_CHUNK", 8)
+    mix = Scan.mix
+    monkeypatch.setattr(Scan, "mix", lambda self, k, m: time.sleep(0.005) or mix(self, k, m))
+    start = time.perf_counter()
+    rec = recommend(scn, space=SPACE, time_budget_s=1.0, **kw)
+    s = rec.summary
+    assert time.perf_counter() - start < 2.0 and not s.complete and s.unsearched > 0  # 1 s, and start-up slack
+    assert s.estimates > 0 and rec.best is not None
+
+
 def test_top_k_keeps_the_k_smallest_keys_with_listing_order_breaking_ties():
     top = TopK(3)
     for idx, key in enumerate([(0, 2.0), (0, 1.0), (0, 2.0), (0, 3.0), (0, 1.0), (0, 2.0)]):

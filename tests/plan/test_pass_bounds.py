@@ -32,6 +32,7 @@ def test_micro_batch_seconds_per_gpu_are_each_gpus_own(model):
              dict(method="qlora", gradient_checkpointing=True), dict(compile=True), dict(method="full"),
              dict(experts_backend="modules"), dict(tensor_parallel=2, sequence_parallel=True)]
     checked = 0
+    memo: dict = {}
     for mix, (batch, length) in itertools.product(mixes, ((1, 37.0), (16, 2048.0))):
         if "experts_backend" in mix and model != "olmoe-1b-7b":
             continue
@@ -39,8 +40,90 @@ def test_micro_batch_seconds_per_gpu_are_each_gpus_own(model):
         scns = [replace(base, cluster=replace(base.cluster, gpu=gpu_from_catalog(g))) for g in GPUS]
         effs = [cal.for_gpu(g)[0] for g in GPUS]
         got = micro_batch_seconds_per_gpu(np, scns, effs, batch, length)
+        # with a memo the op times are made once per op list and rates: the second call reads them
+        for _ in range(2):
+            assert micro_batch_seconds_per_gpu(np, scns, effs, batch, length, memo).tolist() == got.tolist()
         want = [micro_batch_seconds(s, batch, length, e) for s, e in zip(scns, effs)]
         assert got.tolist() == pytest.approx(want, rel=1e-12, abs=0), (mix, batch)
         assert len(set(want)) > 1
         checked += 1
     assert checked >= 14
+    assert len(memo) <= checked  # flash with checkpointing shares nothing here; the repeats hit
+
+
+def test_checkpointing_reads_the_shared_op_times_with_its_own_recompute():
+    """Mixes that differ only in checkpointing share one op list and rates in the memo, and each gets its own
+    micro_batch_seconds."""
+    cal = load_calibration()
+    memo: dict = {}
+    for gc in (False, True):
+        base = _scn("llama-3.2-1b", gradient_checkpointing=gc)
+        scns = [replace(base, cluster=replace(base.cluster, gpu=gpu_from_catalog(g))) for g in GPUS]
+        effs = [cal.for_gpu(g)[0] for g in GPUS]
+        got = micro_batch_seconds_per_gpu(np, scns, effs, 4, 512.0, memo)
+        want = [micro_batch_seconds(s, 4, 512.0, e) for s, e in zip(scns, effs)]
+        assert got.tolist() == pytest.approx(want, rel=1e-12, abs=0), gc
+    assert len(memo) == 1
+
+
+def test_the_collectives_read_only_the_comm_fields():
+    """exposed_seconds_per_sequence shares its numbers per COMM_FIELDS value: the other searched fields change
+    no model-parallel transfer."""
+    from ftscope.estimate.comm import model_parallel
+    from ftscope.estimate.layout import layout
+    base = _scn("olmoe-1b-7b").with_(gpu=gpu_from_catalog("h100-80gb"), gpus_per_node=8, nodes=2)
+    eff = load_calibration().for_gpu("h100-80gb")[0]
+    others = [dict(method="full"), dict(method="qlora"), dict(attention="eager"), dict(experts_backend="modules"),
+              dict(zero_stage=3), dict(offload="optimizer"), dict(optimizer="adamw_8bit")]
+    for par in (dict(expert_parallel=8), dict(tensor_parallel=2, sequence_parallel=True), dict(pipeline_parallel=2),
+                dict(context_parallel=2, context_parallel_impl="all_to_all")):
+        scn = base.with_(**par)
+        want = model_parallel(scn, eff, 1, 512.0, layout(scn))
+        assert want
+        for change in others:
+            other = scn.with_(**change)
+            assert model_parallel(other, eff, 1, 512.0, layout(other)) == want, (par, change)
+
+
+def test_exposed_communication_per_sequence_is_at_most_the_estimates():
+    """Per sequence, the exposed model-parallel collectives are at most the estimate's communication per sequence
+    (a step's over micro-batch x accumulation), and above 0 where some collective has no window."""
+    from ftscope.plan.pass_bounds import exposed_seconds_per_sequence
+    from ftscope.plan.recommend import evaluator
+    cal = load_calibration()
+    base = _scn("olmoe-1b-7b").with_(gpu=gpu_from_catalog("h100-80gb"), gpus_per_node=8, nodes=2)
+    evaluate = evaluator(64, cal, None, None)
+    for par in (dict(expert_parallel=8), dict(tensor_parallel=2, sequence_parallel=True), dict(pipeline_parallel=2),
+                dict(context_parallel=2, context_parallel_impl="all_to_all"), dict()):
+        scn = base.with_(**par)
+        est = evaluate(scn).estimate
+        eff = cal.for_gpu("h100-80gb")[0]
+        bound = exposed_seconds_per_sequence(np, [scn], [eff], scn.mix, 2048.0, {})[0]
+        per_sequence = est.time.breakdown_s["communication"] / (est.micro_batch_size *
+                                                                est.scenario.workload.gradient_accumulation)
+        assert 0 < bound <= per_sequence if par else bound == 0, (par, bound, per_sequence)
+
+
+def test_the_rates_read_only_the_rate_fields_and_given_rates_change_nothing():
+    """rates_per_gpu shares the rates per RATE_MIX_FIELDS value: the other searched fields (and the workload) change
+    no rate; micro_batch_seconds_per_gpu with them equals it without."""
+    from ftscope.estimate.time import rates
+    from ftscope.plan.pass_bounds import rates_per_gpu
+    cal = load_calibration()
+    eff = cal.for_gpu("h100-80gb")[0]
+    base = _scn("olmoe-1b-7b").with_(gpu=gpu_from_catalog("h100-80gb"), gpus_per_node=8)
+    want = rates(base, eff)
+    for change in (dict(method="full"), dict(gradient_checkpointing=True), dict(experts_backend="modules"),
+                   dict(zero_stage=3), dict(offload="optimizer"), dict(optimizer="adamw_8bit"),
+                   dict(tensor_parallel=2, sequence_parallel=True), dict(expert_parallel=4), dict(seq_len=333)):
+        assert rates(base.with_(**change), eff) == want, change
+    memo: dict = {}
+    for mix in (dict(), dict(attention="eager"), dict(method="qlora", gradient_checkpointing=True)):
+        scn = _scn("olmoe-1b-7b", **mix)
+        scns = [replace(scn, cluster=replace(scn.cluster, gpu=gpu_from_catalog(g))) for g in GPUS]
+        effs = [cal.for_gpu(g)[0] for g in GPUS]
+        rated = rates_per_gpu(np, scns, effs, memo)
+        assert rated[0] == [rates(s, e) for s, e in zip(scns, effs)]
+        got = micro_batch_seconds_per_gpu(np, scns, effs, 2, 700.0, None, rated)
+        assert got.tolist() == micro_batch_seconds_per_gpu(np, scns, effs, 2, 700.0).tolist()
+    assert len(memo) == 2  # eager has its own rates; qlora with checkpointing shares the first's

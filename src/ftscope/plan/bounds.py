@@ -24,12 +24,16 @@ estimates every candidate whose bound could still enter a top-k, and checks ever
    length), so per sequence at least that over the largest micro-batch the candidate may run. Under a parallel
    layout the ops are one GPU's share (micro_batch_ops applies the layout) and every GPU of a tensor, pipeline or
    context group runs each of its group's sequences: hours divide by the data-parallel replicas, not the GPUs.
+   A sequence also adds the model-parallel collectives no compute hides (pass_bounds.exposed_seconds_per_sequence).
 4. Time, for a candidate rule 3 cannot rule out (`refined_hours`): the least of the estimator's own step
    times over the micro-batches the candidate may run (when they are at most REFINE_SPAN apart), at the
    shortest length it may pad to. A micro-batch's compute never shrinks with the length (GEMM time is a
    non-decreasing step in the rows); per sequence it may grow with the micro-batch (a partly filled last tile),
    hence the minimum over micro-batches; the optimizer step and host overheads are per step and grow with
-   accumulation; communication (>= 0) is dropped.
+   accumulation; of the communication only what no compute hides counts: the collectives of window "none"
+   (tensor parallelism without overlap, expert and all-to-all context parallelism, 1F1B's sends, DeepSpeed's
+   gather after the step) and the `unhidden` part of the others, which comm.exposed leaves exposed whatever the
+   compute (their bytes grow with the tokens or do not read them); the rest (>= 0) is dropped.
 Dollars are hours x GPUs x price. A factor 1 - 1e-6 covers floating-point rounding in all of these.
 
 Not used, because this estimator breaks them: memory monotone in the GPU count (DDP's gradient buckets double
@@ -44,13 +48,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..estimate.comm import collectives
 from ..estimate.compute import Op, compute_mix, micro_batch_ops, recomputed
 from ..estimate.efficiency import Efficiency
 from ..estimate.layout import layout
 from ..estimate.memory import MemoryModel, frozen_weight_bytes, kbit_state_bytes, memory_model, trainable_params
 from ..estimate.state_memory import sharded_states, state_bytes
 from ..estimate.memory_layout import state_split
-from ..estimate.time import Rates, micro_batch_times, rates, step_time
+from ..estimate.time import Rates, micro_batch_times, rates, step_parts
 from ..spec.scenario import Scenario, fast_replace
 from ..estimate.solvers import BATCH_CAP, ReservedCurve, phase_totals, reserved_curves, solve_batch
 from .layouts import keep_global_batch, replicas
@@ -122,11 +127,15 @@ class MemoryProbe:
             hit = peaks[batch] = self.model.peak_bytes(batch, self.seq)
         return hit
 
-    def fixed_batch_peak(self, capacity: float, global_batch: int) -> float:
+    def fixed_batch_peak(self, capacity: float, global_batch: int, exact: bool = True) -> float:
         """Peak bytes of the layout recommend picks to keep the global batch (micro-batch as large as fits up to
         the global batch over the replicas and stages, accumulation for the rest), the way recommend's evaluate
         picks it. When the capped micro-batch itself fits, the solver's larger answer would be capped to it
-        (reserved bytes grow with the micro-batch), so no solve is needed."""
+        (reserved bytes grow with the micro-batch), so no solve is needed. With `exact` False, for a capacity the
+        peak at micro-batch 1 fits, only whether the answer fits is kept (a search ranked by time or cost reads
+        nothing else of it): below the cap the solver's batch accumulates (ga >= 2), and when the scenario's
+        model accumulates too it is this model, whose peak at the solver's batch fits by the solver's definition;
+        so the peak at 1, which fits, stands for it and no solve is needed."""
         scn = self.scenario
         fixed = self._fixed
         if fixed is None or fixed[0] != global_batch:  # what does not depend on the capacity, once per probe
@@ -139,6 +148,8 @@ class MemoryProbe:
             if when_capped is None:
                 when_capped = fixed[5] = self._kept_batch_peak(cap, global_batch, reps, stages)
             return when_capped
+        if not exact and self.peak_at_one <= capacity and scn.workload.gradient_accumulation > 1:
+            return self.peak_at_one
         return self._kept_batch_peak(self.max_micro_batch(capacity), global_batch, reps, stages)
 
     def _kept_batch_peak(self, fitting: int, global_batch: int, reps: int, stages: int) -> float:
@@ -293,14 +304,15 @@ def op_rates(work: list[SequenceWork], scn: Scenario, eff: Efficiency) -> list[t
     return out
 
 
-def op_rates_per_gpu(np, work: list[SequenceWork], scns: list[Scenario], effs: list[Efficiency]):
+def op_rates_per_gpu(np, work: list[SequenceWork], scns: list[Scenario], effs: list[Efficiency],
+                     each: list[Rates] | None = None):
     """op_rates on several GPUs at once: an array GPUs x ops x (a, b, c, d), the same numbers (the same float
-    operations, each op's rate looked up per GPU from the few its kind and dtype give)."""
+    operations, each op's rate looked up per GPU from the few its kind and dtype give). `each`: their rates."""
     kinds = {}  # op class -> column of the rate table
     cls = [kinds.setdefault((w.fusible, w.kind, w.fp8, w.grouped), len(kinds)) for w in work]
     rate, stream = np.zeros((len(scns), len(kinds))), np.zeros((len(scns), 2))
     for g, (scn, eff) in enumerate(zip(scns, effs)):
-        r = rates(scn, eff)
+        r = rates(scn, eff) if each is None else each[g]
         for (fusible, kind, fp8, grouped), c in kinds.items():
             rate[g, c] = _best_rate(SequenceWork(kind, grouped, fp8, fusible, (0.0, 0.0), (0.0, 0.0), 0.0), r)
         stream[g] = r.stream / 1.0, r.stream / r.compile_bytes
@@ -348,7 +360,8 @@ def refined_hours(scn: Scenario, batch_low: int, batch_high: int, global_batch: 
     """A tighter lower bound on a candidate's hours, from the estimator's own step time at each micro-batch it
     may run and the shortest length it may pad to (0 when the range is wider than REFINE_SPAN). Exact because
     a micro-batch's compute never shrinks with the length (GEMM time is a non-decreasing step in the rows, see
-    kernels.gemm_utilization); the optimizer step and host overheads are per step; communication is dropped.
+    kernels.gemm_utilization); the optimizer step and host overheads are per step; of the communication only what
+    no compute hides counts (rule 4).
     Per sequence, compute may grow with the micro-batch (a partly filled last tile), hence one per batch."""
     if batch_high - batch_low > REFINE_SPAN:
         return 0.0
@@ -365,10 +378,12 @@ def refined_hours(scn: Scenario, batch_low: int, batch_high: int, global_batch: 
             ga = max(1, math.ceil(global_batch / (batch * world)))
             sequences_per_step = global_batch + batch * world
         fixed = scn.with_(padding="max_length", seq_len=length, gradient_accumulation=ga)
-        parts = step_time(fixed, batch, eff, trainable).breakdown_s
+        parts = step_parts(fixed, batch, eff, trainable)[0]  # step_time.breakdown_s, without its other figures
         compute = parts["forward"] + parts["backward"] + parts["recompute"] + parts["dequant"]
+        transfers = collectives(fixed, eff, trainable, batch, fixed.workload.mean_padded_len(batch), layout(fixed))
+        exposed = sum(t.seconds if t.window == "none" else min(t.unhidden, t.seconds) for t in transfers)
         seconds = sequences / world * compute / (ga * batch) + sequences / sequences_per_step * (
-            parts["optimizer"] + parts["other"])
+            parts["optimizer"] + parts["other"] + exposed)
         best = min(best, seconds)
     return best / 3600.0 * SAFETY
 

@@ -16,7 +16,7 @@ from ..estimate.efficiency import Calibration
 from ..estimate.solvers import BATCH_CAP
 from .bounds import (hours_per_gpu_second, op_rates_per_gpu, seconds_per_sequence, sequence_work,
                      shortest_sequence)
-from .pass_bounds import micro_batch_seconds_per_gpu
+from .pass_bounds import exposed_seconds_per_sequence, micro_batch_seconds_per_gpu, rates_per_gpu
 from .scan import Scan
 from .space import Space, with_mix
 
@@ -84,18 +84,21 @@ class Classification:
 def classify(np, space: Space, by: str, cal: Calibration, accepts: dict[str, Callable[[Any], bool] | None],
              global_batch: int | None, stop_at: float | None,
              progress: Callable[[str, int, int | None], None] | None, margin: float = 0.0,
-             share_twins: bool = True) -> tuple[Classification, bool]:
-    """The classification of every candidate; True when the clock ran out before every mix was seen. With a
-    `margin`, a candidate that fits only in the last `margin` of usable memory is tight (tier 1): rule 1 read at
-    capacity x (1 - margin) says which, since its memory grows with the micro-batch."""
+             share_twins: bool = True, scan_until: float | None = None) -> tuple[Classification, bool]:
+    """The classification of every candidate; True when the clock ran out before every mix was seen and bounded.
+    With a `margin`, a candidate that fits only in the last `margin` of usable memory is tight (tier 1): rule 1
+    read at capacity x (1 - margin) says which, since its memory grows with the micro-batch. The pass over the
+    mixes stops at `scan_until` (default `stop_at`), the time bounds at `stop_at`: a candidate that fits but whose
+    compute signature the clock left without a bound is unsearched."""
     nb, nm = len(space.blocks), space.mixes_per_block
-    scan = Scan(np, space, accepts, global_batch, margin, share_twins)
+    scan = Scan(np, space, accepts, global_batch, margin, share_twins, exact_peaks=by == "memory")
     cut = False
+    scan_until = stop_at if scan_until is None else scan_until
     for k, mix in enumerate(space.mixes()):
         if k % MIX_CHUNK == 0:
             if progress:
                 progress("classify", k * nb, nb * nm)
-            if stop_at is not None and time.perf_counter() > stop_at:
+            if scan_until is not None and time.perf_counter() > scan_until:
                 cut = True
                 break
         scan.mix(k, mix)
@@ -139,7 +142,11 @@ def classify(np, space: Space, by: str, cal: Calibration, accepts: dict[str, Cal
     for j in np.flatnonzero((status == FITS).any(axis=0)).tolist():
         if sig[j] not in mixes:
             mixes[sig[j]] = space.mix(int(cols[j]))
-    hours, usd = _time_bounds(np, space, cal, scan.on_gpu, g_of, sig, mixes, batch, batch_max, replicas)
+    hours, usd, unbounded = _time_bounds(np, space, cal, scan.on_gpu, g_of, sig, mixes, batch, batch_max, replicas,
+                                         stop_at)
+    if unbounded.any():  # out of time: these fit, but without a bound they cannot be ranked
+        status[:, unbounded] = np.where(status[:, unbounded] == FITS, UNSEARCHED, status[:, unbounded])
+        cut = True
     chosen_peak = fixed_peak if fixed_peak is None else np.where(tier == 0, safe_fixed_peak, fixed_peak)
     primary = {"time": hours, "cost": np.where(np.isnan(usd), np.inf, usd),
                "memory": peak[w_of] if fixed_peak is None else chosen_peak}[by]
@@ -161,45 +168,69 @@ def _micro_batch_bounds(np, terms, w_of, caps, fits, per_replica):
         with np.errstate(divide="ignore", invalid="ignore"):
             return np.where(per > 0, (cap - fixed) / per, np.inf).min(axis=0)  # over the phases
 
+    high[:] = BATCH_CAP
     for b in range(fits.shape[0]):
-        w = w_of[b]
-        lo = np.clip(np.floor(largest(terms["fixed"][w], terms["first"][w], caps[b]) * (1 - 1e-6)), 1, BATCH_CAP)
-        hi = np.clip(np.floor(largest(terms["fixed"][w], terms["far"][w], caps[b]) * (1 + 1e-6)), 1, BATCH_CAP)
+        at = np.flatnonzero(fits[b])  # only the fitting columns (a few in a hundred on a large space)
+        if not len(at):
+            continue
+        fixed = terms["fixed"][w_of[b]][:, at]
+        lo = np.clip(np.floor(largest(fixed, terms["first"][w_of[b]][:, at], caps[b]) * (1 - 1e-6)), 1, BATCH_CAP)
+        hi = np.clip(np.floor(largest(fixed, terms["far"][w_of[b]][:, at], caps[b]) * (1 + 1e-6)), 1, BATCH_CAP)
         if per_replica is not None:
-            lo, hi = np.minimum(lo, per_replica[b]), np.minimum(hi, per_replica[b])
-        low[b], high[b] = np.where(fits[b], lo, 1), np.where(fits[b], hi, BATCH_CAP)
+            lo, hi = np.minimum(lo, per_replica[b, at]), np.minimum(hi, per_replica[b, at])
+        low[b, at], high[b, at] = lo, hi
     return low, high
 
 
 def _time_bounds(np, space: Space, cal: Calibration, on_gpu: Sequence[Any], g_of, sig, representative, batch,
-                 batch_max, replicas):
+                 batch_max, replicas, stop_at: float | None = None):
     """Lower bounds of hours and dollars per candidate: per compute signature and GPU type, the per-op
-    seconds per sequence (bounds.op_rates) at the shortest padded length its micro-batch bound can have."""
+    seconds per sequence (bounds.op_rates) at the shortest padded length its micro-batch bound can have, plus per
+    block the model-parallel communication no compute hides (pass_bounds.exposed_seconds_per_sequence). Also
+    which columns the clock (`stop_at`) left without a bound, the signatures taken in listing order."""
     wl = space.scenario.workload
     shortest = shortest_sequence(space.scenario)
     batches, which = _distinct_batches(np, batch)
     lengths = np.array([wl.mean_padded_len(int(b)) for b in batches.tolist()], float)
-    seq = np.maximum(lengths[which.reshape(batch.shape)], shortest)
+    # the distinct padded lengths (one when packed) and each candidate's: a signature's seconds per sequence are
+    # computed per GPU type and length, then read per candidate
+    seqs, seq_of = np.unique(np.maximum(lengths, shortest), return_inverse=True)
+    seq_of = seq_of.reshape(-1)[which.reshape(batch.shape)]
     per_seq = np.zeros(batch.shape)
     memo: dict = {}
+    passes: dict = {}  # micro_batch_seconds_per_gpu's op times per op list and rates
+    comms: dict = {}  # exposed_seconds_per_sequence per distinct COMM_FIELDS value
+    rate_memo: dict = {}  # rates_per_gpu per distinct RATE_MIX_FIELDS value
+    effs = [cal.for_gpu(base.cluster.gpu.key)[0] for base in on_gpu]
+    bases = [b.base for b in space.blocks]
+    block_effs = [cal.for_gpu(b.gpu.key)[0] for b in space.blocks]
     by_sig = np.argsort(sig, kind="stable")  # the columns of each signature, ascending, without a pass per signature
     starts = np.searchsorted(sig[by_sig], np.arange(len(sig) and int(sig.max()) + 2))
-    for s, mix in representative.items():
+    unbounded = np.zeros(len(sig), bool)
+    for n, (s, mix) in enumerate(representative.items()):
+        if stop_at is not None and time.perf_counter() > stop_at:
+            for s in list(representative)[n:]:
+                unbounded[by_sig[starts[s]:starts[s + 1]]] = True
+            break
         work = sequence_work(with_mix(on_gpu[0], mix), shortest, memo)
         columns = by_sig[starts[s]:starts[s + 1]]
         if not work or not len(columns):
             continue
         scns = [with_mix(base, mix) for base in on_gpu]
-        effs = [cal.for_gpu(base.cluster.gpu.key)[0] for base in on_gpu]
-        rates = op_rates_per_gpu(np, work, scns, effs)  # GPU types x ops x (a, b, c, d)
-        single = micro_batch_seconds_per_gpu(np, scns, effs, 1, shortest)
-        per_seq[:, columns] = np.maximum(seconds_per_sequence(np, rates[g_of], seq[:, columns]),
-                                         single[g_of][:, None] / batch_max[:, columns])
+        rated = rates_per_gpu(np, scns, effs, rate_memo)
+        rates = op_rates_per_gpu(np, work, scns, effs, rated[0])  # GPU types x ops x (a, b, c, d)
+        single = micro_batch_seconds_per_gpu(np, scns, effs, 1, shortest, passes, rated)
+        at = seq_of[:, columns]
+        used = np.unique(at) if len(seqs) > 1 else np.zeros(1, np.int64)
+        table = seconds_per_sequence(np, rates, np.broadcast_to(seqs[used], (len(on_gpu), len(used))))
+        exposed = exposed_seconds_per_sequence(np, bases, block_effs, mix, shortest, comms)  # per block
+        per_seq[:, columns] = np.maximum(table[g_of[:, None], np.searchsorted(used, at)],
+                                         single[g_of][:, None] / batch_max[:, columns]) + exposed[:, None]
     world = np.array([b.world for b in space.blocks], float)[:, None]
     prices = [price_of(b.base)[0] for b in space.blocks]
     price = np.array([np.nan if p is None else p for p in prices])[:, None]
     hours = per_seq * hours_per_gpu_second(space.scenario) / replicas
-    return hours, hours * world * price
+    return hours, hours * world * price, unbounded
 
 
 def _distinct_batches(np, batch):

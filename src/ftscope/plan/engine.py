@@ -33,6 +33,10 @@ from .space import Space
 REASONS = {UNSUPPORTED: "unsupported", NO_FIT: "does not fit", OVER_BUDGET: "over budget", OVER_DEADLINE: "over deadline"}
 REJECTED = tuple(REASONS)
 
+SCAN_SHARE, BOUND_SHARE = 0.35, 0.7
+"""With a time budget, the shares of it by which the pass over the mixes and then the time bounds of what it saw
+stop: the exact estimates that rank them take the rest (a scan that took all of it would leave nothing ranked)."""
+
 Progress = Callable[[str, int, int | None], None]
 """progress(stage, done, total): 'classify' and 'exhaustive' count candidates, 'limits' the ones held to a budget
 or deadline; 'estimate' counts exact estimates (total None: not known in advance)."""
@@ -149,18 +153,18 @@ class Engine:
         self.space, self._evaluate, self.key, self.rankings = space, evaluate, key, list(rankings)
         self.by, self.cal, self.budget, self.deadline = by, calibration, budget_usd, deadline_hours
         self.global_batch, self.progress, self.margin = global_batch, progress, margin
-        self.stop_at = None if time_budget_s is None else time.perf_counter() + time_budget_s
+        now = time.perf_counter()
+        self.stop_at = None if time_budget_s is None else now + time_budget_s
+        self.scan_until, self.bound_until = ((None, None) if time_budget_s is None else
+                                             (now + SCAN_SHARE * time_budget_s, now + BOUND_SHARE * time_budget_s))
         self.cache: dict[int, Any] = {}
         self.estimates = 0
         self.refined: dict[int, tuple[float, float, float]] = {}
         self.violations = 0
-        self.cut = False
 
     # ---- shared -------------------------------------------------------------------------------------------
     def _out_of_time(self) -> bool:
-        if self.stop_at is not None and time.perf_counter() > self.stop_at:
-            self.cut = True
-        return self.cut
+        return self.stop_at is not None and time.perf_counter() > self.stop_at
 
     def evaluate(self, idx: int, keep: bool = True) -> Any:
         c = self.cache.get(idx)
@@ -220,8 +224,9 @@ class Engine:
     def run(self) -> Outcome:
         import numpy as np
 
-        cls, self.cut = classify(np, self.space, self.by, self.cal, {r.name: r.accept for r in self.rankings},
-                                 self.global_batch, self.stop_at, self.progress, self.margin)
+        cls, _ = classify(np, self.space, self.by, self.cal, {r.name: r.accept for r in self.rankings},
+                                 self.global_batch, self.bound_until, self.progress, self.margin,
+                                 scan_until=self.scan_until)
         status = cls.status
         self._settle_limits(np, cls)
         ranked = {}

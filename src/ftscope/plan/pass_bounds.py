@@ -1,18 +1,22 @@
 """One compute signature's micro-batch seconds on every GPU type at once: bounds.micro_batch_seconds with the
 estimator's pass times (estimate/time.py pass_times, op_time, kernels.gemm_utilization) computed as arrays over
 the GPU types, one pass over the ops instead of one per GPU type (a search of 16 GPU types and 10^4 signatures
-spent a sixth of its time there). The same formulas in the same order; tests/plan/test_pass_bounds.py checks
-the numbers against micro_batch_seconds per GPU type."""
+spent a sixth of its time there). The same formulas; the op times are kept per op list and rates, which the
+mixes that differ only in checkpointing share, and the passes summed as a matrix product (the same terms in another
+order); tests/plan/test_pass_bounds.py checks the numbers against micro_batch_seconds per GPU type to 1e-12."""
 from __future__ import annotations
 
 import math
 from typing import Any, Sequence
 
+from ..estimate.comm import model_parallel
 from ..estimate.compute import Op, cached_ops, recomputed
 from ..estimate.efficiency import Efficiency
 from ..estimate.kernels import SHORT_TILE, TILE, UNKNOWN_SMS
+from ..estimate.layout import layout
 from ..estimate.time import rates
-from ..spec.scenario import Scenario
+from ..spec.scenario import Scenario, fast_replace
+from .bounds import SAFETY, ops_mix
 
 RATE_FIELDS = ("fp8_gemm", "gemm", "attention", "seq_half", "stream", "dequant", "floor", "host", "sync", "sms",
                "k_half", "grouped", "compile_bytes", "compile_kernels")
@@ -56,34 +60,92 @@ def _op_time(np, op: Op, r: dict[str, Any]):
     return (np.maximum(op.flops / (r["gemm"] * 0.1), mem_t) if op.flops else mem_t) + floor
 
 
-def micro_batch_seconds_per_gpu(np, scns: Sequence[Scenario], effs: Sequence[Efficiency], batch: int, length: float):
+def _op_matrices(np, ops: Sequence[Op], r: dict[str, Any]):
+    """Per op and GPU type: its seconds (op_time; 0 for dispatch) and its kernel launches (x torch.compile's share
+    for a fusible op); per op: whether it is a dispatch and a dequantization. What every signature with these ops
+    and rates shares (checkpointing changes only the passes' factors)."""
+    n = len(r["floor"])
+    times, kernels = np.zeros((len(ops), n)), np.zeros((len(ops), n))
+    dispatch = np.array([op.kind == "dispatch" for op in ops], bool)
+    for i, op in enumerate(ops):
+        if not dispatch[i]:
+            times[i] = _op_time(np, op, r)
+            kernels[i] = op.kernels * (r["compile_kernels"] if op.fusible else 1.0)
+    dequant = np.array([op.kind == "dequant" for op in ops], bool)
+    launches = np.array([op.kernels if op.kind == "dispatch" else 0.0 for op in ops])
+    return times, kernels, dispatch, dequant, launches
+
+
+RATE_MIX_FIELDS = ("precision", "attention", "compile")
+"""The Mix fields time.rates reads (with the GPU and the efficiency; tests/plan/test_pass_bounds.py varies the
+others)."""
+
+
+def rates_per_gpu(np, scns: Sequence[Scenario], effs: Sequence[Efficiency], memo: dict):
+    """(time.rates of each scenario, the RATE_FIELDS as arrays over them), kept in `memo` per distinct
+    RATE_MIX_FIELDS value: the scenarios of one search's calls are one mix on the same GPU types."""
+    key = tuple(getattr(scns[0].mix, f) for f in RATE_MIX_FIELDS)
+    hit = memo.get(key)
+    if hit is None:
+        each = [rates(s, e) for s, e in zip(scns, effs)]
+        hit = memo[key] = (each, {name: np.array([getattr(x, name) for x in each], float) for name in RATE_FIELDS})
+    return hit
+
+
+def micro_batch_seconds_per_gpu(np, scns: Sequence[Scenario], effs: Sequence[Efficiency], batch: int, length: float,
+                                memo: dict | None = None, rated: tuple | None = None):
     """bounds.micro_batch_seconds of `scns` (one mix on each GPU type, `effs` their efficiencies): per GPU type,
     the forward, backward, recompute and dequantization seconds of one micro-batch at a fixed padded length, each
-    pass stretched when its kernel launches outlast its GPU work."""
-    fixed = [s.with_(padding="max_length", seq_len=max(1, math.floor(length))) for s in scns]
-    seq = fixed[0].workload.mean_padded_len(batch)
-    ops = cached_ops(fixed[0], batch, seq)  # the ops do not depend on the GPU
-    each = [rates(f, e) for f, e in zip(fixed, effs)]
-    r = {name: np.array([getattr(x, name) for x in each], float) for name in RATE_FIELDS}
-    mix = fixed[0].mix
-    n = len(each)
-    gpu, kern, deq, syncs = (np.zeros((3, n)) for _ in range(4))
-    for op in ops:
-        rec = recomputed(op, mix) if mix.gradient_checkpointing else 0.0
-        if op.kind == "dispatch":  # syncs in forward and recompute (backward replays known indices)
-            t = op.kernels * r["sync"]
-            syncs[0] += t
-            syncs[2] += t * rec
-            continue
-        t = _op_time(np, op, r)
-        k = op.kernels * (r["compile_kernels"] if op.fusible else 1.0)
-        back = 1.0 if op.kind == "dequant" else op.backward
-        for i, factor in enumerate((1.0, back, rec)):
-            gpu[i] += t * factor
-            kern[i] += k * factor
-            if op.kind == "dequant":
-                deq[i] += t * factor
+    pass stretched when its kernel launches outlast its GPU work. `memo`: a dict shared by the calls of one search
+    (same GPU types), keeping each op list's times per rates (_op_matrices); the passes are summed as one matrix
+    product, the same terms in another order (a few ulps, inside the bounds' SAFETY). `rated`: rates_per_gpu's
+    answer for `scns`, when known (the rates do not read the workload)."""
+    fixed = scns[0].with_(padding="max_length", seq_len=max(1, math.floor(length)))
+    seq = fixed.workload.mean_padded_len(batch)
+    mix = fixed.mix  # the ops depend neither on the GPU nor on what ops_mix leaves out (checkpointing)
+    ops = cached_ops(fast_replace(fixed, mix=ops_mix(mix)), batch, seq)
+    each, r = rated if rated is not None else rates_per_gpu(np, scns, effs, {})
+    key = (id(ops), tuple(each))
+    hit = None if memo is None else memo.get(key)
+    if hit is None or hit[0] is not ops:
+        hit = (ops, _op_matrices(np, ops, r))  # the ops stay alive with their key: no id is reused
+        if memo is not None:
+            memo[key] = hit
+    times, kernels, dispatch, dequant, launches = hit[1]
+    rec = np.array([recomputed(op, mix) for op in ops]) if mix.gradient_checkpointing else np.zeros(len(ops))
+    back = np.array([1.0 if op.kind == "dequant" else op.backward for op in ops])
+    factors = np.where(dispatch, 0.0, np.stack([np.ones(len(ops)), back, rec]))  # forward, backward, recompute
+    gpu, kern, deq = factors @ times, factors @ kernels, (factors * dequant) @ times
+    syncs = np.zeros((3, len(each)))  # syncs in forward and recompute (backward replays known indices)
+    syncs[0], syncs[2] = launches.sum() * r["sync"], (launches * rec).sum() * r["sync"]
     with np.errstate(divide="ignore", invalid="ignore"):
         scale = np.where(gpu > 0, np.maximum(kern * r["host"] / gpu, 1.0), 1.0)  # host-bound passes stretch
     parts = (gpu - deq) * scale + syncs
     return parts.sum(axis=0) + (deq * scale).sum(axis=0)
+
+
+COMM_FIELDS = ("precision", "gradient_checkpointing", "checkpointing", "tensor_parallel", "sequence_parallel",
+               "tp_comm_overlap", "pipeline_parallel", "virtual_stages", "context_parallel", "context_parallel_impl",
+               "expert_parallel", "experts_top_k")
+"""The Mix fields comm.model_parallel and the layout read (tests/plan/test_pass_bounds.py varies the others)."""
+
+
+def exposed_seconds_per_sequence(np, bases: Sequence[Scenario], effs: Sequence[Efficiency], mix: Any, seq: float,
+                                 memo: dict):
+    """Per block (`bases`, `effs` its efficiency): a lower bound on the exposed communication seconds one sequence
+    of at least `seq` tokens adds, from the model-parallel collectives no compute hides (window "none", which
+    comm.exposed adds whole). Their bytes are linear in the tokens of a step (ga x micro-batch x length, no
+    latency term), so a step's are at least ga x micro-batch times one sequence's at the shortest length. Kept
+    per distinct COMM_FIELDS value in `memo`."""
+    key = tuple(getattr(mix, f) for f in COMM_FIELDS)
+    hit = memo.get(key)
+    if hit is None:
+        out = []
+        for base, eff in zip(bases, effs):
+            if base.cluster.world_size <= 1:  # comm.collectives: one GPU talks to no one
+                out.append(0.0)
+                continue
+            scn = fast_replace(base, mix=mix, workload=fast_replace(base.workload, gradient_accumulation=1))
+            out.append(sum(t.seconds for t in model_parallel(scn, eff, 1, seq, layout(scn)) if t.window == "none"))
+        hit = memo[key] = np.array(out) * SAFETY
+    return hit

@@ -26,9 +26,11 @@ class Scan:
     per mix and GPU type (support), per mix and GPU count (layout validity, one memory probe)."""
 
     def __init__(self, np, space: Space, accepts: dict[str, Callable[[Any], bool] | None],
-                 global_batch: int | None, margin: float = 0.0, share_twins: bool = True) -> None:
+                 global_batch: int | None, margin: float = 0.0, share_twins: bool = True,
+                 exact_peaks: bool = True) -> None:
         nb, nm = len(space.blocks), space.mixes_per_block
         self.np, self.space, self.accepts, self.global_batch = np, space, accepts, global_batch
+        self.exact_peaks = exact_peaks  # False: only whether a fixed-batch peak fits is read (by time or cost)
         gpus = list(dict.fromkeys(b.gpu.key for b in space.blocks))
         worlds = list(dict.fromkeys(b.world for b in space.blocks))
         self.g_of = np.array([gpus.index(b.gpu.key) for b in space.blocks])
@@ -173,10 +175,11 @@ class Scan:
                 self.world_blocks = [[(b, int(self.g_of[b])) for b in np.flatnonzero(self.w_of == x).tolist()]
                                      for x in range(len(self.at_world))]
             blocks, supported = self.world_blocks[w], runs_on.tolist()
-            _fixed_batch(probe, k, blocks, supported, self.cap_lists[0], self.fixed_peak, self.global_batch)
+            exact = self.exact_peaks
+            _fixed_batch(probe, k, blocks, supported, self.cap_lists[0], self.fixed_peak, self.global_batch, exact)
             if self.safe_fixed_peak is not self.fixed_peak:
                 _fixed_batch(probe, k, blocks, supported, self.cap_lists[1], self.safe_fixed_peak,
-                             self.global_batch)
+                             self.global_batch, exact)
 
 def _twin_offsets(space: Space) -> dict[str, int]:
     """Per fused attention kernel the space lists after FUSED_ATTENTION: how many mixes back its FUSED_ATTENTION
@@ -195,13 +198,14 @@ def _twin_offsets(space: Space) -> dict[str, int]:
             if i > base and memory_mix(fast_replace(probe, attention=v)).attention == FUSED_ATTENTION}
 
 def _fixed_batch(probe: MemoryProbe, k: int, blocks: list[tuple[int, int]], supported: list[bool], caps: list[float],
-                 fixed_peak, global_batch: int) -> None:
+                 fixed_peak, global_batch: int, exact: bool = True) -> None:
     """Peak bytes of the layout that keeps the global batch, for every block at this GPU count that fits at
-    micro-batch 1 (one solve per distinct capacity). blocks: (block, GPU type) pairs; supported: per GPU type."""
+    micro-batch 1 (one solve per distinct capacity; `exact` False: MemoryProbe.fixed_batch_peak's). blocks: (block,
+    GPU type) pairs; supported: per GPU type."""
     memo: dict[float, float] = {}
     for b, g in blocks:
         cap = caps[b]
         if supported[g] and probe.peak_at_one <= cap:
             if cap not in memo:
-                memo[cap] = probe.fixed_batch_peak(cap, global_batch)
+                memo[cap] = probe.fixed_batch_peak(cap, global_batch, exact)
             fixed_peak[b, k] = memo[cap]

@@ -14,7 +14,7 @@ from .. import catalog
 from ..errors import FtscopeError
 from ..estimate import estimate
 from ..estimate.efficiency import Calibration, load_calibration
-from ..estimate.figures import Figures, rank_figures
+from ..estimate.figures import Figures, rank_grid
 from ..estimate.result import Estimate
 from ..estimate.shared import Shared
 from ..spec.hardware import gpu_from_catalog
@@ -167,17 +167,13 @@ def plan(scn: Scenario, gpus: Sequence[str] | None = None, counts: Sequence[int]
     cal = calibration if isinstance(calibration, Calibration) else load_calibration(calibration)
     shared = _sweep(scn, solve_batch)
     base = shared.scenario
-    cands: list[Scenario] = []
+    cands = [fast_replace(base, cluster=fast_replace(base.cluster, gpu=gpu, gpus_per_node=count, nodes=nodes))
+             for gpu in map(_catalog_gpu, candidate_gpus(gpus)) for count in counts]  # base.with_(gpu=..., ...)
     keyed: list[tuple] = []  # (rank key, listing index, figures); each candidate's figures, not its estimate
-    for key in candidate_gpus(gpus):
-        gpu = _catalog_gpu(key)
-        for count in counts:  # base.with_(gpu=..., gpus_per_node=..., nodes=...), without sorting the names
-            cand = fast_replace(base, cluster=fast_replace(base.cluster, gpu=gpu, gpus_per_node=count, nodes=nodes))
-            f = rank_figures(cand, margin, cal, shared)
-            if f is None:  # a figure that is not a finite number: the estimate's own checks say which
-                f = _figures_of(estimate_with_margin(cand, margin, cal, shared))
-            keyed.append((_figures_key(f, by), len(cands), f))
-            cands.append(cand)
+    for i, (cand, f) in enumerate(zip(cands, rank_grid(cands, margin, cal, shared))):
+        if f is None:  # a figure that is not a finite number: the estimate's own checks say which
+            f = _figures_of(estimate_with_margin(cand, margin, cal, shared))
+        keyed.append((_figures_key(f, by), i, f))
     keyed.sort(key=lambda k: k[0])  # stable: equal keys keep the listing order, as sorting the estimates did
     rows = Rows([cands[i] for _, i, _ in keyed], lambda c: estimate_with_margin(c, margin, cal, shared))
     best = rows[0] if keyed and keyed[0][2].fits else None

@@ -240,7 +240,9 @@ def test_rows_are_estimated_when_read():
     from ftscope.plan.search import Rows
     p = ftscope.plan(scn(), gpus=GPUS, counts=[1, 2, 4])
     assert isinstance(p.rows, Rows)
-    assert sum(e is not None for e in p.rows._made) == 1  # the best only
+    assert sum(e is not None for e in p.rows._made) == 0  # ranked on their figures; the best too, until read
+    assert p.best is p.rows[0] and p.best.fits
+    assert sum(e is not None for e in p.rows._made) == 1
     first = p.rows[3]
     assert p.rows[3] is first and p.rows[:4][3] is first and p.rows.scenario(3) is first.scenario
     assert len(p.rows) == len(list(p.rows)) == len(GPUS) * 3

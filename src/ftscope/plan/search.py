@@ -69,13 +69,19 @@ class Plan:
     """Every candidate (feasible or not, with the reason), ranked; the best; the cost/time Pareto frontier."""
 
     rows: Sequence[Estimate]
-    best: Estimate | None
+    feasible: bool
+    """Some candidate fits: the first row is then the best."""
     pareto: list[int] = field(default_factory=list)
     """Indices into rows of candidates no other candidate beats on both hours and dollars."""
     by: str = "cost"
     margin: float = 0.0
     fix_memo: dict = field(default_factory=dict, repr=False, compare=False)
     """The fixes' shared work (plan/fixes.py)."""
+
+    @cached_property
+    def best(self) -> Estimate | None:
+        """The first row when it fits (estimated when first read: a sweep of plans may rank without it)."""
+        return self.rows[0] if self.feasible else None
 
     @cached_property
     def fixes(self) -> dict[str, list[Fix]]:
@@ -176,9 +182,9 @@ def plan(scn: Scenario, gpus: Sequence[str] | None = None, counts: Sequence[int]
         keyed.append((_figures_key(f, by), i, f))
     keyed.sort(key=lambda k: k[0])  # stable: equal keys keep the listing order, as sorting the estimates did
     rows = Rows([cands[i] for _, i, _ in keyed], lambda c: estimate_with_margin(c, margin, cal, shared))
-    best = rows[0] if keyed and keyed[0][2].fits else None
     front = pareto_points([(f.hours, f.usd) if f.fits and f.usd is not None else None for _, _, f in keyed])
-    return Plan(rows=rows, best=best, pareto=front, by=by, margin=margin, fix_memo=shared.get(("fixes",), dict))
+    return Plan(rows=rows, feasible=bool(keyed) and keyed[0][2].fits, pareto=front, by=by, margin=margin,
+                fix_memo=shared.get(("fixes",), dict))
 
 
 def _figures_of(est: Estimate) -> Figures:

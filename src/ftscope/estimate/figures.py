@@ -131,11 +131,17 @@ def _grid(cands: list[Scenario], margin: float, tight_margin: float, cal: Calibr
     """figures(c, margin, cal, tight_margin, sh) of each candidate (all covered by `sh`), in their order."""
     out: list[Figures | None] = []
     wl = cands[0].workload if cands else None
+    counts: dict[int, _Count] = {}  # the memo's, looked up once per count
+    reasons: dict[int, str | None] = {}  # per GPU type (id), from the memo
     for scn in cands:
         cl = scn.cluster
         world = cl.world_size
-        at = sh.get(("grid", world), lambda: _Count(memory_model(scn), wl.peak_seq_len()))
-        reason = sh.per_gpu("reason", scn, lambda: unsupported_reason(scn))
+        at = counts.get(world)
+        if at is None:
+            at = counts[world] = sh.get(("grid", world), lambda: _Count(memory_model(scn), wl.peak_seq_len()))
+        reason = reasons.get(id(cl.gpu), reasons)
+        if reason is reasons:
+            reason = reasons[id(cl.gpu)] = sh.per_gpu("reason", scn, lambda: unsupported_reason(scn))
         cap = usable_bytes(cl.gpu, at.mem.allocator)  # memory_model's capacity for this GPU
         if not cap > 0:  # the estimate says why
             out.append(None)

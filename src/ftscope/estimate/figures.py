@@ -78,10 +78,12 @@ def rank_figures(scn: Scenario, margin: float, cal: Calibration, shared: Shared 
 
 def _memory_sane(bd, sh: Shared | None, world: int, batch: int) -> bool:
     """The breakdown's figures are finite and not negative (estimate's result check, once per breakdown)."""
-    def check() -> bool:
-        values = [bd.peak_bytes, bd.allocated_bytes, *bd.categories.values()]
-        return min(values) >= 0 and math.isfinite(sum(values))
-    return sh.get(("sane", world, batch), check) if sh is not None else check()
+    return sh.get(("sane", world, batch), lambda: _breakdown_sane(bd)) if sh is not None else _breakdown_sane(bd)
+
+
+def _breakdown_sane(bd) -> bool:
+    values = [bd.peak_bytes, bd.allocated_bytes, *bd.categories.values()]
+    return min(values) >= 0 and math.isfinite(sum(values))
 
 
 def rank_grid(cands: list[Scenario], margin: float, cal: Calibration, shared: Shared | None) -> list[Figures | None]:
@@ -101,7 +103,7 @@ def rank_grid(cands: list[Scenario], margin: float, cal: Calibration, shared: Sh
     return out
 
 
-class _Count:
+class _SolvedCount:
     """One GPU count's memory model (the capacity aside) and what the grid has solved on it."""
 
     def __init__(self, mem: MemoryModel, seq: int) -> None:
@@ -118,7 +120,7 @@ class _Count:
         return p
 
     def largest(self, limit: float) -> int:
-        """max_micro_batch of the model at a capacity x (1 - margin) of `limit`."""
+        """max_micro_batch of the model where capacity x (1 - margin) is `limit` bytes."""
         b = self.max_b.get(limit)
         if b is None:
             b = self.max_b[limit] = solve_batch(limit, self.curves, self.peak, self.seq, BATCH_CAP,
@@ -131,14 +133,14 @@ def _grid(cands: list[Scenario], margin: float, tight_margin: float, cal: Calibr
     """figures(c, margin, cal, tight_margin, sh) of each candidate (all covered by `sh`), in their order."""
     out: list[Figures | None] = []
     wl = cands[0].workload if cands else None
-    counts: dict[int, _Count] = {}  # the memo's, looked up once per count
+    counts: dict[int, _SolvedCount] = {}  # the memo's, looked up once per count
     reasons: dict[int, str | None] = {}  # per GPU type (id), from the memo
     for scn in cands:
         cl = scn.cluster
         world = cl.world_size
         at = counts.get(world)
         if at is None:
-            at = counts[world] = sh.get(("grid", world), lambda: _Count(memory_model(scn), wl.peak_seq_len()))
+            at = counts[world] = sh.get(("grid", world), lambda: _SolvedCount(memory_model(scn), wl.peak_seq_len()))
         reason = reasons.get(id(cl.gpu), reasons)
         if reason is reasons:
             reason = reasons[id(cl.gpu)] = sh.per_gpu("reason", scn, lambda: unsupported_reason(scn))
@@ -149,14 +151,10 @@ def _grid(cands: list[Scenario], margin: float, tight_margin: float, cal: Calibr
         max_b = at.largest(cap * (1.0 - margin))
         batch = (max_b or 1) if wl.solve_batch else int(wl.micro_batch_size)
         peak = at.peak(batch)
-        if not sh.get(("sane", world, batch), lambda: _sane(fast_replace(at.mem, capacity_bytes=cap), batch, at.seq)):
+        # _memory_sane of this GPU's breakdown (by count and batch, as there)
+        if not sh.get(("sane", world, batch),
+                      lambda: _breakdown_sane(fast_replace(at.mem, capacity_bytes=cap).breakdown(batch, at.seq))):
             out.append(None)
             continue
         out.append(_ranked(scn, sh, reason, peak, cap, margin, tight_margin, batch, at.mem.trainable_params, cal))
     return out
-
-
-def _sane(mem: MemoryModel, batch: int, seq: int) -> bool:
-    bd = mem.breakdown(batch, seq)
-    values = [bd.peak_bytes, bd.allocated_bytes, *bd.categories.values()]
-    return min(values) >= 0 and math.isfinite(sum(values))

@@ -58,3 +58,23 @@ def test_a_step_that_is_not_a_finite_number_gives_none(monkeypatch):
         return ({**parts, "communication": math.nan}, *rest)
     monkeypatch.setattr(F, "step_parts", nan_comm)
     assert F.rank_figures(cand, 0.0, cal, None) is None
+
+
+@pytest.mark.parametrize("model,mix,wl", [
+    ("llama-2-7b", {"method": "full", "zero_stage": 2}, None),
+    ("mixtral-8x7b", None, None),
+    ("mixtral-8x7b", {"zero_stage": 3}, {"micro_batch_size": 2}),
+])
+@pytest.mark.parametrize("margin", [0.0, 0.1])
+def test_the_grid_gives_each_candidates_rank_figures(model, mix, wl, margin):
+    """rank_grid (one memory model per GPU count, solved once per capacity) equals rank_figures candidate by
+    candidate, fits and misfits, in the candidates' order; a scenario the memo does not cover takes rank_figures."""
+    cal = load_calibration()
+    base = scn(model, mix, wl)
+    cands = [base.with_(gpu=gpu_from_catalog(g), gpus_per_node=c, nodes=n)
+             for g in GPUS for c, n in ((1, 1), (2, 1), (8, 1), (8, 4))]
+    grid = F.rank_grid(cands, margin, cal, Shared(base))
+    assert grid == [F.rank_figures(c, margin, cal, Shared(base)) for c in cands]
+    assert any(f.fits for f in grid) and any(not f.fits for f in grid)
+    other = Shared(base.with_(seq_len=512))  # covers none of them
+    assert F.rank_grid(cands[:3], margin, cal, other) == grid[:3]

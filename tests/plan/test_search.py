@@ -240,7 +240,9 @@ def test_rows_are_estimated_when_read():
     from ftscope.plan.search import Rows
     p = ftscope.plan(scn(), gpus=GPUS, counts=[1, 2, 4])
     assert isinstance(p.rows, Rows)
-    assert sum(e is not None for e in p.rows._made) == 1  # the best only
+    assert sum(e is not None for e in p.rows._made) == 0  # ranked on their figures; the best too, until read
+    assert p.best is p.rows[0] and p.best.fits
+    assert sum(e is not None for e in p.rows._made) == 1
     first = p.rows[3]
     assert p.rows[3] is first and p.rows[:4][3] is first and p.rows.scenario(3) is first.scenario
     assert len(p.rows) == len(list(p.rows)) == len(GPUS) * 3
@@ -251,11 +253,11 @@ def test_rows_are_estimated_when_read():
 
 
 def test_a_figure_that_is_not_a_number_leaves_the_row_to_the_estimate(monkeypatch):
-    """rank_figures returns None when a figure is not finite: plan then ranks on the estimate itself (whose own
+    """rank_grid gives None when a figure is not finite: plan then ranks on the estimate itself (whose own
     checks raise when it is wrong)."""
     import importlib
     search = importlib.import_module("ftscope.plan.search")  # ftscope.plan is also the function
     s = scn(mix={"method": "lora"})
     expected = ftscope.plan(s, gpus=GPUS, counts=[1, 2])
-    monkeypatch.setattr(search, "rank_figures", lambda *a: None)
+    monkeypatch.setattr(search, "rank_grid", lambda cands, *a: [None] * len(cands))
     assert list(ftscope.plan(s, gpus=GPUS, counts=[1, 2]).rows) == list(expected.rows)

@@ -10,11 +10,13 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
-from ..spec.scenario import Scenario
-from . import memory_stage
+from ..spec.scenario import Scenario, fast_replace
+from . import memory_stage, unsupported_reason
 from .cost import price_of, run_steps
 from .efficiency import Calibration
-from .shared import Shared
+from .memory import MemoryModel, memory_model, usable_bytes
+from .shared import Shared, shared_for
+from .solvers import BATCH_CAP, reserved_curves, solve_batch
 from .time import step_parts
 
 
@@ -38,14 +40,21 @@ def figures(scn: Scenario, margin: float, cal: Calibration, tight_margin: float,
     """The ranking figures of estimate(scn, margin, strict=False, calibration=cal, tight_margin, shared); None when
     one of them is not a finite, non-negative number (the caller builds the estimate, whose checks say which)."""
     sh, reason, mem, seq, max_b, batch, bd = memory_stage(scn, margin, False, tight_margin, shared)
-    peak, cap = bd.fit_bytes, mem.capacity_bytes  # what must fit (MemoryBreakdown.fit_bytes), as Estimate.fits
     if not _memory_sane(bd, sh, scn.cluster.world_size, batch):
         return None
+    # what must fit (MemoryBreakdown.fit_bytes), as Estimate.fits
+    return _ranked(scn, sh, reason, bd.fit_bytes, mem.capacity_bytes, margin, tight_margin, batch,
+                   mem.trainable_params, cal)
+
+
+def _ranked(scn: Scenario, sh: Shared | None, reason: str | None, peak: float, cap: float, margin: float,
+            tight_margin: float, batch: int, trainable: int, cal: Calibration) -> Figures | None:
+    """figures once the memory is known: `peak` bytes must fit in `cap` at micro-batch `batch`."""
     dnf = reason is None and peak > cap * (1 - margin)
     if not (reason is None and peak <= cap * (1 - margin)):  # Estimate.fits
         return Figures(False, False, None, None, dnf or (reason is not None and reason.startswith("does not fit")))
     eff, _ = cal.for_gpu(scn.cluster.gpu.key)
-    parts = step_parts(scn, batch, eff, mem.trainable_params, shared=sh)[0]
+    parts = step_parts(scn, batch, eff, trainable, shared=sh)[0]
     step = sum(parts.values())
     if not (math.isfinite(step) and step > 0 and min(parts.values()) >= 0):
         return None
@@ -69,7 +78,83 @@ def rank_figures(scn: Scenario, margin: float, cal: Calibration, shared: Shared 
 
 def _memory_sane(bd, sh: Shared | None, world: int, batch: int) -> bool:
     """The breakdown's figures are finite and not negative (estimate's result check, once per breakdown)."""
-    def check() -> bool:
-        values = [bd.peak_bytes, bd.allocated_bytes, *bd.categories.values()]
-        return min(values) >= 0 and math.isfinite(sum(values))
-    return sh.get(("sane", world, batch), check) if sh is not None else check()
+    return sh.get(("sane", world, batch), lambda: _breakdown_sane(bd)) if sh is not None else _breakdown_sane(bd)
+
+
+def _breakdown_sane(bd) -> bool:
+    values = [bd.peak_bytes, bd.allocated_bytes, *bd.categories.values()]
+    return min(values) >= 0 and math.isfinite(sum(values))
+
+
+def rank_grid(cands: list[Scenario], margin: float, cal: Calibration, shared: Shared | None) -> list[Figures | None]:
+    """rank_figures of each candidate, for a sweep's candidates that differ only in their cluster (a plan's GPU
+    types x counts): per GPU count, one memory model, its peak bytes once per micro-batch and the largest
+    micro-batch once per capacity (figures builds the breakdown of every candidate to read its fit_bytes, which
+    is MemoryModel.peak_bytes: the same sums). Candidates that `shared` does not cover take rank_figures."""
+    sh = shared_for(shared, cands[0]) if cands else None
+    if sh is None:
+        return [rank_figures(c, margin, cal, shared) for c in cands]
+    if not (margin and cands[0].workload.solve_batch):  # rank_figures: the scenario as it is
+        return _grid(cands, 0.0, margin, cal, sh)
+    out = _grid(cands, margin, margin, cal, sh)
+    again = [i for i, f in enumerate(out) if f is not None and not f.fits and f.does_not_fit]  # none leaves it free
+    for i, f in zip(again, _grid([cands[i] for i in again], 0.0, margin, cal, sh)):
+        out[i] = f
+    return out
+
+
+class _SolvedCount:
+    """One GPU count's memory model (the capacity aside) and what the grid has solved on it."""
+
+    def __init__(self, mem: MemoryModel, seq: int) -> None:
+        self.mem, self.seq = mem, seq
+        self.curves = reserved_curves(mem)
+        self.peaks: dict[int, float] = {}
+        self.max_b: dict[float, int] = {}
+
+    def peak(self, batch: int) -> float:
+        """mem.peak_bytes(batch, seq): what must fit, any capacity (breakdown's fit_bytes)."""
+        p = self.peaks.get(batch)
+        if p is None:
+            p = self.peaks[batch] = self.mem.peak_bytes(batch, self.seq)
+        return p
+
+    def largest(self, limit: float) -> int:
+        """max_micro_batch of the model where capacity x (1 - margin) is `limit` bytes."""
+        b = self.max_b.get(limit)
+        if b is None:
+            b = self.max_b[limit] = solve_batch(limit, self.curves, self.peak, self.seq, BATCH_CAP,
+                                                self.mem.least_reserved)
+        return b
+
+
+def _grid(cands: list[Scenario], margin: float, tight_margin: float, cal: Calibration,
+          sh: Shared) -> list[Figures | None]:
+    """figures(c, margin, cal, tight_margin, sh) of each candidate (all covered by `sh`), in their order."""
+    out: list[Figures | None] = []
+    wl = cands[0].workload if cands else None
+    counts: dict[int, _SolvedCount] = {}  # the memo's, looked up once per count
+    reasons: dict[int, str | None] = {}  # per GPU type (id), from the memo
+    for scn in cands:
+        cl = scn.cluster
+        world = cl.world_size
+        at = counts.get(world)
+        if at is None:
+            at = counts[world] = sh.get(("grid", world), lambda: _SolvedCount(memory_model(scn), wl.peak_seq_len()))
+        reason = reasons.get(id(cl.gpu), reasons)
+        if reason is reasons:
+            reason = reasons[id(cl.gpu)] = sh.per_gpu("reason", scn, lambda: unsupported_reason(scn))
+        cap = usable_bytes(cl.gpu, at.mem.allocator)  # memory_model's capacity for this GPU
+        if not cap > 0:  # the estimate says why
+            out.append(None)
+            continue
+        max_b = at.largest(cap * (1.0 - margin))
+        batch = (max_b or 1) if wl.solve_batch else int(wl.micro_batch_size)
+        peak = at.peak(batch)
+        # _memory_sane of this GPU's breakdown (by count and batch, as there)
+        if not sh.get(("sane", world, batch),
+                      lambda: _breakdown_sane(fast_replace(at.mem, capacity_bytes=cap).breakdown(batch, at.seq))):
+            out.append(None)
+            continue
+        out.append(_ranked(scn, sh, reason, peak, cap, margin, tight_margin, batch, at.mem.trainable_params, cal))
+    return out

@@ -14,7 +14,7 @@ from .. import catalog
 from ..errors import FtscopeError
 from ..estimate import estimate
 from ..estimate.efficiency import Calibration, load_calibration
-from ..estimate.figures import Figures, rank_figures
+from ..estimate.figures import Figures, rank_grid
 from ..estimate.result import Estimate
 from ..estimate.shared import Shared
 from ..spec.hardware import gpu_from_catalog
@@ -69,13 +69,19 @@ class Plan:
     """Every candidate (feasible or not, with the reason), ranked; the best; the cost/time Pareto frontier."""
 
     rows: Sequence[Estimate]
-    best: Estimate | None
+    feasible: bool
+    """Some candidate fits: the first row is then the best."""
     pareto: list[int] = field(default_factory=list)
     """Indices into rows of candidates no other candidate beats on both hours and dollars."""
     by: str = "cost"
     margin: float = 0.0
     fix_memo: dict = field(default_factory=dict, repr=False, compare=False)
     """The fixes' shared work (plan/fixes.py)."""
+
+    @cached_property
+    def best(self) -> Estimate | None:
+        """The first row when it fits (estimated when first read: a sweep of plans may rank without it)."""
+        return self.rows[0] if self.feasible else None
 
     @cached_property
     def fixes(self) -> dict[str, list[Fix]]:
@@ -167,22 +173,18 @@ def plan(scn: Scenario, gpus: Sequence[str] | None = None, counts: Sequence[int]
     cal = calibration if isinstance(calibration, Calibration) else load_calibration(calibration)
     shared = _sweep(scn, solve_batch)
     base = shared.scenario
-    cands: list[Scenario] = []
+    cands = [fast_replace(base, cluster=fast_replace(base.cluster, gpu=gpu, gpus_per_node=count, nodes=nodes))
+             for gpu in map(_catalog_gpu, candidate_gpus(gpus)) for count in counts]  # base.with_(gpu=..., ...)
     keyed: list[tuple] = []  # (rank key, listing index, figures); each candidate's figures, not its estimate
-    for key in candidate_gpus(gpus):
-        gpu = _catalog_gpu(key)
-        for count in counts:  # base.with_(gpu=..., gpus_per_node=..., nodes=...), without sorting the names
-            cand = fast_replace(base, cluster=fast_replace(base.cluster, gpu=gpu, gpus_per_node=count, nodes=nodes))
-            f = rank_figures(cand, margin, cal, shared)
-            if f is None:  # a figure that is not a finite number: the estimate's own checks say which
-                f = _figures_of(estimate_with_margin(cand, margin, cal, shared))
-            keyed.append((_figures_key(f, by), len(cands), f))
-            cands.append(cand)
+    for i, (cand, f) in enumerate(zip(cands, rank_grid(cands, margin, cal, shared))):
+        if f is None:  # a figure that is not a finite number: the estimate's own checks say which
+            f = _figures_of(estimate_with_margin(cand, margin, cal, shared))
+        keyed.append((_figures_key(f, by), i, f))
     keyed.sort(key=lambda k: k[0])  # stable: equal keys keep the listing order, as sorting the estimates did
     rows = Rows([cands[i] for _, i, _ in keyed], lambda c: estimate_with_margin(c, margin, cal, shared))
-    best = rows[0] if keyed and keyed[0][2].fits else None
     front = pareto_points([(f.hours, f.usd) if f.fits and f.usd is not None else None for _, _, f in keyed])
-    return Plan(rows=rows, best=best, pareto=front, by=by, margin=margin, fix_memo=shared.get(("fixes",), dict))
+    return Plan(rows=rows, feasible=bool(keyed) and keyed[0][2].fits, pareto=front, by=by, margin=margin,
+                fix_memo=shared.get(("fixes",), dict))
 
 
 def _figures_of(est: Estimate) -> Figures:

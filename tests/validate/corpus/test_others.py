@@ -21,6 +21,14 @@ def test_hf_4bit_rows_are_oom_outcomes(point):
     assert "8-bit" in m.reason and m.measures[0].value == 1.0
 
 
+def test_hf_4bit_notes_tell_nested_rows_and_the_unexplained_oom(point):
+    plain = hf_4bit(*point("hf-blog-4bit-bitsandbytes", "hfblog-bnb4-llama-13b-4bit-nf4-gc1-fp16-s1024-g1")).notes
+    nested = hf_4bit(*point("hf-blog-4bit-bitsandbytes", "hfblog-bnb4-llama-13b-4bit-nf4+nested-gc1-fp16-s1024-g1")).notes
+    assert any("without nested" in n for n in plain) and not any("without nested" in n for n in nested)
+    assert any("unexplained" in n and "hf2023_qlora_step_trace" in n for n in plain)
+    assert not any("unexplained" in n for n in nested)
+
+
 def test_peft_rows(point):
     m = peft(*point("peft-docs-and-readme-memory", "peft-doc-zero3-lora-llama2-70b-8xh100"))
     assert load_scenario(m.scenario).mix.zero_stage == 3

@@ -46,15 +46,14 @@ class Scan:
         self.layout_ok = np.zeros((len(worlds), nm), bool)  # the layout runs on this GPU count (plan/layouts.py)
         self.split = np.ones((2, nm), np.int64)  # model-parallel group size and pipeline stages of each mix
         # the probes' results are kept per slot: one column per mix that some GPU type supports, taken in order
-        # (a search of millions of mixes runs a fifth of them), the arrays grown as slots are taken
+        # (a search of millions of mixes runs a fifth of them), in chunks of SLOT_CHUNK slots added as slots are
+        # taken (no copy on growth) and gathered once at the end (`gather`)
         self.slot = np.full(nm, -1, np.int64)
         self.slots = 0
-        width = min(nm, SLOT_CHUNK)
-        self.peak = np.full((len(worlds), width), np.inf)
-        self.fixed_peak = np.full((nb, width), np.inf) if global_batch is not None else None
-        self.safe_fixed_peak = (np.full((nb, width), np.inf) if global_batch is not None and margin
-                                else self.fixed_peak)  # the fixed-batch peak solved leaving the margin free
-        self.terms: dict[str, Any] = {}  # fixed bytes and bytes per sequence: worlds x phases x slots
+        self.width = max(1, min(nm, SLOT_CHUNK))
+        self.margin = margin
+        self.chunks: list[_Chunk] = []
+        self.phases: int | None = None  # phases of the memory models, known from the first batch terms
         self.sig = np.zeros(nm, np.int32)
         self.signatures: dict[tuple, int] = {}
         self.accept = {name: np.zeros(nm, bool) for name in accepts}
@@ -102,27 +101,52 @@ class Scan:
         for w in runs:
             if floor.at(self.worlds[w]) > room[w]:
                 continue  # does not fit on any block at this count: no model (peak stays inf, NO_FIT)
-            if twin is not None and self.peak[w, twin] < np.inf:
+            if twin is not None and self._at(twin)[0].peak[w, self._at(twin)[1]] < np.inf:
                 self._copy(k, twin, w, self.supported[:, mix_k])
             else:
                 self._probe(k, w, MemoryProbe(with_mix(self.at_world[w], mix), self.seq, self.memos), room[w],
                             self.supported[:, mix_k])
 
     def _take_slot(self, k: int) -> int:
-        """The next free slot for mix k, the arrays grown by half when full."""
-        np = self.np
-        if self.slots == self.peak.shape[1]:
-            extra = max(SLOT_CHUNK, self.slots // 2)
-            grow = lambda a, fill: np.concatenate([a, np.full(a.shape[:-1] + (extra,), fill)], axis=-1)  # noqa: E731
-            same = self.safe_fixed_peak is self.fixed_peak
-            self.peak = grow(self.peak, np.inf)
-            if self.fixed_peak is not None:
-                self.fixed_peak = grow(self.fixed_peak, np.inf)
-                self.safe_fixed_peak = self.fixed_peak if same else grow(self.safe_fixed_peak, np.inf)
-            self.terms = {key: grow(value, np.nan) for key, value in self.terms.items()}
+        """The next free slot for mix k, a chunk added when the last one is full."""
+        if self.slots == len(self.chunks) * self.width:
+            self.chunks.append(_Chunk(self.np, len(self.at_world), len(self.space.blocks), self.width,
+                                      self.global_batch is not None, bool(self.margin), self.phases))
         self.slot[k] = self.slots
         self.slots += 1
-        return self.slot[k]
+        return self.slots - 1
+
+    def _at(self, slot: int) -> tuple[_Chunk, int]:
+        """The chunk that holds a slot, and the slot's column in it."""
+        return self.chunks[slot // self.width], slot % self.width
+
+    def gather(self, slots: Any) -> tuple[Any, Any, Any, dict[str, Any]]:
+        """(peak, fixed_peak, safe_fixed_peak, terms) of these slots, in their order, as single arrays (the fixed
+        peaks None without a fixed global batch, the safe one the same array without a margin; terms empty when no
+        probe fitted anywhere)."""
+        np = self.np
+        which, cols = slots // self.width, slots % self.width
+        parts = [(c, np.flatnonzero(which == c)) for c in np.unique(which).tolist()]
+
+        def pick(get, shape, fill):
+            out = np.full(shape[:-1] + (len(slots),), fill)
+            for c, at in parts:
+                value = get(self.chunks[c])
+                if value is not None:
+                    out[..., at] = value[..., cols[at]]
+            return out
+
+        nb, nw = len(self.space.blocks), len(self.at_world)
+        peak = pick(lambda ch: ch.peak, (nw, 0), np.inf)
+        fixed = safe = None
+        if self.global_batch is not None:
+            fixed = pick(lambda ch: ch.fixed_peak, (nb, 0), np.inf)
+            safe = pick(lambda ch: ch.safe_fixed_peak, (nb, 0), np.inf) if self.margin else fixed
+        terms = {}
+        if self.phases is not None:
+            terms = {key: pick(lambda ch: ch.terms.get(key), (nw, self.phases, 0), np.nan)
+                     for key in TERMS}
+        return peak, fixed, safe, terms
 
     def _layout_runs(self, mix: Any) -> list[int]:
         """The GPU counts (indices) whose layout check passes, per distinct value of the fields it reads."""
@@ -149,37 +173,70 @@ class Scan:
         """_probe's results at GPU count w, from the twin's (k, twin: their slots; blocks on GPU types this mix does
         not run keep inf: `runs_on`, per GPU type)."""
         np = self.np
-        self.peak[w, k] = self.peak[w, twin]
-        for value in self.terms.values():
-            value[w, :, k] = value[w, :, twin]
+        (to, i), (src, j) = self._at(k), self._at(twin)
+        to.peak[w, i] = src.peak[w, j]
+        if src.terms:
+            for key, value in to.with_terms(self.phases).items():
+                value[w, :, i] = src.terms[key][w, :, j]
         blocks = self.block_of_world[w]
         runs = runs_on[self.g_of[blocks]]
-        for peaks in {id(p): p for p in (self.fixed_peak, self.safe_fixed_peak) if p is not None}.values():
-            peaks[blocks, k] = np.where(runs, peaks[blocks, twin], np.inf)
+        if to.fixed_peak is not None:
+            to.fixed_peak[blocks, i] = np.where(runs, src.fixed_peak[blocks, j], np.inf)
+            if to.safe_fixed_peak is not to.fixed_peak:
+                to.safe_fixed_peak[blocks, i] = np.where(runs, src.safe_fixed_peak[blocks, j], np.inf)
 
     def _probe(self, k: int, w: int, probe: MemoryProbe, room: float, runs_on: Any) -> None:
         """The probe's peak at micro-batch 1 in slot k; where some block has room for it (`room`: the largest
         capacity of the GPU types this mix runs on at this count, `runs_on`), its batch terms and fixed-batch
         peaks as well."""
         np = self.np
-        self.peak[w, k] = probe.peak_at_one
+        chunk, i = self._at(k)
+        chunk.peak[w, i] = probe.peak_at_one
         if probe.peak_at_one > room:  # NO_FIT on every block: nothing reads its terms
             return
         phases = probe.batch_terms()
-        if not self.terms:
-            shape = (len(self.at_world), len(phases), self.peak.shape[1])  # phases before slots: min is fast
-            self.terms = {key: np.full(shape, np.nan) for key in ("fixed", "first", "far")}
-        self.terms["fixed"][w, :, k], self.terms["first"][w, :, k], self.terms["far"][w, :, k] = zip(*phases)
-        if self.fixed_peak is not None:  # at the full capacity, and less the margin when there is one
+        if self.phases is None:
+            self.phases = len(phases)
+        terms = chunk.with_terms(self.phases)
+        terms["fixed"][w, :, i], terms["first"][w, :, i], terms["far"][w, :, i] = zip(*phases)
+        if chunk.fixed_peak is not None:  # at the full capacity, and less the margin when there is one
             if self.world_blocks is None:  # (block, GPU type) pairs per GPU count, as plain ints for the loop
                 self.world_blocks = [[(b, int(self.g_of[b])) for b in np.flatnonzero(self.w_of == x).tolist()]
                                      for x in range(len(self.at_world))]
             blocks, supported = self.world_blocks[w], runs_on.tolist()
             exact = self.exact_peaks
-            _fixed_batch(probe, k, blocks, supported, self.cap_lists[0], self.fixed_peak, self.global_batch, exact)
-            if self.safe_fixed_peak is not self.fixed_peak:
-                _fixed_batch(probe, k, blocks, supported, self.cap_lists[1], self.safe_fixed_peak,
+            _fixed_batch(probe, i, blocks, supported, self.cap_lists[0], chunk.fixed_peak, self.global_batch, exact)
+            if chunk.safe_fixed_peak is not chunk.fixed_peak:
+                _fixed_batch(probe, i, blocks, supported, self.cap_lists[1], chunk.safe_fixed_peak,
                              self.global_batch, exact)
+
+
+TERMS = ("fixed", "first", "far")
+"""The batch terms kept per GPU count, phase and slot: fixed bytes, bytes the first sequence adds, bytes per
+sequence at the cap (MemoryProbe.batch_terms)."""
+
+
+class _Chunk:
+    """The probes' results of `width` consecutive slots: peak at micro-batch 1 per GPU count, fixed-batch peaks per
+    block (at the full capacity and, with a margin, less it), batch terms per GPU count and phase (made when a
+    probe of the chunk first fits somewhere)."""
+
+    def __init__(self, np, worlds: int, blocks: int, width: int, fixed: bool, margin: bool,
+                 phases: int | None) -> None:
+        self.np, self.worlds, self.width = np, worlds, width
+        self.peak = np.full((worlds, width), np.inf)
+        self.fixed_peak = np.full((blocks, width), np.inf) if fixed else None
+        self.safe_fixed_peak = np.full((blocks, width), np.inf) if fixed and margin else self.fixed_peak
+        self.terms: dict[str, Any] = {}
+        if phases is not None:
+            self.with_terms(phases)
+
+    def with_terms(self, phases: int) -> dict[str, Any]:
+        """The batch terms' arrays (phases before slots: the bounds take their min over phases), made on first use."""
+        if not self.terms:
+            self.terms = {key: self.np.full((self.worlds, phases, self.width), self.np.nan) for key in TERMS}
+        return self.terms
+
 
 def _twin_offsets(space: Space) -> dict[str, int]:
     """Per fused attention kernel the space lists after FUSED_ATTENTION: how many mixes back its FUSED_ATTENTION

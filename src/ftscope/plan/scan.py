@@ -3,7 +3,7 @@ per GPU count, and one memory probe per mix and GPU count that may fit, with the
 
 Work is shared wherever the answer provably does not change: GPU support per distinct GPU_FIELDS value, layout
 validity per distinct LAYOUT_FIELDS value, a fused attention kernel's probes copied from its FUSED_ATTENTION twin,
-and no memory model at a GPU count whose state floor (bounds.StateFloor) is above every capacity.
+and no memory model at a GPU count whose state floor (memory_probe.StateFloor) is above every capacity.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any, Callable
 from ..estimate.memory import FUSED_ATTENTION, memory_mix, usable_bytes
 from ..spec.rules import GPU_FIELDS, gpu_problem
 from ..spec.scenario import fast_replace
-from .bounds import MemoryProbe, StateFloor
+from .memory_probe import MemoryProbe, StateFloor, memory_models
 from .layouts import LAYOUT_FIELDS, layout_reason
 from .ranking import mix_complexity, refusal
 from .space import MIX_DIMENSIONS, Space, with_mix
@@ -98,14 +98,17 @@ class Scan:
         if runs:
             floor = StateFloor(with_mix(self.at_world[0], mix))
             room = self.room[:, self.supported[:, mix_k]].max(axis=1).tolist()  # per GPU count: the largest capacity
+        probe = []
         for w in runs:
             if floor.at(self.worlds[w]) > room[w]:
                 continue  # does not fit on any block at this count: no model (peak stays inf, NO_FIT)
             if twin is not None and self._at(twin)[0].peak[w, self._at(twin)[1]] < np.inf:
                 self._copy(k, twin, w, self.supported[:, mix_k])
             else:
-                self._probe(k, w, MemoryProbe(with_mix(self.at_world[w], mix), self.seq, self.memos), room[w],
-                            self.supported[:, mix_k])
+                probe.append(w)
+        scns = [with_mix(self.at_world[w], mix) for w in probe]
+        for w, scn, model in zip(probe, scns, memory_models(scns)):  # the models built together: one mix
+            self._probe(k, w, MemoryProbe(scn, self.seq, self.memos, model), room[w], self.supported[:, mix_k])
 
     def _take_slot(self, k: int) -> int:
         """The next free slot for mix k, a chunk added when the last one is full."""

@@ -64,7 +64,7 @@ class Scan:
         self.twin_offset = _twin_offsets(space) if share_twins else {}
         self.block_of_world = [np.flatnonzero(self.w_of == x) for x in range(len(worlds))]
         self.layouts: dict[tuple, list[int]] = {}
-        self.gpu_support: dict[tuple, Any] = {}  # per distinct GPU_FIELDS value: supported per GPU type
+        self.gpu_support: dict[tuple, Any] = {}  # per distinct GPU_FIELDS value: supported per GPU type, room
         self.worlds = worlds
         self.room = np.full((len(worlds), len(gpus)), -np.inf)  # largest capacity per GPU count and type
         for b in range(nb):
@@ -83,32 +83,37 @@ class Scan:
         self.sig[k] = self.signatures.setdefault(tuple(d.get(mix) for d in self.compute_dims), len(self.signatures))
         self.split[:, k] = mix.model_parallel, mix.pipeline_parallel
         key = tuple(getattr(mix, f) for f in GPU_FIELDS)
-        on = self.gpu_support.get(key)
-        if on is None:  # unsupported_reason, whose mix and model rules refusal just read
+        support = self.gpu_support.get(key)
+        if support is None:  # unsupported_reason, whose mix and model rules refusal just read
             model = self.space.scenario.model
-            on = self.gpu_support[key] = np.array([gpu_problem(mix, model, base.cluster.gpu) is None
-                                                   for base in self.on_gpu])
+            on = np.array([gpu_problem(mix, model, base.cluster.gpu) is None for base in self.on_gpu])
+            # per GPU count the largest capacity of the GPU types it runs on, and support as plain bools
+            room = self.room[:, on].max(axis=1).tolist() if on.any() else None
+            support = self.gpu_support[key] = on, room, on.tolist()
+        on, room, on_list = support
         self.supported[:, k] = on
-        if not self.supported[:, k].any():
+        if room is None:
             return
         mix_k, k = k, self._take_slot(k)  # from here on, k is the mix's slot
-        twin = self._twin(mix_k, mix)
+        twin = self._twin(mix_k, mix, on)
         runs = self._layout_runs(mix)
         self.layout_ok[runs, mix_k] = True
-        if runs:
-            floor = StateFloor(with_mix(self.at_world[0], mix))
-            room = self.room[:, self.supported[:, mix_k]].max(axis=1).tolist()  # per GPU count: the largest capacity
+        if not runs:
+            return
+        floor = StateFloor(with_mix(self.at_world[0], mix))
         probe = []
+        if twin is not None:
+            source, column = self._at(twin)
         for w in runs:
             if floor.at(self.worlds[w]) > room[w]:
                 continue  # does not fit on any block at this count: no model (peak stays inf, NO_FIT)
-            if twin is not None and self._at(twin)[0].peak[w, self._at(twin)[1]] < np.inf:
-                self._copy(k, twin, w, self.supported[:, mix_k])
+            if twin is not None and source.peak[w, column] < np.inf:
+                self._copy(k, twin, w, on)
             else:
                 probe.append(w)
         scns = [with_mix(self.at_world[w], mix) for w in probe]
         for w, scn, model in zip(probe, scns, memory_models(scns)):  # the models built together: one mix
-            self._probe(k, w, MemoryProbe(scn, self.seq, self.memos, model), room[w], self.supported[:, mix_k])
+            self._probe(k, w, MemoryProbe(scn, self.seq, self.memos, model), room[w], on_list)
 
     def _take_slot(self, k: int) -> int:
         """The next free slot for mix k, a chunk added when the last one is full."""
@@ -160,7 +165,7 @@ class Scan:
                                         if layout_reason(with_mix(base, mix), self.global_batch) is None]
         return runs
 
-    def _twin(self, k: int, mix: Any) -> int | None:
+    def _twin(self, k: int, mix: Any, on: Any) -> int | None:
         """An earlier mix with the same memory_mix (a fused attention kernel's FUSED_ATTENTION sibling), whose
         probes this one may copy: equal memory models give equal peaks and solves. Only when every GPU type that
         supports this mix supports the twin, so the twin solved every block this mix needs."""
@@ -168,7 +173,7 @@ class Scan:
         if offset is None:
             return None
         twin = k - offset
-        if not (self.valid[twin] and (self.supported[:, twin] | ~self.supported[:, k]).all()):
+        if not (self.valid[twin] and (self.supported[:, twin] | ~on).all()):
             return None
         return int(self.slot[twin])  # the twin has a slot: some GPU type supports it
 
@@ -206,7 +211,7 @@ class Scan:
             if self.world_blocks is None:  # (block, GPU type) pairs per GPU count, as plain ints for the loop
                 self.world_blocks = [[(b, int(self.g_of[b])) for b in np.flatnonzero(self.w_of == x).tolist()]
                                      for x in range(len(self.at_world))]
-            blocks, supported = self.world_blocks[w], runs_on.tolist()
+            blocks, supported = self.world_blocks[w], runs_on
             exact = self.exact_peaks
             _fixed_batch(probe, i, blocks, supported, self.cap_lists[0], chunk.fixed_peak, self.global_batch, exact)
             if chunk.safe_fixed_peak is not chunk.fixed_peak:

@@ -7,7 +7,8 @@ and no memory model at a GPU count whose state floor (memory_probe.StateFloor) i
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from operator import attrgetter
+from typing import Any, Callable, Sequence
 
 from ..estimate.memory import FUSED_ATTENTION, memory_mix, usable_bytes
 from ..spec.rules import GPU_FIELDS, gpu_problem
@@ -58,7 +59,9 @@ class Scan:
         self.signatures: dict[tuple, int] = {}
         self.accept = {name: np.zeros(nm, bool) for name in accepts}
         self.complexity = np.zeros(nm, np.int16)
-        self.compute_dims = [d for d in space.dimensions if d.affects_compute]
+        # the Mix fields of the compute dimensions, read at once (a tuple: one-to-one with the dimensions' values)
+        self.compute_key = _fields_of([f for d in space.dimensions if d.affects_compute for f in d.mix_fields])
+        self.gpu_key, self.layout_key = _fields_of(GPU_FIELDS), _fields_of(LAYOUT_FIELDS)
         self.memos: dict = {}  # MemoryProbe's work per distinct memory model
         self.world_blocks: list[list[tuple[int, int]]] | None = None
         self.twin_offset = _twin_offsets(space) if share_twins else {}
@@ -80,9 +83,9 @@ class Scan:
         self.complexity[k] = mix_complexity(mix)
         for name, f in self.accepts.items():
             self.accept[name][k] = f is None or f(mix)
-        self.sig[k] = self.signatures.setdefault(tuple(d.get(mix) for d in self.compute_dims), len(self.signatures))
+        self.sig[k] = self.signatures.setdefault(self.compute_key(mix), len(self.signatures))
         self.split[:, k] = mix.model_parallel, mix.pipeline_parallel
-        key = tuple(getattr(mix, f) for f in GPU_FIELDS)
+        key = self.gpu_key(mix)
         support = self.gpu_support.get(key)
         if support is None:  # unsupported_reason, whose mix and model rules refusal just read
             model = self.space.scenario.model
@@ -158,7 +161,7 @@ class Scan:
 
     def _layout_runs(self, mix: Any) -> list[int]:
         """The GPU counts (indices) whose layout check passes, per distinct value of the fields it reads."""
-        key = tuple(getattr(mix, f) for f in LAYOUT_FIELDS)
+        key = self.layout_key(mix)
         runs = self.layouts.get(key)
         if runs is None:
             runs = self.layouts[key] = [w for w, base in enumerate(self.at_world)
@@ -244,6 +247,13 @@ class _Chunk:
         if not self.terms:
             self.terms = {key: self.np.full((self.worlds, phases, self.width), self.np.nan) for key in TERMS}
         return self.terms
+
+
+def _fields_of(names: Sequence[str]) -> Callable[[Any], tuple]:
+    """A function giving these fields of a mix as a tuple (operator.attrgetter's, which gives a bare value for one)."""
+    if len(names) > 1:
+        return attrgetter(*names)
+    return lambda mix: tuple(getattr(mix, f) for f in names)
 
 
 def _twin_offsets(space: Space) -> dict[str, int]:

@@ -116,13 +116,9 @@ def classify(np, space: Space, by: str, cal: Calibration, accepts: dict[str, Cal
     cols = np.flatnonzero(live)
     dead = np.flatnonzero(scan.searched & ~live)
     slots = scan.slot[cols]  # a live mix has one: some GPU type supports it
-    fixed_peak = None if scan.fixed_peak is None else scan.fixed_peak[:, slots]
-    safe_fixed_peak = (fixed_peak if scan.safe_fixed_peak is scan.fixed_peak
-                       else scan.safe_fixed_peak[:, slots])
-    peak = scan.peak[:, slots]
+    peak, fixed_peak, safe_fixed_peak, terms = scan.gather(slots)
     split = scan.split[:, cols]
     sig = scan.sig[cols]
-    terms = {key: value[:, :, slots] for key, value in scan.terms.items()}
     ok = scan.supported[:, cols][g_of] & scan.layout_ok[:, cols][w_of]
     world = np.array([b.world for b in space.blocks])[:, None]
     replicas = np.maximum(world // split[0], 1)  # data-parallel replicas per candidate (plan/layouts.replicas)

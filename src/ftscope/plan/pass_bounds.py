@@ -60,6 +60,38 @@ def _op_time(np, op: Op, r: dict[str, Any]):
     return (np.maximum(op.flops / (r["gemm"] * 0.1), mem_t) if op.flops else mem_t) + floor
 
 
+def _matmul_times(np, ops: Sequence[Op], r: dict[str, Any]):
+    """_op_time of matmuls (not fusible), ops x GPU types in one pass: the same float operations element by
+    element (Python's per-op integers and floats, then the same array operations on each op's row)."""
+    sms = np.where(r["sms"] > 0, r["sms"], UNKNOWN_SMS)[None, :]
+    cols = []  # per op: m, n, k, and per tile height: tiles, the tile use (0 where the height is not tried)
+    for op in ops:
+        m, n, k = max(op.rows, 1.0), op.n, op.k
+        tiles_n = -(-n // TILE) if n > 0 else 0
+        per = []
+        for tm in (SHORT_TILE, TILE):
+            if m >= TILE and tm == SHORT_TILE or m <= 0 or n <= 0 or k <= 0:
+                per += [0, 0.0]
+                continue
+            tiles_m = math.ceil(m / tm)
+            per += [tiles_m * tiles_n * max(op.groups, 1), (m * n) / (tiles_m * tm * tiles_n * TILE)]
+        cols.append((float(k), m <= 0 or n <= 0 or k <= 0, *per))
+    k, whole, short_tiles, short_use, tall_tiles, tall_use = (np.array(c)[:, None] for c in zip(*cols))
+    best = np.zeros((len(ops), sms.shape[1]))
+    for tiles, use in ((short_tiles, short_use), (tall_tiles, tall_use)):
+        best = np.maximum(best, use * np.minimum(1.0, tiles.astype(float) / sms))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        pipeline = np.where(r["k_half"][None, :] > 0, k / (k + r["k_half"][None, :]), 1.0)
+    util = np.where(whole, 1.0, best * pipeline)
+    fp8 = np.array([op.fp8 for op in ops])[:, None]
+    grouped = np.array([op.grouped for op in ops])[:, None]
+    rate = np.where(fp8, r["fp8_gemm"], r["gemm"]) * util * np.where(grouped, r["grouped"], 1.0)
+    flops = np.array([op.flops for op in ops], float)[:, None]
+    mem_t = np.array([op.bytes for op in ops], float)[:, None] / r["stream"]
+    floor = np.array([op.kernels for op in ops], float)[:, None] * r["floor"]
+    return np.maximum(flops / rate, mem_t) + floor
+
+
 def _op_matrices(np, ops: Sequence[Op], r: dict[str, Any]):
     """Per op and GPU type: its seconds (op_time; 0 for dispatch) and its kernel launches (x torch.compile's share
     for a fusible op); per op: whether it is a dispatch and a dequantization. What every signature with these ops
@@ -67,10 +99,16 @@ def _op_matrices(np, ops: Sequence[Op], r: dict[str, Any]):
     n = len(r["floor"])
     times, kernels = np.zeros((len(ops), n)), np.zeros((len(ops), n))
     dispatch = np.array([op.kind == "dispatch" for op in ops], bool)
+    gemms = []
     for i, op in enumerate(ops):
         if not dispatch[i]:
-            times[i] = _op_time(np, op, r)
+            if op.kind == "matmul" and not op.fusible:
+                gemms.append(i)
+            else:
+                times[i] = _op_time(np, op, r)
             kernels[i] = op.kernels * (r["compile_kernels"] if op.fusible else 1.0)
+    if gemms:
+        times[gemms] = _matmul_times(np, [ops[i] for i in gemms], r)
     dequant = np.array([op.kind == "dequant" for op in ops], bool)
     launches = np.array([op.kernels if op.kind == "dispatch" else 0.0 for op in ops])
     return times, kernels, dispatch, dequant, launches

@@ -3,16 +3,17 @@ per GPU count, and one memory probe per mix and GPU count that may fit, with the
 
 Work is shared wherever the answer provably does not change: GPU support per distinct GPU_FIELDS value, layout
 validity per distinct LAYOUT_FIELDS value, a fused attention kernel's probes copied from its FUSED_ATTENTION twin,
-and no memory model at a GPU count whose state floor (bounds.StateFloor) is above every capacity.
+and no memory model at a GPU count whose state floor (memory_probe.StateFloor) is above every capacity.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from operator import attrgetter
+from typing import Any, Callable, Sequence
 
 from ..estimate.memory import FUSED_ATTENTION, memory_mix, usable_bytes
 from ..spec.rules import GPU_FIELDS, gpu_problem
 from ..spec.scenario import fast_replace
-from .bounds import MemoryProbe, StateFloor
+from .memory_probe import MemoryProbe, StateFloor, memory_models
 from .layouts import LAYOUT_FIELDS, layout_reason
 from .ranking import mix_complexity, refusal
 from .space import MIX_DIMENSIONS, Space, with_mix
@@ -46,26 +47,27 @@ class Scan:
         self.layout_ok = np.zeros((len(worlds), nm), bool)  # the layout runs on this GPU count (plan/layouts.py)
         self.split = np.ones((2, nm), np.int64)  # model-parallel group size and pipeline stages of each mix
         # the probes' results are kept per slot: one column per mix that some GPU type supports, taken in order
-        # (a search of millions of mixes runs a fifth of them), the arrays grown as slots are taken
+        # (a search of millions of mixes runs a fifth of them), in chunks of SLOT_CHUNK slots added as slots are
+        # taken (no copy on growth) and gathered once at the end (`gather`)
         self.slot = np.full(nm, -1, np.int64)
         self.slots = 0
-        width = min(nm, SLOT_CHUNK)
-        self.peak = np.full((len(worlds), width), np.inf)
-        self.fixed_peak = np.full((nb, width), np.inf) if global_batch is not None else None
-        self.safe_fixed_peak = (np.full((nb, width), np.inf) if global_batch is not None and margin
-                                else self.fixed_peak)  # the fixed-batch peak solved leaving the margin free
-        self.terms: dict[str, Any] = {}  # fixed bytes and bytes per sequence: worlds x phases x slots
+        self.width = max(1, min(nm, SLOT_CHUNK))
+        self.margin = margin
+        self.chunks: list[_Chunk] = []
+        self.phases: int | None = None  # phases of the memory models, known from the first batch terms
         self.sig = np.zeros(nm, np.int32)
         self.signatures: dict[tuple, int] = {}
         self.accept = {name: np.zeros(nm, bool) for name in accepts}
         self.complexity = np.zeros(nm, np.int16)
-        self.compute_dims = [d for d in space.dimensions if d.affects_compute]
+        # the Mix fields of the compute dimensions, read at once (a tuple: one-to-one with the dimensions' values)
+        self.compute_key = _fields_of([f for d in space.dimensions if d.affects_compute for f in d.mix_fields])
+        self.gpu_key, self.layout_key = _fields_of(GPU_FIELDS), _fields_of(LAYOUT_FIELDS)
         self.memos: dict = {}  # MemoryProbe's work per distinct memory model
         self.world_blocks: list[list[tuple[int, int]]] | None = None
         self.twin_offset = _twin_offsets(space) if share_twins else {}
         self.block_of_world = [np.flatnonzero(self.w_of == x) for x in range(len(worlds))]
         self.layouts: dict[tuple, list[int]] = {}
-        self.gpu_support: dict[tuple, Any] = {}  # per distinct GPU_FIELDS value: supported per GPU type
+        self.gpu_support: dict[tuple, Any] = {}  # per distinct GPU_FIELDS value: supported per GPU type, room
         self.worlds = worlds
         self.room = np.full((len(worlds), len(gpus)), -np.inf)  # largest capacity per GPU count and type
         for b in range(nb):
@@ -81,59 +83,92 @@ class Scan:
         self.complexity[k] = mix_complexity(mix)
         for name, f in self.accepts.items():
             self.accept[name][k] = f is None or f(mix)
-        self.sig[k] = self.signatures.setdefault(tuple(d.get(mix) for d in self.compute_dims), len(self.signatures))
+        self.sig[k] = self.signatures.setdefault(self.compute_key(mix), len(self.signatures))
         self.split[:, k] = mix.model_parallel, mix.pipeline_parallel
-        key = tuple(getattr(mix, f) for f in GPU_FIELDS)
-        on = self.gpu_support.get(key)
-        if on is None:  # unsupported_reason, whose mix and model rules refusal just read
+        key = self.gpu_key(mix)
+        support = self.gpu_support.get(key)
+        if support is None:  # unsupported_reason, whose mix and model rules refusal just read
             model = self.space.scenario.model
-            on = self.gpu_support[key] = np.array([gpu_problem(mix, model, base.cluster.gpu) is None
-                                                   for base in self.on_gpu])
+            on = np.array([gpu_problem(mix, model, base.cluster.gpu) is None for base in self.on_gpu])
+            # per GPU count the largest capacity of the GPU types it runs on, and support as plain bools
+            room = self.room[:, on].max(axis=1).tolist() if on.any() else None
+            support = self.gpu_support[key] = on, room, on.tolist()
+        on, room, on_list = support
         self.supported[:, k] = on
-        if not self.supported[:, k].any():
+        if room is None:
             return
         mix_k, k = k, self._take_slot(k)  # from here on, k is the mix's slot
-        twin = self._twin(mix_k, mix)
+        twin = self._twin(mix_k, mix, on)
         runs = self._layout_runs(mix)
         self.layout_ok[runs, mix_k] = True
-        if runs:
-            floor = StateFloor(with_mix(self.at_world[0], mix))
-            room = self.room[:, self.supported[:, mix_k]].max(axis=1).tolist()  # per GPU count: the largest capacity
+        if not runs:
+            return
+        floor = StateFloor(with_mix(self.at_world[0], mix))
+        probe = []
+        if twin is not None:
+            source, column = self._at(twin)
         for w in runs:
             if floor.at(self.worlds[w]) > room[w]:
                 continue  # does not fit on any block at this count: no model (peak stays inf, NO_FIT)
-            if twin is not None and self.peak[w, twin] < np.inf:
-                self._copy(k, twin, w, self.supported[:, mix_k])
+            if twin is not None and source.peak[w, column] < np.inf:
+                self._copy(k, twin, w, on)
             else:
-                self._probe(k, w, MemoryProbe(with_mix(self.at_world[w], mix), self.seq, self.memos), room[w],
-                            self.supported[:, mix_k])
+                probe.append(w)
+        scns = [with_mix(self.at_world[w], mix) for w in probe]
+        for w, scn, model in zip(probe, scns, memory_models(scns)):  # the models built together: one mix
+            self._probe(k, w, MemoryProbe(scn, self.seq, self.memos, model), room[w], on_list)
 
     def _take_slot(self, k: int) -> int:
-        """The next free slot for mix k, the arrays grown by half when full."""
-        np = self.np
-        if self.slots == self.peak.shape[1]:
-            extra = max(SLOT_CHUNK, self.slots // 2)
-            grow = lambda a, fill: np.concatenate([a, np.full(a.shape[:-1] + (extra,), fill)], axis=-1)  # noqa: E731
-            same = self.safe_fixed_peak is self.fixed_peak
-            self.peak = grow(self.peak, np.inf)
-            if self.fixed_peak is not None:
-                self.fixed_peak = grow(self.fixed_peak, np.inf)
-                self.safe_fixed_peak = self.fixed_peak if same else grow(self.safe_fixed_peak, np.inf)
-            self.terms = {key: grow(value, np.nan) for key, value in self.terms.items()}
+        """The next free slot for mix k, a chunk added when the last one is full."""
+        if self.slots == len(self.chunks) * self.width:
+            self.chunks.append(_Chunk(self.np, len(self.at_world), len(self.space.blocks), self.width,
+                                      self.global_batch is not None, bool(self.margin), self.phases))
         self.slot[k] = self.slots
         self.slots += 1
-        return self.slot[k]
+        return self.slots - 1
+
+    def _at(self, slot: int) -> tuple[_Chunk, int]:
+        """The chunk that holds a slot, and the slot's column in it."""
+        return self.chunks[slot // self.width], slot % self.width
+
+    def gather(self, slots: Any) -> tuple[Any, Any, Any, dict[str, Any]]:
+        """(peak, fixed_peak, safe_fixed_peak, terms) of these slots, in their order, as single arrays (the fixed
+        peaks None without a fixed global batch, the safe one the same array without a margin; terms empty when no
+        probe fitted anywhere)."""
+        np = self.np
+        which, cols = slots // self.width, slots % self.width
+        parts = [(c, np.flatnonzero(which == c)) for c in np.unique(which).tolist()]
+
+        def pick(get, shape, fill):
+            out = np.full(shape[:-1] + (len(slots),), fill)
+            for c, at in parts:
+                value = get(self.chunks[c])
+                if value is not None:
+                    out[..., at] = value[..., cols[at]]
+            return out
+
+        nb, nw = len(self.space.blocks), len(self.at_world)
+        peak = pick(lambda ch: ch.peak, (nw, 0), np.inf)
+        fixed = safe = None
+        if self.global_batch is not None:
+            fixed = pick(lambda ch: ch.fixed_peak, (nb, 0), np.inf)
+            safe = pick(lambda ch: ch.safe_fixed_peak, (nb, 0), np.inf) if self.margin else fixed
+        terms = {}
+        if self.phases is not None:
+            terms = {key: pick(lambda ch: ch.terms.get(key), (nw, self.phases, 0), np.nan)
+                     for key in TERMS}
+        return peak, fixed, safe, terms
 
     def _layout_runs(self, mix: Any) -> list[int]:
         """The GPU counts (indices) whose layout check passes, per distinct value of the fields it reads."""
-        key = tuple(getattr(mix, f) for f in LAYOUT_FIELDS)
+        key = self.layout_key(mix)
         runs = self.layouts.get(key)
         if runs is None:
             runs = self.layouts[key] = [w for w, base in enumerate(self.at_world)
                                         if layout_reason(with_mix(base, mix), self.global_batch) is None]
         return runs
 
-    def _twin(self, k: int, mix: Any) -> int | None:
+    def _twin(self, k: int, mix: Any, on: Any) -> int | None:
         """An earlier mix with the same memory_mix (a fused attention kernel's FUSED_ATTENTION sibling), whose
         probes this one may copy: equal memory models give equal peaks and solves. Only when every GPU type that
         supports this mix supports the twin, so the twin solved every block this mix needs."""
@@ -141,7 +176,7 @@ class Scan:
         if offset is None:
             return None
         twin = k - offset
-        if not (self.valid[twin] and (self.supported[:, twin] | ~self.supported[:, k]).all()):
+        if not (self.valid[twin] and (self.supported[:, twin] | ~on).all()):
             return None
         return int(self.slot[twin])  # the twin has a slot: some GPU type supports it
 
@@ -149,37 +184,77 @@ class Scan:
         """_probe's results at GPU count w, from the twin's (k, twin: their slots; blocks on GPU types this mix does
         not run keep inf: `runs_on`, per GPU type)."""
         np = self.np
-        self.peak[w, k] = self.peak[w, twin]
-        for value in self.terms.values():
-            value[w, :, k] = value[w, :, twin]
+        (to, i), (src, j) = self._at(k), self._at(twin)
+        to.peak[w, i] = src.peak[w, j]
+        if src.terms:
+            for key, value in to.with_terms(self.phases).items():
+                value[w, :, i] = src.terms[key][w, :, j]
         blocks = self.block_of_world[w]
         runs = runs_on[self.g_of[blocks]]
-        for peaks in {id(p): p for p in (self.fixed_peak, self.safe_fixed_peak) if p is not None}.values():
-            peaks[blocks, k] = np.where(runs, peaks[blocks, twin], np.inf)
+        if to.fixed_peak is not None:
+            to.fixed_peak[blocks, i] = np.where(runs, src.fixed_peak[blocks, j], np.inf)
+            if to.safe_fixed_peak is not to.fixed_peak:
+                to.safe_fixed_peak[blocks, i] = np.where(runs, src.safe_fixed_peak[blocks, j], np.inf)
 
     def _probe(self, k: int, w: int, probe: MemoryProbe, room: float, runs_on: Any) -> None:
         """The probe's peak at micro-batch 1 in slot k; where some block has room for it (`room`: the largest
         capacity of the GPU types this mix runs on at this count, `runs_on`), its batch terms and fixed-batch
         peaks as well."""
         np = self.np
-        self.peak[w, k] = probe.peak_at_one
+        chunk, i = self._at(k)
+        chunk.peak[w, i] = probe.peak_at_one
         if probe.peak_at_one > room:  # NO_FIT on every block: nothing reads its terms
             return
         phases = probe.batch_terms()
-        if not self.terms:
-            shape = (len(self.at_world), len(phases), self.peak.shape[1])  # phases before slots: min is fast
-            self.terms = {key: np.full(shape, np.nan) for key in ("fixed", "first", "far")}
-        self.terms["fixed"][w, :, k], self.terms["first"][w, :, k], self.terms["far"][w, :, k] = zip(*phases)
-        if self.fixed_peak is not None:  # at the full capacity, and less the margin when there is one
+        if self.phases is None:
+            self.phases = len(phases)
+        terms = chunk.with_terms(self.phases)
+        terms["fixed"][w, :, i], terms["first"][w, :, i], terms["far"][w, :, i] = zip(*phases)
+        if chunk.fixed_peak is not None:  # at the full capacity, and less the margin when there is one
             if self.world_blocks is None:  # (block, GPU type) pairs per GPU count, as plain ints for the loop
                 self.world_blocks = [[(b, int(self.g_of[b])) for b in np.flatnonzero(self.w_of == x).tolist()]
                                      for x in range(len(self.at_world))]
-            blocks, supported = self.world_blocks[w], runs_on.tolist()
+            blocks, supported = self.world_blocks[w], runs_on
             exact = self.exact_peaks
-            _fixed_batch(probe, k, blocks, supported, self.cap_lists[0], self.fixed_peak, self.global_batch, exact)
-            if self.safe_fixed_peak is not self.fixed_peak:
-                _fixed_batch(probe, k, blocks, supported, self.cap_lists[1], self.safe_fixed_peak,
+            _fixed_batch(probe, i, blocks, supported, self.cap_lists[0], chunk.fixed_peak, self.global_batch, exact)
+            if chunk.safe_fixed_peak is not chunk.fixed_peak:
+                _fixed_batch(probe, i, blocks, supported, self.cap_lists[1], chunk.safe_fixed_peak,
                              self.global_batch, exact)
+
+
+TERMS = ("fixed", "first", "far")
+"""The batch terms kept per GPU count, phase and slot: fixed bytes, bytes the first sequence adds, bytes per
+sequence at the cap (MemoryProbe.batch_terms)."""
+
+
+class _Chunk:
+    """The probes' results of `width` consecutive slots: peak at micro-batch 1 per GPU count, fixed-batch peaks per
+    block (at the full capacity and, with a margin, less it), batch terms per GPU count and phase (made when a
+    probe of the chunk first fits somewhere)."""
+
+    def __init__(self, np, worlds: int, blocks: int, width: int, fixed: bool, margin: bool,
+                 phases: int | None) -> None:
+        self.np, self.worlds, self.width = np, worlds, width
+        self.peak = np.full((worlds, width), np.inf)
+        self.fixed_peak = np.full((blocks, width), np.inf) if fixed else None
+        self.safe_fixed_peak = np.full((blocks, width), np.inf) if fixed and margin else self.fixed_peak
+        self.terms: dict[str, Any] = {}
+        if phases is not None:
+            self.with_terms(phases)
+
+    def with_terms(self, phases: int) -> dict[str, Any]:
+        """The batch terms' arrays (phases before slots: the bounds take their min over phases), made on first use."""
+        if not self.terms:
+            self.terms = {key: self.np.full((self.worlds, phases, self.width), self.np.nan) for key in TERMS}
+        return self.terms
+
+
+def _fields_of(names: Sequence[str]) -> Callable[[Any], tuple]:
+    """A function giving these fields of a mix as a tuple (operator.attrgetter's, which gives a bare value for one)."""
+    if len(names) > 1:
+        return attrgetter(*names)
+    return lambda mix: tuple(getattr(mix, f) for f in names)
+
 
 def _twin_offsets(space: Space) -> dict[str, int]:
     """Per fused attention kernel the space lists after FUSED_ATTENTION: how many mixes back its FUSED_ATTENTION

@@ -1,0 +1,211 @@
+"""Rule 1 of bounds.py: one mix's exact memory at one GPU count for every GPU type (`MemoryProbe`), the weights and
+optimizer states below every peak (`StateFloor`), and the memory models of one mix on several GPU counts at once
+(`memory_models`: what does not read the GPU count is computed once).
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+from ..estimate.activations import activation_coefficients, activation_mix
+from ..estimate.memory import (DEFAULT_ALLOCATOR, MemoryModel, forward_transients, frozen_weight_bytes,
+                               gathered_bytes_per_weight, head_gradient, kbit_state_bytes, memory_model,
+                               trainable_params, usable_bytes)
+from ..estimate.memory_layout import (activation_policy, clone_init_cache, clone_init_groups, fsdp1_stream_bytes,
+                                      paged_state_params, small_pool_step_bytes, split_states, state_split)
+from ..estimate.solvers import BATCH_CAP, ReservedCurve, phase_totals, reserved_curves, solve_batch
+from ..estimate.state_memory import sharded_states, state_bytes
+from ..spec.scenario import Scenario, fast_replace
+from .layouts import keep_global_batch, replicas
+
+SAFETY = 1.0 - 1e-6
+"""A factor that covers floating-point rounding in every bound (bounds.py)."""
+
+
+class _ModelMemo:
+    """What a probe computes from its memory model alone, shared by the probes whose models are equal (mixes that
+    differ only where memory does not look, such as sdpa and flash attention): pure functions of model and length."""
+
+    def __init__(self, model: MemoryModel, seq: int) -> None:
+        self.at_one = phase_totals(model, 1, seq)
+        self.peaks: dict[int, float] = {1: max(self.at_one)}
+        self.curves: list[ReservedCurve] | None = None
+        self.solved: dict[float, int] = {}
+        self.terms: list[tuple[float, float, float]] | None = None
+
+
+class MemoryProbe:
+    """Exact per-GPU memory of one mix at one GPU count, for every GPU type at once. `memos`: a dict the probes of
+    one search share, so that equal memory models are solved once; `model`: memory_model(scn) when already built."""
+
+    def __init__(self, scn: Scenario, seq: int, memos: dict | None = None, model: MemoryModel | None = None) -> None:
+        self.scenario = scn
+        self.model: MemoryModel = memory_model(scn) if model is None else model  # memory_models' when given
+        self.seq = seq
+        key = (self.model, seq)
+        memo = None if memos is None else memos.get(key)
+        if memo is None:
+            memo = _ModelMemo(self.model, seq)
+            if memos is not None:
+                memos[key] = memo
+        self._memo = memo
+        self.peak_at_one = memo.peaks[1]
+        """The same number as MemoryModel.peak_bytes(1, seq): the max of the phases' reserved bytes."""
+        self._by_accumulation: dict[bool, MemoryModel] = {}
+        self._fixed: list | None = None
+
+    def batch_terms(self) -> list[tuple[float, float, float]]:
+        """(fixed bytes, bytes the first sequence adds, bytes per sequence at the cap) of every phase at this
+        length. A phase's reserved bytes grow linearly with the micro-batch (activations scale with tokens and
+        tokens x length) plus terms that stop growing (a fused loss's logits tile), so they lie between the two
+        lines these slopes draw from the fixed bytes."""
+        memo = self._memo
+        if memo.terms is None:
+            empty = phase_totals(self.model, 0, self.seq)
+            far, farther = (phase_totals(self.model, b, self.seq) for b in (BATCH_CAP, 2 * BATCH_CAP))
+            memo.terms = [(k, a - k, (f2 - f1) / BATCH_CAP) for k, a, f1, f2 in zip(empty, memo.at_one, far, farther)]
+        return memo.terms
+
+    def max_micro_batch(self, capacity: float) -> int:
+        """The solver's answer on a GPU with this capacity (the capacity-free curves solved once per model, the
+        peak at each micro-batch computed once for every capacity)."""
+        memo = self._memo
+        hit = memo.solved.get(capacity)
+        if hit is None:
+            if memo.curves is None:
+                memo.curves = reserved_curves(self.model)
+            hit = memo.solved[capacity] = solve_batch(capacity, memo.curves, self.peak, self.seq,
+                                                      floor=self.model.least_reserved)
+        return hit
+
+    def peak(self, batch: int) -> float:
+        """MemoryModel.peak_bytes(batch, seq), memoized."""
+        peaks = self._memo.peaks
+        hit = peaks.get(batch)
+        if hit is None:
+            hit = peaks[batch] = self.model.peak_bytes(batch, self.seq)
+        return hit
+
+    def fixed_batch_peak(self, capacity: float, global_batch: int, exact: bool = True) -> float:
+        """Peak bytes of the layout recommend picks to keep the global batch (micro-batch as large as fits up to
+        the global batch over the replicas and stages, accumulation for the rest), the way recommend's evaluate
+        picks it. When the capped micro-batch itself fits, the solver's larger answer would be capped to it
+        (reserved bytes grow with the micro-batch), so no solve is needed. With `exact` False, for a capacity the
+        peak at micro-batch 1 fits, only whether the answer fits is kept (a search ranked by time or cost reads
+        nothing else of it): below the cap the solver's batch accumulates (ga >= 2), and when the scenario's
+        model accumulates too it is this model, whose peak at the solver's batch fits by the solver's definition;
+        so the peak at 1, which fits, stands for it and no solve is needed."""
+        scn = self.scenario
+        fixed = self._fixed
+        if fixed is None or fixed[0] != global_batch:  # what does not depend on the capacity, once per probe
+            reps, stages = replicas(scn), scn.mix.pipeline_parallel
+            cap = max(1, global_batch // (reps * stages))
+            fixed = self._fixed = [global_batch, reps, stages, cap, self.peak(cap) if cap <= BATCH_CAP else math.inf,
+                                   None]
+        _, reps, stages, cap, at_cap, when_capped = fixed
+        if at_cap <= capacity:  # the capped micro-batch fits: the same answer for every such capacity
+            if when_capped is None:
+                when_capped = fixed[5] = self._kept_batch_peak(cap, global_batch, reps, stages)
+            return when_capped
+        if not exact and self.peak_at_one <= capacity and scn.workload.gradient_accumulation > 1:
+            return self.peak_at_one
+        return self._kept_batch_peak(self.max_micro_batch(capacity), global_batch, reps, stages)
+
+    def _kept_batch_peak(self, fitting: int, global_batch: int, reps: int, stages: int) -> float:
+        """Peak bytes at the micro-batch and accumulation keep_global_batch picks from the largest that fits."""
+        scn = self.scenario
+        mb, ga = keep_global_batch(fitting, global_batch, reps, stages)
+        accumulates = ga > 1  # all the memory model reads of the accumulation (tests/plan/test_bounds.py)
+        if accumulates == (scn.workload.gradient_accumulation > 1):
+            return self.peak(mb)
+        if accumulates not in self._by_accumulation:
+            self._by_accumulation[accumulates] = memory_model(scn.with_(gradient_accumulation=ga))
+        return self._by_accumulation[accumulates].peak_bytes(mb, self.seq)
+
+
+class StateFloor:
+    """A lower bound on one mix's peak bytes at any batch shape and GPU count, without its memory model: the
+    weights and optimizer states alone (state_memory.sharded_states, split by the layout as split_states splits them).
+    Every phase's reserved bytes add only non-negative terms to them (the optimizer step's at least gradients and
+    temporaries; tests/plan/test_bounds.py checks the bound on a grid), so a GPU count whose floor is above every
+    capacity cannot fit anywhere: its memory model need not be built."""
+
+    def __init__(self, scn: Scenario) -> None:
+        self.mix = scn.mix
+        self.frozen, self.trainable, self.per = frozen_weight_bytes(scn), trainable_params(scn), state_bytes(scn)
+        self.replicated = kbit_state_bytes(scn)
+        self.split = state_split(scn)
+
+    def at(self, world: int) -> float:
+        n = world // self.mix.model_parallel
+        weights, _, optimizer, _ = sharded_states(self.mix, n, self.frozen, self.trainable, self.per, self.replicated)
+        return (weights * self.split + optimizer * self.split) * SAFETY
+
+
+def memory_models(scns: Sequence[Scenario]) -> list[MemoryModel]:
+    """memory_model of each scenario, for scenarios that differ only in their cluster (one mix on several GPU counts
+    and GPU types: the search's probes of one mix). The same numbers, in the same float operations, as
+    estimate/memory.py's _build_memory_model, with what does not read the GPU count (trainable parameters, state
+    bytes, activations, transients, the LM head's gradient) computed once; tests/plan/test_memory_probe.py checks
+    the models equal memory_model's on a grid of models, mixes and GPU counts."""
+    if not scns:
+        return []
+    scn = scns[0]
+    allocator = DEFAULT_ALLOCATOR
+    frag = scn.recipe.allocator_fragmentation_checkpointed
+    if frag is not None and frag != allocator.fragmentation_checkpointed:  # as memory_model
+        allocator = fast_replace(allocator, fragmentation_checkpointed=float(frag))
+    m, mix = scn.model, scn.mix
+    stage = mix.shard_stage
+    deepspeed = mix.zero_stage > 0
+    mixed = mix.precision in ("bf16-mixed", "fp16-mixed")
+    trainable = trainable_params(scn)
+    per = state_bytes(scn)
+    frozen, kbit = frozen_weight_bytes(scn), kbit_state_bytes(scn)
+    accumulates = scn.workload.gradient_accumulation > 1
+    transient, block = forward_transients(scn, 1)  # reads no shard count
+    acts, checkpointing = activation_policy(activation_coefficients(m, activation_mix(mix), scn.top_k, scn.recipe),
+                                            scn)
+    head = head_gradient(scn, per.gradient)
+    per_weight = gathered_bytes_per_weight(scn)
+    paged_share = (min(paged_state_params(scn) / max(trainable, 1), 1.0) if mix.optimizer.startswith("paged_")
+                   else None)
+    out = []
+    for s in scns:
+        n = s.cluster.world_size // mix.model_parallel
+        shard_w = n if (stage == 3 or mix.fsdp is not None) else 1
+        shard_o = n if stage >= 1 else 1
+        weights, grads, optimizer, cpu = sharded_states(mix, n, frozen, trainable, per, kbit)
+        if stage == 0 and n > 1:
+            grads *= 2.0
+        grads_fwd = grads if (accumulates or deepspeed) else 0.0
+        if deepspeed and stage >= 2:
+            bucket = min(trainable, m.arch.hidden_size ** 2) * per.gradient * 2
+            grads, grads_fwd = grads + bucket, grads_fwd + bucket
+        opt_transient = 0.0
+        if mix.offload == "none" and mix.optimizer in ("adamw",) and not s.recipe.adamw_fused:
+            opt_transient += trainable * (2.0 if per.low_states else 4.0) / shard_o
+        if deepspeed and mixed and mix.offload == "none":
+            opt_transient += trainable * 4.0 / shard_o
+        floor = 0.0
+        if mix.method == "qlora" and shard_w == 1 and s.recipe.init_layer_clones and not m.is_moe:
+            floor = weights + clone_init_cache(*clone_init_groups(s))
+        elif mix.method == "qlora" and shard_w == 1 and s.recipe.init_quantize_bytes_per_weight:
+            floor = weights + m.largest_linear_params() * s.recipe.init_quantize_bytes_per_weight
+        init_cache, pool, gathered = fsdp1_stream_bytes(s, per_weight, n)
+        if mix.fsdp is not None and init_cache:
+            floor = weights + init_cache
+        small = small_pool_step_bytes(s, per.gradient, per.optimizer, shard_w) if floor else 0.0
+        paged = 0.0 if paged_share is None else optimizer * paged_share
+        model = split_states(MemoryModel(
+            weights=weights, gradients=grads, gradients_in_forward=grads_fwd, optimizer=optimizer,
+            optimizer_transient=opt_transient, weight_transient=transient, block_transient=block, acts=acts,
+            checkpointing=checkpointing, cpu_bytes=cpu, capacity_bytes=usable_bytes(s.cluster.gpu, allocator),
+            trainable_params=trainable, allocator=allocator, offload_activations=mix.activation_offload,
+            paged_optimizer=paged, reserved_floor=floor, small_pool_step=small,
+            stream_pool=pool if mix.fsdp is not None else 0.0, stream_gathered=gathered if mix.fsdp is not None else 0.0,
+            head_grad=head,
+        ), s)
+        model.__dict__["_curves"] = []  # as memory_model's: reserved_curves fills it once
+        out.append(model)
+    return out

@@ -1,0 +1,66 @@
+"""memory_probe: the memory models one mix gets on several GPU counts at once are memory_model's, field for field.
+
+memory_models repeats estimate/memory.py's model building with what does not read the GPU count computed once; if
+the estimator's memory changes and the copy does not, these tests fail and say on which scenario.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import replace
+
+import pytest
+
+import ftscope
+from ftscope.estimate.memory import memory_model
+from ftscope.plan.memory_probe import MemoryProbe, memory_models
+from ftscope.plan.space import SHARDING
+from ftscope.spec.hardware import gpu_from_catalog
+
+WORLDS = ((1, "a100-80gb"), (2, "t4"), (8, "h200"), (16, "h100-80gb"), (64, "a40"))
+"""GPU counts, each on another GPU type: the models differ in the count and in the capacity."""
+
+
+def _scn(model: str, framework: str, **workload) -> object:
+    return ftscope.load_scenario({"model": model, "hardware": {"gpu": "a100-80gb"}, "framework": framework,
+                                  "mix": {"method": "lora"},
+                                  "workload": {"micro_batch_size": 1, "seq_len": 1024, "num_samples": 1000,
+                                               **workload}})
+
+
+def _on(scn, world: int, gpu: str):
+    cluster = replace(scn.cluster, gpu=gpu_from_catalog(gpu), gpus_per_node=min(world, 8), nodes=max(1, world // 8))
+    return replace(scn, cluster=cluster)
+
+
+@pytest.mark.parametrize("model, framework", [("llama-3.2-1b", "hf-trainer"), ("olmoe-1b-7b", "hf-trainer"),
+                                              ("llama-3.2-1b", "torchtune-0.1"), ("llama-3.2-1b", "fsdp-qlora"),
+                                              ("mixtral-8x7b", "peft-kbit"), ("llama-3.2-1b", "torchtitan"),
+                                              ("llama-3.2-1b", "peft-sft-2024")])
+def test_memory_models_are_memory_models_on_every_gpu_count(model, framework):
+    """Every method, sharding, offload and optimizer (paged included), checkpointed or not, with and without a
+    tensor x pipeline (x expert) layout, accumulating or not, on 1 to 64 GPUs of five types."""
+    base = _scn(model, framework)
+    checked = 0
+    for method, (zero, fsdp), offload, optimizer, ckpt, layout, ga in itertools.product(
+            ("full", "lora", "qlora"), SHARDING, ("none", "optimizer", "optimizer+params"),
+            ("adamw", "paged_adamw_8bit"), (False, True),
+            (dict(), dict(tensor_parallel=2, sequence_parallel=True, pipeline_parallel=2)), (1, 4)):
+        mix = replace(base.mix, method=method, zero_stage=zero, fsdp=fsdp, offload=offload, optimizer=optimizer,
+                      gradient_checkpointing=ckpt, **layout)
+        if base.model.is_moe and layout:
+            mix = replace(mix, expert_parallel=2)
+        scn = base.with_(gradient_accumulation=ga)
+        scns = [_on(replace(scn, mix=mix), world, gpu) for world, gpu in WORLDS
+                if world % mix.model_parallel == 0]
+        assert memory_models(scns) == [memory_model(s) for s in scns], (method, zero, fsdp, offload, optimizer,
+                                                                         ckpt, layout, ga)
+        checked += len(scns)
+    assert checked > 1000
+
+
+def test_a_probe_given_its_model_answers_as_one_that_builds_it():
+    scn = _on(_scn("olmoe-1b-7b", "hf-trainer"), 8, "h200")
+    given, built = MemoryProbe(scn, 1024, model=memory_models([scn])[0]), MemoryProbe(scn, 1024)
+    assert given.peak_at_one == built.peak_at_one and given.batch_terms() == built.batch_terms()
+    assert given.fixed_batch_peak(80e9, 64) == built.fixed_batch_peak(80e9, 64)
+    assert memory_models([]) == []

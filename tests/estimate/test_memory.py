@@ -442,11 +442,11 @@ def test_fused_adamw_has_no_step_temporaries():
 def test_a_shared_memory_model_is_the_one_built_afresh(kw):
     """memory_model builds one model per mix and GPU count and hands out copies with each GPU's capacity: every
     copy equals the model built for that GPU, and so do its reserved curves (computed once for every copy)."""
-    from ftscope.estimate.memory import DEFAULT_ALLOCATOR, _build_memory_model
+    from ftscope.estimate.memory import DEFAULT_ALLOCATOR, build_memory_models
     from ftscope.estimate.solvers import reserved_curves
     for gpu in ("a100-80gb", "h200", "t4", "a100-80gb"):
         s = scn(gpu=gpu, **kw)
-        shared, fresh = memory_model(s), _build_memory_model(s, DEFAULT_ALLOCATOR)
+        shared, fresh = memory_model(s), build_memory_models([s], DEFAULT_ALLOCATOR)[0]
         assert shared == fresh
         assert reserved_curves(shared) == reserved_curves(fresh)
         assert shared.peak_bytes(3, 1000) == fresh.peak_bytes(3, 1000)
@@ -465,14 +465,14 @@ def test_memory_mix_leaves_out_only_what_the_memory_model_does_not_read(kw):
     eager keeps its own (its saved scores)."""
     from typing import get_args, get_type_hints
 
-    from ftscope.estimate.memory import _build_memory_model, memory_mix
+    from ftscope.estimate.memory import build_memory_models, memory_mix
     from ftscope.spec.mix import Mix
     from ftscope.spec.scenario import fast_replace
     base = scn(**kw)
     built = {}
     for attention in get_args(get_type_hints(Mix)["attention"]):  # every choice, whatever the GPU supports
         s = fast_replace(base, mix=fast_replace(base.mix, attention=attention))
-        built[attention] = (memory_mix(s.mix), _build_memory_model(s, memory_model(s).allocator))
+        built[attention] = (memory_mix(s.mix), build_memory_models([s], memory_model(s).allocator)[0])
     assert len(built) >= 5
     for attention, (mix, model) in built.items():
         assert (mix.attention == "eager") == (attention == "eager")

@@ -1,7 +1,8 @@
 """memory_probe: the memory models one mix gets on several GPU counts at once are memory_model's, field for field.
 
-memory_models repeats estimate/memory.py's model building with what does not read the GPU count computed once; if
-the estimator's memory changes and the copy does not, these tests fail and say on which scenario.
+memory_models builds them together (estimate/memory.py build_memory_models: what does not read the GPU count is
+computed once); if a part that reads the count were hoisted out of the per-count loop, models built together would
+differ from each built alone, and these tests fail and say on which scenario.
 """
 from __future__ import annotations
 

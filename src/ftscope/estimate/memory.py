@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import NamedTuple, Sequence
 
 from ..spec.hardware import GIB, GpuSpec
 from ..spec.scenario import Scenario, fast_replace
@@ -300,76 +300,91 @@ def memory_model(scn: Scenario, allocator: AllocatorModel = DEFAULT_ALLOCATOR) -
     """The per-GPU memory model of a scenario. It reads the GPU only for its capacity, so one model is built per
     model, mix (as memory_mix), accumulation, recipe and GPU count, and shared across GPU types with the capacity
     replaced."""
-    frag = scn.recipe.allocator_fragmentation_checkpointed
-    if frag is not None and frag != allocator.fragmentation_checkpointed:  # the framework's own step, replayed
-        allocator = fast_replace(allocator, fragmentation_checkpointed=float(frag))
+    allocator = step_allocator(scn, allocator)
     key = (scn.model, memory_mix(scn.mix), scn.workload.gradient_accumulation > 1, scn.recipe,
            scn.cluster.world_size, allocator)
     mm = _MODELS.get(key)
     if mm is None:
         if len(_MODELS) >= 4096:
             _MODELS.clear()
-        mm = _MODELS[key] = _build_memory_model(scn, allocator)
-        mm.__dict__["_curves"] = []  # solvers.reserved_curves fills it once for every copy: it ignores the capacity
+        mm = _MODELS[key] = build_memory_models([scn], allocator)[0]
     capacity = usable_bytes(scn.cluster.gpu, allocator)
     if mm.capacity_bytes == capacity:
         return mm
     return fast_replace(mm, capacity_bytes=capacity)
 
 
-def _build_memory_model(scn: Scenario, allocator: AllocatorModel) -> MemoryModel:
-    m, mix, cl = scn.model, scn.mix, scn.cluster
-    n = cl.world_size // mix.model_parallel  # ZeRO / FSDP shard over the data-parallel ranks
+def step_allocator(scn: Scenario, allocator: AllocatorModel = DEFAULT_ALLOCATOR) -> AllocatorModel:
+    """The allocator model of this scenario's step: the framework's own replayed fraction where its recipe has one."""
+    frag = scn.recipe.allocator_fragmentation_checkpointed
+    if frag is not None and frag != allocator.fragmentation_checkpointed:
+        return fast_replace(allocator, fragmentation_checkpointed=float(frag))
+    return allocator
+
+
+def build_memory_models(scns: Sequence[Scenario], allocator: AllocatorModel) -> list[MemoryModel]:
+    """The memory model of each scenario, for scenarios that differ only in their cluster (GPU count and type: one
+    mix on every GPU count a search probes): what does not read the GPU count is computed once."""
+    if not scns:
+        return []
+    scn = scns[0]
+    m, mix = scn.model, scn.mix
     stage = mix.shard_stage
     deepspeed = mix.zero_stage > 0
     mixed = mix.precision in ("bf16-mixed", "fp16-mixed")
     trainable = trainable_params(scn)
     per = state_bytes(scn)
-
-    shard_w = n if (stage == 3 or mix.fsdp is not None) else 1
-    shard_o = n if stage >= 1 else 1
-    weights, grads, optimizer, cpu = sharded_states(mix, n, frozen_weight_bytes(scn), trainable, per, kbit_state_bytes(scn))
-
-    if stage == 0 and n > 1:
-        # DDP copies every gradient into its communication buckets (HF Trainer / accelerate default)
-        grads *= 2.0
+    frozen, kbit = frozen_weight_bytes(scn), kbit_state_bytes(scn)
     # gradients already allocated during forward
-    grads_fwd = grads if (scn.workload.gradient_accumulation > 1 or deepspeed) else 0.0
-    if deepspeed and stage >= 2:
-        # ZeRO-2/3 reduce-scatter through a bucket of about hidden^2 elements (HF "auto"), double-buffered
-        bucket = min(trainable, m.arch.hidden_size ** 2) * per.gradient * 2
-        grads, grads_fwd = grads + bucket, grads_fwd + bucket
-    transient, block = forward_transients(scn, n)
-
-    # optimizer step transients
-    opt_transient = 0.0
-    if mix.offload == "none" and mix.optimizer in ("adamw",) and not scn.recipe.adamw_fused:
-        # foreach AdamW: one temporary per parameter, in the optimizer state's dtype
-        opt_transient += trainable * (2.0 if per.low_states else 4.0) / shard_o
-    if deepspeed and mixed and mix.offload == "none":
-        opt_transient += trainable * 4.0 / shard_o   # fp32 gradient partition fed to the optimizer
-
-    floor = 0.0
-    # built, cloned, loaded on this GPU (torchtune 0.1 built no MoE model; a replay over every expert would take seconds)
-    if mix.method == "qlora" and shard_w == 1 and scn.recipe.init_layer_clones and not m.is_moe:
-        floor = weights + clone_init_cache(*clone_init_groups(scn))
-    elif mix.method == "qlora" and shard_w == 1 and scn.recipe.init_quantize_bytes_per_weight:  # built on this GPU
-        floor = weights + m.largest_linear_params() * scn.recipe.init_quantize_bytes_per_weight
-    init_cache, pool, gathered = fsdp1_stream_bytes(scn, gathered_bytes_per_weight(scn), n)
-    if mix.fsdp is not None and init_cache:
-        floor = weights + init_cache
-    small = small_pool_step_bytes(scn, per.gradient, per.optimizer, shard_w) if floor else 0.0
-    paged = 0.0
-    if mix.optimizer.startswith("paged_"):
-        paged = optimizer * min(paged_state_params(scn) / max(trainable, 1), 1.0)
+    in_forward = scn.workload.gradient_accumulation > 1 or deepspeed
+    transient, block = forward_transients(scn, 1)  # reads no shard count
     acts, checkpointing = activation_policy(activation_coefficients(m, activation_mix(mix), scn.top_k, scn.recipe),
                                             scn)
-    return split_states(MemoryModel(
-        weights=weights, gradients=grads, gradients_in_forward=grads_fwd, optimizer=optimizer,
-        optimizer_transient=opt_transient, weight_transient=transient, block_transient=block, acts=acts,
-        checkpointing=checkpointing, cpu_bytes=cpu, capacity_bytes=usable_bytes(cl.gpu, allocator),
-        trainable_params=trainable, allocator=allocator, offload_activations=mix.activation_offload,
-        paged_optimizer=paged, reserved_floor=floor, small_pool_step=small, stream_pool=pool if mix.fsdp is not None else 0.0,
-        stream_gathered=gathered if mix.fsdp is not None else 0.0,
-        head_grad=head_gradient(scn, per.gradient),
-    ), scn)
+    head = head_gradient(scn, per.gradient)
+    per_weight = gathered_bytes_per_weight(scn)
+    paged_share = (min(paged_state_params(scn) / max(trainable, 1), 1.0) if mix.optimizer.startswith("paged_")
+                   else None)
+    out = []
+    for s in scns:
+        n = s.cluster.world_size // mix.model_parallel  # ZeRO / FSDP shard over the data-parallel ranks
+        shard_w = n if (stage == 3 or mix.fsdp is not None) else 1
+        shard_o = n if stage >= 1 else 1
+        weights, grads, optimizer, cpu = sharded_states(mix, n, frozen, trainable, per, kbit)
+        if stage == 0 and n > 1:
+            # DDP copies every gradient into its communication buckets (HF Trainer / accelerate default)
+            grads *= 2.0
+        grads_fwd = grads if in_forward else 0.0
+        if deepspeed and stage >= 2:
+            # ZeRO-2/3 reduce-scatter through a bucket of about hidden^2 elements (HF "auto"), double-buffered
+            bucket = min(trainable, m.arch.hidden_size ** 2) * per.gradient * 2
+            grads, grads_fwd = grads + bucket, grads_fwd + bucket
+        opt_transient = 0.0  # optimizer step transients
+        if mix.offload == "none" and mix.optimizer in ("adamw",) and not s.recipe.adamw_fused:
+            # foreach AdamW: one temporary per parameter, in the optimizer state's dtype
+            opt_transient += trainable * (2.0 if per.low_states else 4.0) / shard_o
+        if deepspeed and mixed and mix.offload == "none":
+            opt_transient += trainable * 4.0 / shard_o   # fp32 gradient partition fed to the optimizer
+        floor = 0.0
+        # built, cloned, loaded on this GPU (torchtune 0.1 built no MoE model; a replay over every expert would take
+        # seconds)
+        if mix.method == "qlora" and shard_w == 1 and s.recipe.init_layer_clones and not m.is_moe:
+            floor = weights + clone_init_cache(*clone_init_groups(s))
+        elif mix.method == "qlora" and shard_w == 1 and s.recipe.init_quantize_bytes_per_weight:  # built on this GPU
+            floor = weights + m.largest_linear_params() * s.recipe.init_quantize_bytes_per_weight
+        init_cache, pool, gathered = fsdp1_stream_bytes(s, per_weight, n)
+        if mix.fsdp is not None and init_cache:
+            floor = weights + init_cache
+        small = small_pool_step_bytes(s, per.gradient, per.optimizer, shard_w) if floor else 0.0
+        paged = 0.0 if paged_share is None else optimizer * paged_share
+        model = split_states(MemoryModel(
+            weights=weights, gradients=grads, gradients_in_forward=grads_fwd, optimizer=optimizer,
+            optimizer_transient=opt_transient, weight_transient=transient, block_transient=block, acts=acts,
+            checkpointing=checkpointing, cpu_bytes=cpu, capacity_bytes=usable_bytes(s.cluster.gpu, allocator),
+            trainable_params=trainable, allocator=allocator, offload_activations=mix.activation_offload,
+            paged_optimizer=paged, reserved_floor=floor, small_pool_step=small,
+            stream_pool=pool if mix.fsdp is not None else 0.0, stream_gathered=gathered if mix.fsdp is not None else 0.0,
+            head_grad=head,
+        ), s)
+        model.__dict__["_curves"] = []  # solvers.reserved_curves fills it once for every copy: it ignores the capacity
+        out.append(model)
+    return out

@@ -7,15 +7,12 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-from ..estimate.activations import activation_coefficients, activation_mix
-from ..estimate.memory import (DEFAULT_ALLOCATOR, MemoryModel, forward_transients, frozen_weight_bytes,
-                               gathered_bytes_per_weight, head_gradient, kbit_state_bytes, memory_model,
-                               trainable_params, usable_bytes)
-from ..estimate.memory_layout import (activation_policy, clone_init_cache, clone_init_groups, fsdp1_stream_bytes,
-                                      paged_state_params, small_pool_step_bytes, split_states, state_split)
+from ..estimate.memory import (MemoryModel, build_memory_models, frozen_weight_bytes, kbit_state_bytes, memory_model,
+                               step_allocator, trainable_params)
+from ..estimate.memory_layout import state_split
 from ..estimate.solvers import BATCH_CAP, ReservedCurve, phase_totals, reserved_curves, solve_batch
 from ..estimate.state_memory import sharded_states, state_bytes
-from ..spec.scenario import Scenario, fast_replace
+from ..spec.scenario import Scenario
 from .layouts import keep_global_batch, replicas
 
 SAFETY = 1.0 - 1e-6
@@ -144,68 +141,6 @@ class StateFloor:
 
 def memory_models(scns: Sequence[Scenario]) -> list[MemoryModel]:
     """memory_model of each scenario, for scenarios that differ only in their cluster (one mix on several GPU counts
-    and GPU types: the search's probes of one mix). The same numbers, in the same float operations, as
-    estimate/memory.py's _build_memory_model, with what does not read the GPU count (trainable parameters, state
-    bytes, activations, transients, the LM head's gradient) computed once; tests/plan/test_memory_probe.py checks
-    the models equal memory_model's on a grid of models, mixes and GPU counts."""
-    if not scns:
-        return []
-    scn = scns[0]
-    allocator = DEFAULT_ALLOCATOR
-    frag = scn.recipe.allocator_fragmentation_checkpointed
-    if frag is not None and frag != allocator.fragmentation_checkpointed:  # as memory_model
-        allocator = fast_replace(allocator, fragmentation_checkpointed=float(frag))
-    m, mix = scn.model, scn.mix
-    stage = mix.shard_stage
-    deepspeed = mix.zero_stage > 0
-    mixed = mix.precision in ("bf16-mixed", "fp16-mixed")
-    trainable = trainable_params(scn)
-    per = state_bytes(scn)
-    frozen, kbit = frozen_weight_bytes(scn), kbit_state_bytes(scn)
-    accumulates = scn.workload.gradient_accumulation > 1
-    transient, block = forward_transients(scn, 1)  # reads no shard count
-    acts, checkpointing = activation_policy(activation_coefficients(m, activation_mix(mix), scn.top_k, scn.recipe),
-                                            scn)
-    head = head_gradient(scn, per.gradient)
-    per_weight = gathered_bytes_per_weight(scn)
-    paged_share = (min(paged_state_params(scn) / max(trainable, 1), 1.0) if mix.optimizer.startswith("paged_")
-                   else None)
-    out = []
-    for s in scns:
-        n = s.cluster.world_size // mix.model_parallel
-        shard_w = n if (stage == 3 or mix.fsdp is not None) else 1
-        shard_o = n if stage >= 1 else 1
-        weights, grads, optimizer, cpu = sharded_states(mix, n, frozen, trainable, per, kbit)
-        if stage == 0 and n > 1:
-            grads *= 2.0
-        grads_fwd = grads if (accumulates or deepspeed) else 0.0
-        if deepspeed and stage >= 2:
-            bucket = min(trainable, m.arch.hidden_size ** 2) * per.gradient * 2
-            grads, grads_fwd = grads + bucket, grads_fwd + bucket
-        opt_transient = 0.0
-        if mix.offload == "none" and mix.optimizer in ("adamw",) and not s.recipe.adamw_fused:
-            opt_transient += trainable * (2.0 if per.low_states else 4.0) / shard_o
-        if deepspeed and mixed and mix.offload == "none":
-            opt_transient += trainable * 4.0 / shard_o
-        floor = 0.0
-        if mix.method == "qlora" and shard_w == 1 and s.recipe.init_layer_clones and not m.is_moe:
-            floor = weights + clone_init_cache(*clone_init_groups(s))
-        elif mix.method == "qlora" and shard_w == 1 and s.recipe.init_quantize_bytes_per_weight:
-            floor = weights + m.largest_linear_params() * s.recipe.init_quantize_bytes_per_weight
-        init_cache, pool, gathered = fsdp1_stream_bytes(s, per_weight, n)
-        if mix.fsdp is not None and init_cache:
-            floor = weights + init_cache
-        small = small_pool_step_bytes(s, per.gradient, per.optimizer, shard_w) if floor else 0.0
-        paged = 0.0 if paged_share is None else optimizer * paged_share
-        model = split_states(MemoryModel(
-            weights=weights, gradients=grads, gradients_in_forward=grads_fwd, optimizer=optimizer,
-            optimizer_transient=opt_transient, weight_transient=transient, block_transient=block, acts=acts,
-            checkpointing=checkpointing, cpu_bytes=cpu, capacity_bytes=usable_bytes(s.cluster.gpu, allocator),
-            trainable_params=trainable, allocator=allocator, offload_activations=mix.activation_offload,
-            paged_optimizer=paged, reserved_floor=floor, small_pool_step=small,
-            stream_pool=pool if mix.fsdp is not None else 0.0, stream_gathered=gathered if mix.fsdp is not None else 0.0,
-            head_grad=head,
-        ), s)
-        model.__dict__["_curves"] = []  # as memory_model's: reserved_curves fills it once
-        out.append(model)
-    return out
+    and GPU types: the search's probes of one mix), built together (estimate/memory.py's build_memory_models: what
+    does not read the GPU count computed once) and not memoized one by one."""
+    return build_memory_models(scns, step_allocator(scns[0])) if scns else []

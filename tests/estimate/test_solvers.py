@@ -7,7 +7,7 @@ from hypothesis import given, settings, strategies as st
 
 import ftscope
 from ftscope.estimate.memory import memory_model
-from ftscope.estimate.solvers import BATCH_CAP, SEQ_CAP, max_micro_batch, max_seq_len
+from ftscope.estimate.solvers import BATCH_CAP, SEQ_CAP, BatchSolver, max_micro_batch, max_seq_len
 
 
 def scn(model="llama-3.2-1b", gpu="a100-80gb", mix=None, wl=None, hw=None):
@@ -134,3 +134,19 @@ def test_an_init_floor_above_the_card_gives_zero_at_once():
     m = memory_model(ftscope.load_scenario(d))
     assert max(m.reserved_bytes(p) for p in m.phase_points(1, 8)) < m.capacity_bytes < m.reserved_floor
     assert max_micro_batch(m, 8) == 0 and max_seq_len(m, 1) == 0
+
+
+@pytest.mark.parametrize("kw", [dict(mix={"method": "full"}), dict(model="llama-2-7b", mix={"method": "qlora"}),
+                                dict(model="olmoe-1b-7b", mix={"method": "lora", "gradient_checkpointing": True})])
+def test_a_batch_solver_answers_as_the_model_on_every_capacity(kw):
+    """One model solved for several GPUs' limits (a search's) gives max_micro_batch's answer and peak_bytes' bytes."""
+    seq = 2048
+    base = memory_model(scn(**kw))
+    solver = BatchSolver(base, seq)
+    for gpu in ("t4", "a100-80gb", "h200", "t4"):
+        m = memory_model(scn(gpu=gpu, **kw))
+        assert m.least_reserved == base.least_reserved
+        for margin in (0.0, 0.1):
+            assert solver.largest(m.capacity_bytes * (1 - margin)) == max_micro_batch(m, seq, margin)
+    for b in (1, 3, 17):
+        assert solver.peak(b) == base.peak_bytes(b, seq)

@@ -16,7 +16,7 @@ from .cost import price_of, run_steps
 from .efficiency import Calibration
 from .memory import MemoryModel, memory_model, usable_bytes
 from .shared import Shared, shared_for
-from .solvers import BATCH_CAP, reserved_curves, solve_batch
+from .solvers import BatchSolver
 from .time import step_parts
 
 
@@ -103,44 +103,19 @@ def rank_grid(cands: list[Scenario], margin: float, cal: Calibration, shared: Sh
     return out
 
 
-class _SolvedCount:
-    """One GPU count's memory model (the capacity aside) and what the grid has solved on it."""
-
-    def __init__(self, mem: MemoryModel, seq: int) -> None:
-        self.mem, self.seq = mem, seq
-        self.curves = reserved_curves(mem)
-        self.peaks: dict[int, float] = {}
-        self.max_b: dict[float, int] = {}
-
-    def peak(self, batch: int) -> float:
-        """mem.peak_bytes(batch, seq): what must fit, any capacity (breakdown's fit_bytes)."""
-        p = self.peaks.get(batch)
-        if p is None:
-            p = self.peaks[batch] = self.mem.peak_bytes(batch, self.seq)
-        return p
-
-    def largest(self, limit: float) -> int:
-        """max_micro_batch of the model where capacity x (1 - margin) is `limit` bytes."""
-        b = self.max_b.get(limit)
-        if b is None:
-            b = self.max_b[limit] = solve_batch(limit, self.curves, self.peak, self.seq, BATCH_CAP,
-                                                self.mem.least_reserved)
-        return b
-
-
 def _grid(cands: list[Scenario], margin: float, tight_margin: float, cal: Calibration,
           sh: Shared) -> list[Figures | None]:
     """figures(c, margin, cal, tight_margin, sh) of each candidate (all covered by `sh`), in their order."""
     out: list[Figures | None] = []
     wl = cands[0].workload if cands else None
-    counts: dict[int, _SolvedCount] = {}  # the memo's, looked up once per count
+    counts: dict[int, BatchSolver] = {}  # the memo's, looked up once per count
     reasons: dict[int, str | None] = {}  # per GPU type (id), from the memo
     for scn in cands:
         cl = scn.cluster
         world = cl.world_size
         at = counts.get(world)
         if at is None:
-            at = counts[world] = sh.get(("grid", world), lambda: _SolvedCount(memory_model(scn), wl.peak_seq_len()))
+            at = counts[world] = sh.get(("grid", world), lambda: BatchSolver(memory_model(scn), wl.peak_seq_len()))
         reason = reasons.get(id(cl.gpu), reasons)
         if reason is reasons:
             reason = reasons[id(cl.gpu)] = sh.per_gpu("reason", scn, lambda: unsupported_reason(scn))

@@ -84,6 +84,34 @@ def solve_batch(limit: float, curves: list[ReservedCurve], peak: Callable[[int],
     return _settle(int(best), lambda b: peak(b) <= limit, cap)
 
 
+class BatchSolver:
+    """One memory model at one length, solved for many capacities (a search's GPU types): its peak bytes per
+    micro-batch and its largest micro-batch per limit in bytes, each computed once (the capacity-free curves too)."""
+
+    def __init__(self, mem: MemoryModel, seq: float) -> None:
+        self.mem, self.seq = mem, seq
+        self.peaks: dict[int, float] = {}
+        self.solved: dict[float, int] = {}
+        self.curves: list[ReservedCurve] | None = None
+
+    def peak(self, batch: int) -> float:
+        """mem.peak_bytes(batch, seq): what must fit, whatever the capacity."""
+        hit = self.peaks.get(batch)
+        if hit is None:
+            hit = self.peaks[batch] = self.mem.peak_bytes(batch, self.seq)
+        return hit
+
+    def largest(self, limit: float) -> int:
+        """max_micro_batch of the model where the capacity x (1 - margin) is `limit` bytes."""
+        hit = self.solved.get(limit)
+        if hit is None:
+            if self.curves is None:
+                self.curves = reserved_curves(self.mem)
+            hit = self.solved[limit] = solve_batch(limit, self.curves, self.peak, self.seq, BATCH_CAP,
+                                                   self.mem.least_reserved)
+        return hit
+
+
 def max_seq_len(mem: MemoryModel, batch: int, margin: float = 0.0, cap: int = SEQ_CAP) -> int:
     """Largest sequence length that fits at this micro-batch; 0 if none."""
     limit = mem.capacity_bytes * (1.0 - margin)

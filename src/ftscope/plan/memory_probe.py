@@ -10,7 +10,7 @@ from typing import Sequence
 from ..estimate.memory import (MemoryModel, build_memory_models, frozen_weight_bytes, kbit_state_bytes, memory_model,
                                step_allocator, trainable_params)
 from ..estimate.memory_layout import state_split
-from ..estimate.solvers import BATCH_CAP, ReservedCurve, phase_totals, reserved_curves, solve_batch
+from ..estimate.solvers import BATCH_CAP, BatchSolver, phase_totals
 from ..estimate.state_memory import sharded_states, state_bytes
 from ..spec.scenario import Scenario
 from .layouts import keep_global_batch, replicas
@@ -19,15 +19,14 @@ SAFETY = 1.0 - 1e-6
 """A factor that covers floating-point rounding in every bound (bounds.py)."""
 
 
-class _ModelMemo:
+class _ModelMemo(BatchSolver):
     """What a probe computes from its memory model alone, shared by the probes whose models are equal (mixes that
     differ only where memory does not look, such as sdpa and flash attention): pure functions of model and length."""
 
     def __init__(self, model: MemoryModel, seq: int) -> None:
+        super().__init__(model, seq)
         self.at_one = phase_totals(model, 1, seq)
-        self.peaks: dict[int, float] = {1: max(self.at_one)}
-        self.curves: list[ReservedCurve] | None = None
-        self.solved: dict[float, int] = {}
+        self.peaks[1] = max(self.at_one)
         self.terms: list[tuple[float, float, float]] | None = None
 
 
@@ -66,22 +65,11 @@ class MemoryProbe:
     def max_micro_batch(self, capacity: float) -> int:
         """The solver's answer on a GPU with this capacity (the capacity-free curves solved once per model, the
         peak at each micro-batch computed once for every capacity)."""
-        memo = self._memo
-        hit = memo.solved.get(capacity)
-        if hit is None:
-            if memo.curves is None:
-                memo.curves = reserved_curves(self.model)
-            hit = memo.solved[capacity] = solve_batch(capacity, memo.curves, self.peak, self.seq,
-                                                      floor=self.model.least_reserved)
-        return hit
+        return self._memo.largest(capacity)
 
     def peak(self, batch: int) -> float:
         """MemoryModel.peak_bytes(batch, seq), memoized."""
-        peaks = self._memo.peaks
-        hit = peaks.get(batch)
-        if hit is None:
-            hit = peaks[batch] = self.model.peak_bytes(batch, self.seq)
-        return hit
+        return self._memo.peak(batch)
 
     def fixed_batch_peak(self, capacity: float, global_batch: int, exact: bool = True) -> float:
         """Peak bytes of the layout recommend picks to keep the global batch (micro-batch as large as fits up to

@@ -39,7 +39,8 @@ def _gemm_utilization(np, m: float, n: int, k: int, sms, groups: int, k_half):
 
 
 def _op_time(np, op: Op, r: dict[str, Any]):
-    """time.op_time over GPU types (`r`: the Rates fields as arrays)."""
+    """time.op_time over GPU types (`r`: the Rates fields as arrays) of an op that is not a non-fusible matmul
+    (those take _matmul_times, all of an op list's at once)."""
     kind = op.kind
     if kind == "dequant":
         return op.bytes / r["dequant"] + op.kernels * r["floor"]
@@ -47,10 +48,6 @@ def _op_time(np, op: Op, r: dict[str, Any]):
         return op.bytes * r["compile_bytes"] / r["stream"] + op.kernels * r["compile_kernels"] * r["floor"]
     mem_t = op.bytes / r["stream"]
     floor = op.kernels * r["floor"]
-    if kind == "matmul":
-        util = _gemm_utilization(np, max(op.rows, 1.0), op.n, op.k, r["sms"], op.groups, r["k_half"])
-        rate = (r["fp8_gemm"] if op.fp8 else r["gemm"]) * util * (r["grouped"] if op.grouped else 1.0)
-        return np.maximum(op.flops / rate, mem_t) + floor
     if kind == "attention":
         s = int(op.seq) or 1
         eager = op.flops / (r["gemm"] * _gemm_utilization(np, s, s, op.k, r["sms"], 1, r["k_half"]))
@@ -61,7 +58,7 @@ def _op_time(np, op: Op, r: dict[str, Any]):
 
 
 def _matmul_times(np, ops: Sequence[Op], r: dict[str, Any]):
-    """_op_time of matmuls (not fusible), ops x GPU types in one pass: the same float operations element by
+    """time.op_time of matmuls (not fusible), ops x GPU types in one pass: the same float operations element by
     element (Python's per-op integers and floats, then the same array operations on each op's row)."""
     sms = np.where(r["sms"] > 0, r["sms"], UNKNOWN_SMS)[None, :]
     cols = []  # per op: m, n, k, and per tile height: tiles, the tile use (0 where the height is not tried)

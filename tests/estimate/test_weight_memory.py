@@ -28,7 +28,7 @@ def test_sharded_weights_gather_two_whole_units_in_forward():
     """FSDP gathers the current block and prefetches the next, each as a whole unit in bf16; ZeRO-2 gathers none."""
     z2 = scn("llama-2-7b", mix={"method": "full", "zero_stage": 2}, gpus=4)
     f3 = scn("llama-2-7b", mix={"method": "full", "fsdp": "full_shard"}, gpus=4)
-    (t2, b2), (t3, b3) = forward_transients(z2, 4), forward_transients(f3, 4)
+    (t2, b2), (t3, b3) = forward_transients(z2), forward_transients(f3)
     assert t3 - t2 == pytest.approx(2 * f3.model.largest_layer_params() * 2.0) and b3 == b2
 
 
@@ -48,14 +48,14 @@ def test_zero3_keeps_what_its_trace_reuses_within_the_reuse_distance(model, meth
     assert kept == {"llama-2-7b": 5, "llama-2-70b": 4 if method == "qlora" else 1}[model]
     assert zero3_reuse_kept(z3, per) == pytest.approx(kept * layer * per + head * 2.0)
     fsdp = scn(model, mix={"method": method, "fsdp": "full_shard"}, gpus=8)
-    extra = forward_transients(z3, 8)[0] - forward_transients(fsdp, 8)[0]
+    extra = forward_transients(z3)[0] - forward_transients(fsdp)[0]
     assert extra == pytest.approx(max(0.0, zero3_reuse_kept(z3, per) - 2 * layer * per), rel=1e-9, abs=1.0)
 
 
 def test_qlora_dequantizes_one_weight_at_a_time():
     s = scn("llama-2-7b", mix={"method": "qlora"})
     largest = max(lin.params for lin, _ in s.model.linears())
-    assert forward_transients(s, 1)[1] == pytest.approx(largest * s.recipe.dequant_bytes_per_weight)
+    assert forward_transients(s)[1] == pytest.approx(largest * s.recipe.dequant_bytes_per_weight)
 
 
 def test_bitsandbytes_quant_state_is_whole_on_every_rank_and_torchao_shards_it():

@@ -337,7 +337,7 @@ def build_memory_models(scns: Sequence[Scenario], allocator: AllocatorModel) -> 
     frozen, kbit = frozen_weight_bytes(scn), kbit_state_bytes(scn)
     # gradients already allocated during forward
     in_forward = scn.workload.gradient_accumulation > 1 or deepspeed
-    transient, block = forward_transients(scn, 1)  # reads no shard count
+    transient, block = forward_transients(scn)  # reads no shard count: a gathered unit is whole
     acts, checkpointing = activation_policy(activation_coefficients(m, activation_mix(mix), scn.top_k, scn.recipe),
                                             scn)
     head = head_gradient(scn, per.gradient)

@@ -75,7 +75,7 @@ def fp32_lora_base(scn: Scenario) -> bool:
             and mix.precision in ("bf16-mixed", "fp16-mixed"))
 
 
-def forward_transients(scn: Scenario, shards: int) -> tuple[float, float]:
+def forward_transients(scn: Scenario) -> tuple[float, float]:
     """(bytes alive through forward and backward, bytes alive while one block computes): autocast's weight cache,
     dequantized and merged weights, ZeRO-3 / FSDP gathers."""
     m, mix = scn.model, scn.mix

@@ -75,3 +75,13 @@ def test_collectives_through_host_memory_hide_their_own_share():
     ts = [Transfer(1.0, "fwd_bwd")]
     assert exposed(ts, {"fwd_bwd": 2.0}, eff) == (0.0, 1.0)
     assert exposed(ts, {"fwd_bwd": 2.0}, eff, host_staged=True) == (1.0, 0.0)
+
+
+def test_zero3_qlora_gathers_the_4bit_bytes_the_scenario_quantizes():
+    """ZeRO-3 over a 4-bit base moves its bytes per weight: 0.5625 without nested quantization, 0.516 with."""
+    nested = by_window(scn(method="qlora", zero_stage=3))["fwd_bwd"]
+    plain = by_window(scn(method="qlora", zero_stage=3, nested_quant=False))["fwd_bwd"]
+    bf16 = by_window(scn(method="lora", zero_stage=3))["fwd_bwd"]
+    assert nested < plain < bf16
+    # the gathers scale with the bytes per weight; the per-module hook latency does not
+    assert (plain - nested) / (bf16 - nested) == pytest.approx((0.5625 - 0.515869) / (2.0 - 0.515869), rel=1e-3)

@@ -245,3 +245,13 @@ def test_the_fields_the_compute_caches_leave_out_change_no_op_and_no_pass_time(m
         assert compute_mix(other.mix) == compute_mix(base.mix) and set(change) <= set(NOT_COMPUTE)
         ops = micro_batch_ops(other, 4, 512.0)
         assert (ops, pass_times(ops, other, eff)) == reference, change
+
+
+def test_qlora_dequantization_reads_the_scenarios_quantization_state():
+    """Each 4-bit matmul's dequantization reads the packed weight and its state and writes bf16: 0.516 + 2 B per
+    weight nested, 0.5625 + 2 B with fp32 absmax."""
+    def dequant_bytes(nested):
+        return sum(op.bytes for op in micro_batch_ops(scn(mix={"method": "qlora", "nested_quant": nested}), 2, 128)
+                   if op.kind == "dequant")
+    nested, plain = dequant_bytes(True), dequant_bytes(False)
+    assert plain / nested == pytest.approx((0.5625 + 2.0) / (0.515869 + 2.0), rel=1e-5)

@@ -163,6 +163,15 @@ def test_qlora_weight_bytes_nf4_double_quant():
     assert m.weights < 0.35 * memory_model(scn("llama-2-7b", mix={"method": "lora"})).weights
 
 
+def test_qlora_without_nested_quant_adds_its_fp32_absmax_to_weights_and_peak():
+    nested = memory_model(scn("llama-2-7b", mix={"method": "qlora"}))
+    plain = memory_model(scn("llama-2-7b", mix={"method": "qlora", "nested_quant": False}))
+    quantized = scn("llama-2-7b", mix={"method": "qlora"}).model.quantizable_params()
+    extra = quantized * (4 / 64 - (1 / 64 + 4 / 16384))
+    assert plain.weights - nested.weights == pytest.approx(extra)
+    assert plain.peak_bytes(1, 512) - nested.peak_bytes(1, 512) == pytest.approx(extra)
+
+
 @pytest.mark.parametrize("precision,per_param", [("bf16", 2 + 2 + 4), ("fp32", 4 + 4 + 8), ("bf16-mixed", 4 + 4 + 8)])
 def test_full_finetune_bytes_per_param(precision, per_param):
     s = scn("llama-3.2-1b", mix={"method": "full", "precision": precision, "attention": "sdpa"})

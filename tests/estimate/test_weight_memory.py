@@ -4,8 +4,9 @@ from __future__ import annotations
 import pytest
 
 import ftscope
-from ftscope.estimate.weight_memory import (NF4_BYTES, NF4_DATA_BYTES, NF4_STATE_BYTES, forward_transients,
-                                            frozen_weight_bytes, gathered_bytes_per_weight, kbit_state_bytes)
+from ftscope.estimate.weight_memory import (NF4_BYTES, NF4_DATA_BYTES, NF4_STATE_BYTES, NF4_STATE_BYTES_PLAIN,
+                                            forward_transients, frozen_weight_bytes, gathered_bytes_per_weight,
+                                            kbit_bytes_per_weight, kbit_state_bytes, quantized_params)
 
 
 def scn(model="llama-3.2-1b", mix=None, gpus=1):
@@ -76,3 +77,20 @@ def test_bitsandbytes_quant_state_is_whole_on_every_rank_and_torchao_shards_it()
     for method in ("lora", "full"):
         s = scn(mix={"method": method})
         assert kbit_state_bytes(s) == 0.0 and gathered_bytes_per_weight(s) == 2.0
+
+
+def test_nested_quant_off_keeps_an_fp32_absmax_per_64_weights():
+    """bitsandbytes without nested quantization: 0.5 + 4/64 = 0.5625 B per 4-bit weight, against 0.5 + 1/64 +
+    4/16384 = 0.516 nested; the frozen base and the quant state every rank keeps differ by that times the quantized
+    weights (Llama-2-13B: 12.7B of them, 0.55 GiB)."""
+    assert NF4_BYTES == pytest.approx(0.515869, abs=1e-6) and NF4_DATA_BYTES + NF4_STATE_BYTES_PLAIN == 0.5625
+    nested, plain = (scn("llama-2-13b", mix={"method": "qlora", "nested_quant": n}) for n in (True, False))
+    assert (kbit_bytes_per_weight(nested), kbit_bytes_per_weight(plain)) == (NF4_BYTES, 0.5625)
+    quantized = quantized_params(plain)
+    extra = quantized * (NF4_STATE_BYTES_PLAIN - NF4_STATE_BYTES)
+    assert frozen_weight_bytes(plain) - frozen_weight_bytes(nested) == pytest.approx(extra)
+    assert kbit_state_bytes(plain) - kbit_state_bytes(nested) == pytest.approx(extra)
+    assert extra / 2**30 == pytest.approx(0.551, abs=0.001)
+    for method in ("lora", "full"):  # a 16-bit base has no quantization state to nest
+        assert frozen_weight_bytes(scn(mix={"method": method, "nested_quant": False})) == \
+            frozen_weight_bytes(scn(mix={"method": method}))

@@ -48,6 +48,16 @@ def test_a_4bit_base_is_qlora_and_the_gpu_and_world_are_the_runs(tiny_config):
     mapping, _ = scenario_mapping(run, 1, 2048, 1)
     assert mapping["mix"]["method"] == "qlora"
     assert mapping["hardware"] == {"gpu": "h100-80gb", "gpus_per_node": 8, "nodes": 2}
+    assert "nested_quant" not in mapping["mix"]  # no BitsAndBytesConfig in the config: the recipe's default
+
+
+@pytest.mark.parametrize("double_quant", [True, False])
+def test_the_models_bitsandbytes_config_says_whether_quantization_is_nested(tiny_config, double_quant):
+    bnb = transformers.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_use_double_quant=double_quant).to_dict()
+    run = _run({**tiny_config, "quantization_config": bnb}, {"bf16": True}, lora={"r": 16, "targets": "all-linear"},
+               quantization="4bit")
+    mapping, _ = scenario_mapping(run, 1, 512, 1)
+    assert mapping["mix"]["nested_quant"] is double_quant
 
 
 def test_deepspeed_and_fsdp_settings_shard_the_run(tiny_config):

@@ -50,7 +50,14 @@ def test_no_deepspeed_json_without_zero():
 
 def test_training_snippet_is_valid_python(tmp_path):
     emit(_scn(method="qlora", zero_stage=3), 4, tmp_path)
-    compile((tmp_path / "train_args.py").read_text(), "train_args.py", "exec")
+    text = (tmp_path / "train_args.py").read_text()
+    compile(text, "train_args.py", "exec")
+    assert "bnb_4bit_use_double_quant=True" in text
+
+
+def test_training_snippet_writes_the_scenarios_nested_quant(tmp_path):
+    emit(_scn(method="qlora", nested_quant=False), 4, tmp_path)
+    assert "bnb_4bit_use_double_quant=False" in (tmp_path / "train_args.py").read_text()
 
 
 def _labelled(folder, files):

@@ -67,7 +67,7 @@ def test_layout_reason_reads_only_the_layout_fields_of_the_mix():
                   optimizer="adamw_8bit", experts_top_k=1, experts_backend="modules", loss="chunked",
                   fused_elementwise=True, lora_dropout=0.1, checkpointing="selective", checkpoint_every=2,
                   sequence_parallel=True, tp_comm_overlap=True, pipeline_schedule="interleaved", fp8=True,
-                  compile=True, activation_offload=True)
+                  compile=True, activation_offload=True, nested_quant=False)
     assert set(others) | set(LAYOUT_FIELDS) == {f.name for f in fields(Mix)}
     layouts = [dict(), dict(tensor_parallel=2), dict(tensor_parallel=16), dict(pipeline_parallel=8),
                dict(pipeline_parallel=2, context_parallel=2), dict(context_parallel=4, context_parallel_impl="all_to_all"),

@@ -1,9 +1,12 @@
 """recommend: the reasoning the issue asks for, checked on the search itself (no copied numbers)."""
 from __future__ import annotations
 
+import pytest
+
 import ftscope
 from ftscope.plan.ranking import rank_key
-from ftscope.plan.recommend import ENGINES, SearchSpace, complexity, recommend, signed_percent, signed_usd
+from ftscope.plan.recommend import (ENGINES, SearchSpace, complexity, gathered_gb_per_step, recommend, signed_percent,
+                                    signed_usd)
 
 SMALL = SearchSpace(methods=("full", "lora", "qlora"), gradient_checkpointing=(False, True),
                     attention=("sdpa", "flash"), optimizer=("adamw",), offload=("none", "optimizer"))
@@ -131,3 +134,11 @@ def test_an_engine_restricts_the_search_to_its_launcher():
         assert rec.summary.candidates == every.summary.candidates * len(ENGINES[engine]) // len(SMALL.sharding)
         if runs_it(every.best.scenario.mix):  # the unrestricted winner is in this engine's space: it still wins
             assert rec.best.to_dict() == every.best.to_dict()
+
+
+def test_gathered_gb_per_step_counts_the_scenarios_4bit_bytes():
+    def gathered(**mix):
+        return gathered_gb_per_step(ftscope.load_scenario({
+            "model": "llama-2-7b", "hardware": {"gpu": "a100-80gb", "gpus_per_node": 4},
+            "mix": {"method": "qlora", "zero_stage": 3, **mix}, "workload": {"micro_batch_size": 1, "seq_len": 512}}))
+    assert gathered(nested_quant=False) / gathered() == pytest.approx(0.5625 / 0.515869, rel=1e-5)

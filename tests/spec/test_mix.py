@@ -59,6 +59,13 @@ def test_gradient_checkpointing_refuses_yaml_truthy_strings():
             validate(Mix, {"gradient_checkpointing": value}, "mix")
 
 
+def test_nested_quant_is_a_strict_flag_on_by_default():
+    assert Mix().nested_quant is True and validate(Mix, {"nested_quant": False}, "mix").nested_quant is False
+    for value in ("no", 0, "false", None):
+        with pytest.raises(FtscopeError, match="mix.nested_quant must be true or false"):
+            validate(Mix, {"nested_quant": value}, "mix")
+
+
 def test_unknown_key_suggests_the_nearest():
     with pytest.raises(FtscopeError, match=r"unknown key 'mix.zero_stag' \(did you mean: zero_stage"):
         validate(Mix, {"zero_stag": 1}, "mix")

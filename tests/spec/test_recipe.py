@@ -44,6 +44,21 @@ def test_recipe_defaults_fill_mix_keys_the_scenario_leaves_out():
     assert own.mix.loss == "standard" and own.mix.gradient_checkpointing is False
 
 
+@pytest.mark.parametrize("name,nested", [("trl-sft", False), ("hf-trainer", True), ("peft-kbit", True),
+                                         ("axolotl", True), ("llama-factory", True), ("llama-factory-2024", True),
+                                         ("llama-factory-0.4", True), ("peft-sft-2024", True), ("fsdp-qlora", True),
+                                         ("unsloth", True), ("torchtune", True), ("torchtune-0.1", True)])
+def test_nested_quant_default_is_each_frameworks_own(name, nested):
+    """TRL's ModelConfig leaves bitsandbytes' absmax in fp32 (use_bnb_nested_quant False); the loaders of Axolotl,
+    LLaMA-Factory, Unsloth and fsdp_qlora, PEFT's example scripts and torchao's NF4 quantize them again; the generic
+    Trainer keeps ftscope's nested default. A recipe that sets it cites the lines."""
+    assert _scn(framework=name).mix.nested_quant is nested
+    rec = load_recipe(name)
+    if "nested_quant" in rec.mix_defaults:
+        assert any("nested_quant" in s.fact for s in rec.sources), name
+    assert _scn(framework=name, mix={"method": "qlora", "nested_quant": not nested}).mix.nested_quant is (not nested)
+
+
 def test_scenario_round_trip_keeps_the_framework():
     scn = _scn(framework="torchtune")
     again = ftscope.load_scenario(scn.to_dict())

@@ -80,7 +80,7 @@ def test_gpu_rules_read_only_the_gpu_fields_of_the_mix():
                   checkpoint_every=2, tensor_parallel=4, sequence_parallel=True, tp_comm_overlap=True,
                   pipeline_parallel=4, pipeline_schedule="interleaved", virtual_stages=2, context_parallel=2,
                   context_parallel_impl="all_to_all", expert_parallel=8, compile=True, optimizer_in_backward=True,
-                  activation_offload=True)
+                  activation_offload=True, nested_quant=False)
     assert set(others) | set(GPU_FIELDS) == {f.name for f in fields(Mix)}
     gpus = [gpu_from_catalog(k) for k in catalog.gpu_table()]
     model = load_model("olmoe-1b-7b")

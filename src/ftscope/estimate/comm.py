@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from ..spec.scenario import Scenario
 from .efficiency import Efficiency
 from .layout import Layout, layout
-from .memory import NF4_BYTES
+from .memory import kbit_bytes_per_weight
 
 DDP_BUCKET_BYTES = 25 * 2**20
 """torch DDP's default gradient bucket (also about DeepSpeed's reduce bucket under HF's "auto")."""
@@ -78,7 +78,7 @@ def data_parallel(scn: Scenario, eff: Efficiency, trainable: int, lay: Layout) -
     if stage == 2 and mix.fsdp:   # shard_grad_op gathers the weights once per step, in the first forward
         out.append(Transfer(ring_s(m.total_params / shard * 2.0, n, gbs, eff), "fwd_bwd"))
     if stage == 3:
-        w_b = NF4_BYTES if mix.method == "qlora" else 2.0
+        w_b = kbit_bytes_per_weight(scn) if mix.method == "qlora" else 2.0
         # FSDP recomputes a checkpointed block inside its backward, while it is gathered: two gathers per
         # micro-batch; DeepSpeed's hooks fetch again for the recompute
         passes = 3.0 if mix.gradient_checkpointing and not mix.fsdp else 2.0

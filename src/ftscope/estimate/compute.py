@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from ..spec.scenario import Scenario, fast_replace
 from .layout import Layout, layout
-from .memory import NF4_BYTES
+from .memory import kbit_bytes_per_weight
 from .shared import KeyMemo
 
 LOSS_TRAFFIC = {
@@ -91,7 +91,7 @@ def _expert_op(scn: Scenario, lin, n: int, tokens: float, bwd: float, c: float, 
     ops = [Op("matmul", "experts", flops * n, byts * n, kernels * n, rows, bwd, grouped=grouped,
               n=max(lin.out_features // lay.tp, 1), k=lin.in_features, groups=groups)]
     if mix.method == "qlora" and not mix.fused_experts:  # bitsandbytes quantizes per-expert modules only
-        ops.append(Op("dequant", "experts", 0.0, (NF4_BYTES + 2.0) * w * hit * n, hit * n, 1, 1.0))
+        ops.append(Op("dequant", "experts", 0.0, (kbit_bytes_per_weight(scn) + 2.0) * w * hit * n, hit * n, 1, 1.0))
     if mix.experts_backend in ("eager", "modules") and lin.role == "down":
         ops.append(Op("dispatch", "experts", 0.0, 0.0, hit * n, 1, 1.0))
     return ops
@@ -140,7 +140,7 @@ def _linear_ops(scn: Scenario, layer, lin, n: int, tokens: float, c: float, lay:
             cast = 3.0 * (tokens * lin.in_features / lay.tp + w)
             ops.append(Op("stream", "norms_other", 0.0, cast * n, 2 * n, tokens, 1.0, fusible=True))
         if mix.method == "qlora" and lin.group != "router":
-            ops.append(Op("dequant", lt, 0.0, (NF4_BYTES + 2.0) * w * n, n, 1, 1.0))
+            ops.append(Op("dequant", lt, 0.0, (kbit_bytes_per_weight(scn) + 2.0) * w * n, n, 1, 1.0))
         used = 1.0
     if merged:
         # PEFT merges W + B @ A for the whole stack whatever the token count; the experts module reads the

@@ -18,7 +18,7 @@ from .memory_layout import (activation_policy, clone_init_cache, clone_init_grou
                             paged_state_params, small_pool_step_bytes, split_states)
 from .state_memory import OPTIMIZER_STATE_BYTES, StateBytes, sharded_states, state_bytes  # noqa: F401 (re-exported)
 from .weight_memory import (NF4_BYTES, forward_transients, fp32_lora_base,  # noqa: F401 (re-exported)
-                            frozen_weight_bytes, gathered_bytes_per_weight, kbit_state_bytes)
+                            frozen_weight_bytes, gathered_bytes_per_weight, kbit_bytes_per_weight, kbit_state_bytes)
 
 
 

@@ -7,9 +7,10 @@ Bytes per parameter, by where the weights live (N = GPUs that share a shard):
 - full under ZeRO (bf16 weights 2, bf16 grads 2, fp32 master + AdamW 12) with ZeRO-1 sharding the 12,
   ZeRO-2 also the grads, ZeRO-3 also the weights; FSDP2 keeps fp32 sharded params and gathers bf16 per block;
 - LoRA: frozen bf16 base 2; adapters fp32 (PEFT upcasts them) + grads + AdamW;
-- QLoRA: NF4 with double quantization, 0.5 + 1/64 + 4/16384 bytes per quantized weight; embeddings, norms
-  and LM head stay bf16; one block's weights are dequantized to bf16 at a time. Under FSDP / ZeRO-3 the 4-bit data
-  is sharded; bitsandbytes' quantization state (the 1/64 + 4/16384) stays whole on every rank (`kbit_state_bytes`).
+- QLoRA: NF4, 0.5 bytes of data per quantized weight plus its quantization state: 1/64 + 4/16384 under nested
+  (double) quantization, 4/64 without (`mix.nested_quant`); embeddings, norms and LM head stay bf16; one block's
+  weights are dequantized to bf16 at a time. Under FSDP / ZeRO-3 the 4-bit data is sharded; bitsandbytes'
+  quantization state stays whole on every rank (`kbit_state_bytes`).
 """
 from __future__ import annotations
 
@@ -19,10 +20,19 @@ from .adapter_memory import (kbit_autocast_copies, kbit_fp32_params, largest_deq
 
 NF4_DATA_BYTES = 0.5
 """4-bit data per quantized weight, two weights a byte (packed into the quant storage dtype)."""
+# bitsandbytes' quantize_4bit (bitsandbytes-foundation/bitsandbytes 95f9af30, bitsandbytes/functional.py lines
+# 884-962; the fake op's fp32 absmax: bitsandbytes/_ops.py line 234): blocks of 64 weights, one fp32 absmax each;
+# with compress_statistics (nested) the absmax less their mean (one fp32 offset per tensor) are quantized again by
+# quantize_blockwise(blocksize=256) to a uint8 each, with one fp32 absmax per 256 of them (state2).
 NF4_STATE_BYTES = 1 / 64 + 4 / (64 * 256)
-"""Quantization state per weight under double quantization: a uint8 absmax per block of 64 weights and an fp32
-absmax per 256 of those (bitsandbytes' QuantState and its state2; torchao's quantized scalers and factors)."""
+"""Quantization state per weight under nested (double) quantization: a uint8 absmax per block of 64 weights and an
+fp32 absmax per 256 of those (bitsandbytes' QuantState and its state2). torchao's NF4Tensor, which always
+double-quantizes, keeps an int8 scaler per 64 and a bf16 factor per 256 of them (nf4tensor.py v0.1, lines 292-347):
+2 / 16384 less per weight, 1 MB at 8B, not told apart."""
+NF4_STATE_BYTES_PLAIN = 4 / 64
+"""Quantization state per weight without nested quantization: one fp32 absmax per block of 64 weights."""
 NF4_BYTES = NF4_DATA_BYTES + NF4_STATE_BYTES
+"""Bytes per 4-bit weight under nested quantization (0.516); `kbit_bytes_per_weight` reads the scenario's setting."""
 ZERO3_MAX_REUSE_DISTANCE = 1e9
 """DeepSpeed's stage3_max_reuse_distance default, in parameter elements (HF's "auto" and accelerate's generated
 configs leave it): a submodule's parameters stay gathered after it runs when the trace uses them again within that
@@ -35,9 +45,20 @@ def frozen_weight_bytes(scn: Scenario) -> float:
     total = m.total_params
     if mix.method == "qlora":
         quantized = quantized_params(scn)
-        return quantized * NF4_BYTES + (total - quantized) * 2.0 + kbit_fp32_params(scn, quantized) * 2.0
+        return (quantized * kbit_bytes_per_weight(scn) + (total - quantized) * 2.0
+                + kbit_fp32_params(scn, quantized) * 2.0)
     frozen = 0 if mix.method == "full" else total
     return frozen * (4.0 if mix.precision == "fp32" or fp32_lora_base(scn) else 2.0)
+
+
+def kbit_state_bytes_per_weight(scn: Scenario) -> float:
+    """Bytes of quantization state per 4-bit weight: nested (double) quantization or one fp32 absmax per 64."""
+    return NF4_STATE_BYTES if scn.mix.nested_quant else NF4_STATE_BYTES_PLAIN
+
+
+def kbit_bytes_per_weight(scn: Scenario) -> float:
+    """Bytes per 4-bit weight, data and quantization state: 0.516 nested, 0.5625 not."""
+    return NF4_DATA_BYTES + kbit_state_bytes_per_weight(scn)
 
 
 def quantized_params(scn: Scenario) -> int:
@@ -57,7 +78,7 @@ def kbit_state_bytes(scn: Scenario) -> float:
     parameters and buffers, so the quant_state isn't copied"), and FSDP / ZeRO-3 then shard the data alone."""
     if scn.mix.method != "qlora" or scn.recipe.kbit_state_sharded:
         return 0.0
-    return quantized_params(scn) * NF4_STATE_BYTES
+    return quantized_params(scn) * kbit_state_bytes_per_weight(scn)
 
 
 def gathered_bytes_per_weight(scn: Scenario) -> float:
@@ -65,7 +86,7 @@ def gathered_bytes_per_weight(scn: Scenario) -> float:
     recipe shards them with it, kbit_state_sharded)."""
     if scn.mix.method != "qlora":
         return 2.0
-    return NF4_BYTES if scn.recipe.kbit_state_sharded else NF4_DATA_BYTES
+    return kbit_bytes_per_weight(scn) if scn.recipe.kbit_state_sharded else NF4_DATA_BYTES
 
 
 def fp32_lora_base(scn: Scenario) -> bool:

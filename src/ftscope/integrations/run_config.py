@@ -106,11 +106,21 @@ def _method(run: RunConfig, cfg: FrameworkConfig) -> None:
     if lora.get("use_dora"):
         raise FtscopeError("DoRA adapters are not modelled")
     cfg.set("mix.method", "qlora" if run.quantization == "4bit" else "lora")
+    if run.quantization == "4bit":
+        _nested_quant(run, cfg)
     cfg.set("mix.lora_rank", int(lora["r"]))
     cfg.set("mix.lora_targets", lora["targets"])
     cfg.set("mix.lora_dropout", float(lora.get("lora_dropout") or 0.0))
     if lora.get("modules_to_save"):
         cfg.notes.append(f"modules_to_save {', '.join(lora['modules_to_save'])}: fully trained copies, not counted")
+
+
+def _nested_quant(run: RunConfig, cfg: FrameworkConfig) -> None:
+    """mix.nested_quant from the BitsAndBytesConfig the model was loaded with (`quantization_config` in its config
+    dict; transformers' default False); a base quantized some other way keeps the recipe's default."""
+    quant = run.model_config.get("quantization_config")
+    if isinstance(quant, Mapping) and isinstance(quant.get("bnb_4bit_use_double_quant"), bool):
+        cfg.set("mix.nested_quant", quant["bnb_4bit_use_double_quant"])
 
 
 def scenario_mapping(run: RunConfig, batch: int, seq_len: int, micro_batches: int) -> tuple[dict[str, Any], list[str]]:

@@ -88,7 +88,7 @@ def training_snippet(scn: Scenario, micro_batch: int) -> str:
     if mix.method == "qlora":
         lines += ["from transformers import BitsAndBytesConfig",
                   "quantization = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type='nf4', "
-                  "bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=torch.bfloat16"
+                  f"bnb_4bit_use_double_quant={mix.nested_quant}, bnb_4bit_compute_dtype=torch.bfloat16"
                   + (", bnb_4bit_quant_storage=torch.bfloat16" if mix.shard_stage == 3 else "") + ")"]
     attn = {"flash": "flash_attention_2", "sdpa": "sdpa", "eager": "eager"}[mix.attention]
     lines += ["", f"model_kwargs = dict(attn_implementation={attn!r}, torch_dtype=torch.bfloat16)", "",

@@ -64,6 +64,10 @@ def axolotl_config(scn: Scenario, micro: int, base: dict[str, Any], notes: list[
     else:
         cfg.update(adapter=mix.method, load_in_4bit=mix.method == "qlora", lora_r=mix.lora_rank,
                    lora_alpha=cfg.get("lora_alpha", 2 * mix.lora_rank), lora_dropout=mix.lora_dropout)
+        kwargs = dict(cfg.get("bnb_config_kwargs") or {})
+        # Axolotl's loader turns double quantization on itself; bnb_config_kwargs overrides it
+        if mix.method == "qlora" and (not mix.nested_quant or "bnb_4bit_use_double_quant" in kwargs):
+            cfg["bnb_config_kwargs"] = {**kwargs, "bnb_4bit_use_double_quant": mix.nested_quant}
         targets = _targets(scn)
         cfg.update({"lora_target_linear": True} if targets == "all-linear" else {"lora_target_modules": targets})
     cfg.update(sequence_len=wl.seq_len, sample_packing=wl.padding == "packed",
@@ -86,10 +90,10 @@ def axolotl_config(scn: Scenario, micro: int, base: dict[str, Any], notes: list[
 def llama_factory_config(scn: Scenario, micro: int, base: dict[str, Any], notes: list[str]) -> dict[str, Any]:
     mix, wl = scn.mix, scn.workload
     cfg = dict(base) or {"model_name_or_path": _hf_id(scn), "stage": "sft", "do_train": True}
-    _drop(cfg, "quantization_bit", "quantization_method", "pure_bf16", "bf16", "fp16")
+    _drop(cfg, "quantization_bit", "quantization_method", "double_quantization", "pure_bf16", "bf16", "fp16")
     cfg["finetuning_type"] = "full" if mix.method == "full" else "lora"
     if mix.method == "qlora":
-        cfg.update(quantization_bit=4, quantization_method="bnb")
+        cfg.update(quantization_bit=4, quantization_method="bnb", double_quantization=mix.nested_quant)
     if mix.trains_lora:
         targets = _targets(scn)
         cfg.update(lora_rank=mix.lora_rank, lora_dropout=mix.lora_dropout,
@@ -139,6 +143,9 @@ def torchtune_config(scn: Scenario, micro: int, base: dict[str, Any], notes: lis
         notes.append(f"precision {mix.precision}: torchtune has no mixed precision; written as dtype bf16")
     if mix.zero_stage:
         notes.append(f"torchtune has no DeepSpeed: ZeRO-{mix.zero_stage} written as FSDP")
+    if mix.method == "qlora" and not mix.nested_quant:
+        notes.append("nested_quant false: torchtune's torchao NF4 always quantizes its scalers (0.516 B per 4-bit "
+                     "weight, 0.05 B fewer than estimated)")
     if scn.cluster.world_size > 1 or mix.shard_stage:
         cfg.update(fsdp_reshard_after_forward=mix.shard_stage == 3, fsdp_cpu_offload=mix.offload == "optimizer+params")
     return cfg
@@ -154,7 +161,7 @@ def trl_config(scn: Scenario, micro: int, base: dict[str, Any], notes: list[str]
         cfg.update(lora_r=mix.lora_rank, lora_alpha=cfg.get("lora_alpha", 2 * mix.lora_rank),
                    lora_dropout=mix.lora_dropout, lora_target_modules=_targets(scn))
     if mix.method == "qlora":
-        cfg["use_bnb_nested_quant"] = True
+        cfg["use_bnb_nested_quant"] = mix.nested_quant
     cfg.update(max_length=wl.seq_len, packing=wl.padding == "packed", per_device_train_batch_size=micro,
                gradient_accumulation_steps=wl.gradient_accumulation, num_train_epochs=wl.epochs,
                gradient_checkpointing=mix.gradient_checkpointing, bf16=mix.precision.startswith("bf16"),

@@ -17,7 +17,7 @@ from .. import catalog
 from ..errors import FtscopeError
 from ..estimate import estimate, unsupported_reason
 from ..estimate.efficiency import Calibration, load_calibration
-from ..estimate.memory import NF4_BYTES, memory_model
+from ..estimate.memory import kbit_bytes_per_weight, memory_model
 from ..estimate.result import Estimate
 from ..spec.hardware import GpuSpec, gpu_from_catalog
 from ..spec.scenario import Scenario
@@ -206,7 +206,7 @@ def gathered_gb_per_step(scn: Scenario) -> float:
     """Weight bytes ZeRO-3/FSDP all-gather per step on each GPU (forward, recompute, backward)."""
     if scn.mix.shard_stage != 3 or scn.cluster.world_size == 1:
         return 0.0
-    per_param = NF4_BYTES if scn.mix.method == "qlora" else 2.0
+    per_param = kbit_bytes_per_weight(scn) if scn.mix.method == "qlora" else 2.0
     passes = 3 if scn.mix.gradient_checkpointing else 2
     n = scn.cluster.world_size
     return scn.model.total_params * per_param * (n - 1) / n * passes * scn.workload.gradient_accumulation / 1e9

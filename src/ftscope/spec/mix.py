@@ -37,7 +37,12 @@ class Mix:
     """How the run is optimized. Field names are the scenario's `mix:` keys."""
 
     method: Literal["full", "lora", "qlora"] = "lora"
-    """full | lora | qlora (LoRA over an NF4 double-quantized frozen base)."""
+    """full | lora | qlora (LoRA over a bitsandbytes NF4 frozen base)."""
+    nested_quant: Flag() = True
+    """QLoRA: bitsandbytes' nested (double) quantization of the 4-bit weights' absmax scales, 0.516 bytes per
+    4-bit weight; false keeps one fp32 absmax per 64 weights, 0.5625 (transformers' bnb_4bit_use_double_quant,
+    TRL's use_bnb_nested_quant, LLaMA-Factory's double_quantization). A `framework:` recipe sets it unless the
+    scenario does; other methods ignore it."""
     lora_rank: Rank = 16
     """LoRA rank r: adapter matrices of r x hidden per adapted linear (also QLoRA's)."""
     lora_targets: LoraTargets = "all-linear"

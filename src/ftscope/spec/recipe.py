@@ -112,9 +112,9 @@ class Recipe:
     kbit_state_sharded: bool = False
     """QLoRA under FSDP / ZeRO-3: the 4-bit weights' quantization state is sharded with them (torchao's NF4Tensor
     splits its scalers with its data, nf4_split). False: bitsandbytes, whose Linear4bit keeps its quant_state
-    (absmax and the double-quantization state, NF4_STATE_BYTES per weight) as a plain attribute, neither parameter
-    nor buffer, made on every rank's GPU at load: whole on every rank, and left there when FSDP offloads the
-    parameters. Gathered units then hold the 4-bit data alone."""
+    (absmax, quantized again under mix.nested_quant: kbit_state_bytes_per_weight) as a plain attribute, neither
+    parameter nor buffer, made on every rank's GPU at load: whole on every rank, and left there when FSDP offloads
+    the parameters. Gathered units then hold the 4-bit data alone."""
     adamw_fused: bool = False
     """The framework's AdamW is torch's fused kernel (fused=True): states updated in place, none of the foreach
     implementation's per-parameter temporaries at the step."""

@@ -15,6 +15,7 @@ import pytest
 import ftscope
 from ftscope import FtscopeError
 from ftscope.estimate.memory import NF4_BYTES
+from ftscope.estimate.weight_memory import NF4_STATE_BYTES, NF4_STATE_BYTES_PLAIN
 from ftscope.spec.resolve import model_from_config
 
 torch = pytest.importorskip("torch")
@@ -112,6 +113,19 @@ def test_qlora_weights_are_packed_nf4():
     assert r.trainable_params == spec.lora_params(8, "all-linear")
     # backward dequantizes each 4-bit weight to bf16 for the input gradient: a weight-sized temporary
     assert r.flops["total"] > 0
+
+
+def test_qlora_without_nested_quant_keeps_fp32_absmax():
+    """mix.nested_quant false builds bitsandbytes' plain state: one fp32 absmax per 64 weights, 4/64 - (1/64 +
+    4/16384) B per 4-bit weight more than the nested one (the estimate's kbit_state_bytes_per_weight), less what
+    only the nested state holds per tensor: state2's 256-entry fp32 code table and the fp32 offset (1028 B, which
+    the estimate leaves out: 0.2 MB over a 7B model's 224 matrices)."""
+    nested, plain = run(method="qlora"), run(method="qlora", nested_quant=False)
+    quantized = model_from_config(plain.build.config).quantizable_params()
+    grown = plain.phase_categories["forward"]["weights"] - nested.phase_categories["forward"]["weights"]
+    per_tensor = 256 * 4 + 4
+    expected = quantized * (NF4_STATE_BYTES_PLAIN - NF4_STATE_BYTES) - len(plain.build.quantized_modules) * per_tensor
+    assert grown == pytest.approx(expected, rel=0.01)
 
 
 def test_gradient_checkpointing_recomputes_and_saves_less(lora):

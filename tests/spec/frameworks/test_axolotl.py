@@ -19,6 +19,20 @@ def test_real_qlora_example_maps_every_memory_key(example):
     assert any("NousResearch/Meta-Llama-3-8B" in n for n in cfg.notes)
 
 
+def test_bnb_config_kwargs_double_quant_maps_to_nested_quant(example, write_config):
+    import yaml
+    data = yaml.safe_load(example("axolotl-llama-3-qlora.yml").read_text())
+    off = read_config(write_config("a.yml", {**data, "bnb_config_kwargs": {"bnb_4bit_use_double_quant": False,
+                                                                          "bnb_4bit_quant_type": "nf4"}}))
+    assert off.scenario["mix"]["nested_quant"] is False
+    assert not any("bnb_config_kwargs" in u for u in off.unmapped)
+    other = read_config(write_config("b.yml", {**data, "bnb_config_kwargs": {"blocksize": 128}}))
+    assert "nested_quant" not in other.scenario["mix"]  # the loader's own True stands (the recipe's default)
+    assert any(u.startswith("bnb_config_kwargs.blocksize=128") for u in other.unmapped)
+    with pytest.raises(FtscopeError, match="bnb_4bit_use_double_quant: must be true or false"):
+        read_config(write_config("c.yml", {**data, "bnb_config_kwargs": {"bnb_4bit_use_double_quant": "yes"}}))
+
+
 def test_fsdp_example_reads_sharding_and_offload(example):
     mix = read_config(example("axolotl-llama-3-qlora-fsdp-70b.yaml")).scenario["mix"]
     assert mix["fsdp"] == "full_shard" and mix["offload"] == "optimizer+params"

@@ -11,6 +11,7 @@ def test_real_qlora_example(example):
     mix, wl = cfg.scenario["mix"], cfg.scenario["workload"]
     assert (mix["method"], mix["lora_rank"], mix["lora_targets"]) == ("qlora", 8, "all-linear")
     assert mix["gradient_checkpointing"] is True and mix["precision"] == "bf16-mixed" and mix["attention"] == "sdpa"
+    assert mix["nested_quant"] is True  # double_quantization's default
     assert wl == {"micro_batch_size": 1, "gradient_accumulation": 8, "epochs": 3.0, "seq_len": 2048, "num_samples": 1000}
     assert any(u.startswith("dataset=") for u in cfg.unmapped)
 
@@ -45,3 +46,16 @@ def test_pretraining_packs_by_default_and_pure_bf16(write_config):
     assert cfg.scenario["workload"]["padding"] == "packed" and cfg.scenario["mix"]["precision"] == "bf16"
     assert cfg.scenario["mix"]["gradient_checkpointing"] is False
     assert any("use_reentrant=False" in u for u in cfg.unmapped)  # the recipe models reentrant checkpointing
+
+
+def test_double_quantization_maps_to_nested_quant(example, write_config):
+    import yaml
+    data = yaml.safe_load(example("llama-factory-llama3-qlora-sft.yaml").read_text())
+    cfg = read_config(write_config("q.yaml", {**data, "double_quantization": False}))
+    assert cfg.scenario["mix"]["nested_quant"] is False
+    assert not any("double_quantization" in u for u in cfg.unmapped)
+    with pytest.raises(FtscopeError, match="double_quantization: must be true or false"):
+        read_config(write_config("b.yaml", {**data, "double_quantization": "no"}))
+    lora = {k: v for k, v in data.items() if k not in ("quantization_bit", "quantization_method")}
+    cfg = read_config(write_config("l.yaml", {**lora, "double_quantization": True}))  # no 4-bit base: nothing to set
+    assert "nested_quant" not in cfg.scenario["mix"] and not any("double_quantization" in u for u in cfg.unmapped)

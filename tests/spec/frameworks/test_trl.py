@@ -22,8 +22,19 @@ def test_documented_qlora_command(example):
     assert mix["lora_targets"] == ["q_proj", "v_proj"]  # PEFT's default for llama
     assert mix["gradient_checkpointing"] is True and mix["precision"] == "bf16-mixed"  # SFTConfig's defaults
     assert wl["seq_len"] == 1024 and wl["micro_batch_size"] == 1 and wl["gradient_accumulation"] == 16
+    assert mix["nested_quant"] is False  # ModelConfig's use_bnb_nested_quant default: fp32 absmax scales
     listed = " ".join(cfg.unmapped)
-    assert "dtype=float32" in listed and "use_bnb_nested_quant" in listed
+    assert "dtype=float32" in listed and "use_bnb_nested_quant" not in listed
+
+
+def test_use_bnb_nested_quant_maps_to_nested_quant(example, write_config):
+    command = example("trl-sft-llama-2-7b-qlora.sh").read_text()
+    nested = read_config(write_config("n.sh", command.replace("--load_in_4bit", "--load_in_4bit --use_bnb_nested_quant True")))
+    assert nested.scenario["mix"]["nested_quant"] is True
+    assert read_config(write_config("o.sh", command.replace("--load_in_4bit", "--load_in_4bit --use_bnb_nested_quant=false"))
+                       ).scenario["mix"]["nested_quant"] is False
+    with pytest.raises(FtscopeError, match="use_bnb_nested_quant: must be true or false"):
+        read_config(write_config("b.sh", command.replace("--load_in_4bit", "--load_in_4bit --use_bnb_nested_quant maybe")))
 
 
 def test_sftconfig_json_names_no_model(example):

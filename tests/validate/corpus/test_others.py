@@ -1,7 +1,10 @@
 """Headline-only sources (validate/corpus/others.py)."""
 from __future__ import annotations
 
+import pytest
+
 from ftscope import load_scenario
+from ftscope.estimate.memory import memory_model
 from ftscope.validate.corpus.others import hf_4bit, hf_fsdp_70b, llamafactory, misc, ms_swift, peft
 
 
@@ -29,6 +32,20 @@ def test_hf_4bit_notes_tell_nested_rows_and_the_unexplained_oom(point):
     assert not any("unexplained" in n for n in nested)
 
 
+def test_hf_4bit_rows_say_whether_quantization_is_nested(point):
+    """The T4 table's rows name nf4+nested, nf4 or fp4: only the first double-quantizes (fp4 packs as nf4 does);
+    the 13B pair at 1,024 tokens differs by 0.5625 - 0.516 B on each of its 12.7B 4-bit weights."""
+    def scn(case):
+        return load_scenario(hf_4bit(*point("hf-blog-4bit-bitsandbytes", case)).scenario)
+    plain = scn("hfblog-bnb4-llama-13b-4bit-nf4-gc1-fp16-s1024-g1")
+    nested = scn("hfblog-bnb4-llama-13b-4bit-nf4+nested-gc1-fp16-s1024-g1")
+    fp4 = scn("hfblog-bnb4-llama-13b-4bit-fp4-gc0-bf16-s512-g1")
+    assert (plain.mix.nested_quant, nested.mix.nested_quant, fp4.mix.nested_quant) == (False, True, False)
+    grown = memory_model(plain).weights - memory_model(nested).weights
+    assert grown == pytest.approx(plain.model.quantizable_params() * (4 / 64 - 1 / 64 - 4 / 16384))
+    assert 0.54 < grown / 2**30 < 0.56
+
+
 def test_peft_rows(point):
     m = peft(*point("peft-docs-and-readme-memory", "peft-doc-zero3-lora-llama2-70b-8xh100"))
     assert load_scenario(m.scenario).mix.zero_stage == 3
@@ -36,6 +53,8 @@ def test_peft_rows(point):
     fsdp = load_scenario(peft(*point("peft-docs-and-readme-memory", "peft-doc-fsdp-lora-llama2-70b-8xh100")).scenario)
     assert fsdp.recipe.name == "peft-sft-2024" and fsdp.recipe.lora_base_fp32  # the script's fp32 load
     assert fsdp.mix.precision == "bf16-mixed" and fsdp.mix.lora_dropout == 0.1  # --bf16 True, --lora_dropout 0.1
+    qlora = peft(*point("peft-docs-and-readme-memory", "peft-doc-zero3-qlora-llama2-70b-2x40gb")).scenario
+    assert qlora["mix"]["nested_quant"] is True  # "bnb nf4 + double quant"
     m = peft(*point("peft-docs-and-readme-memory", "peft-readme-bloomz-7b1-full"))
     assert "no architecture" in m.reason and m.measures[0].metric == "oom"
 

@@ -56,7 +56,7 @@ class BuildInfo:
     lora_target_modules: list[str] = field(default_factory=list)
     lora_target_parameters: list[str] = field(default_factory=list)
     quantized_modules: list[str] = field(default_factory=list)
-    """QLoRA: the Linear layers replaced by bitsandbytes Linear4bit (NF4, double quant)."""
+    """QLoRA: the Linear layers replaced by bitsandbytes Linear4bit (NF4; double quant unless mix.nested_quant)."""
     total_params: int = 0
     """Parameters of the model as the scenario defines it (4-bit layers counted by their unquantized size)."""
     trainable_params: int = 0
@@ -129,10 +129,11 @@ def lora_selection(model: Any, scn: Scenario) -> tuple[list[str], list[str]]:
     return modules, params
 
 
-def _quantize_linears(model: Any, compute_dtype: Any, device: str) -> list[str]:
-    """QLoRA: swap nn.Linear layers for bitsandbytes Linear4bit (NF4, double quant) the way transformers'
-    `load_in_4bit` does (every Linear but lm_head and the model's keep-in-fp32 modules). On meta the 4-bit
-    weights are placeholders (trace fills them with fake packed tensors); on cpu/cuda the weights are quantized."""
+def _quantize_linears(model: Any, compute_dtype: Any, device: str, nested: bool = True) -> list[str]:
+    """QLoRA: swap nn.Linear layers for bitsandbytes Linear4bit (NF4, double quant when `nested`: the scenario's
+    mix.nested_quant, transformers' bnb_4bit_use_double_quant) the way transformers' `load_in_4bit` does (every
+    Linear but lm_head and the model's keep-in-fp32 modules). On meta the 4-bit weights are placeholders (trace
+    fills them with fake packed tensors); on cpu/cuda the weights are quantized."""
     import torch
     import bitsandbytes as bnb
 
@@ -143,10 +144,10 @@ def _quantize_linears(model: Any, compute_dtype: Any, device: str) -> list[str]:
             continue
         new_dev = "meta" if device == "meta" else "cpu"
         new = bnb.nn.Linear4bit(mod.in_features, mod.out_features, bias=mod.bias is not None, compute_dtype=compute_dtype,
-                                compress_statistics=True, quant_type="nf4", quant_storage=torch.uint8, device=new_dev)
+                                compress_statistics=nested, quant_type="nf4", quant_storage=torch.uint8, device=new_dev)
         if device != "meta":
             w = mod.weight.data.to(torch.bfloat16 if compute_dtype == torch.float32 else compute_dtype).cpu()
-            new.weight = bnb.nn.Params4bit(w, requires_grad=False, blocksize=NF4_BLOCKSIZE, compress_statistics=True,
+            new.weight = bnb.nn.Params4bit(w, requires_grad=False, blocksize=NF4_BLOCKSIZE, compress_statistics=nested,
                                            quant_type="nf4", quant_storage=torch.uint8, module=new).to(device)
             if mod.bias is not None:
                 new.bias = torch.nn.Parameter(mod.bias.data.to(device), requires_grad=False)
@@ -277,7 +278,7 @@ def _train_mode(model: Any, scn: Scenario, base_name: str, auto_name: str | None
     model.requires_grad_(mix.method == "full")
     quantized: list[str] = []
     if mix.method == "qlora":
-        quantized = _quantize_linears(model, getattr(torch, auto_name or "bfloat16"), device)
+        quantized = _quantize_linears(model, getattr(torch, auto_name or "bfloat16"), device, mix.nested_quant)
         if not quantized:
             notes.append("QLoRA: transformers' bitsandbytes integration replaces exact nn.Linear modules only; this "
                          f"model's layers subclass it and stay in {base_name}")

@@ -1,5 +1,6 @@
 """Fake weights for a model built on the meta device: FakeTensors of the same shapes and dtypes (tied weights
-stay tied), and bitsandbytes' 4-bit layers as fake NF4-packed weights with a fake double-quantized state."""
+stay tied), and bitsandbytes' 4-bit layers as fake NF4-packed weights with a fake quantization state (nested or
+not, as the build made them)."""
 from __future__ import annotations
 
 from typing import Any
@@ -9,7 +10,7 @@ from ..runtime.build import NF4_BLOCKSIZE
 
 def fake_weights(model: Any, fake_mode: Any) -> list[Any]:
     """Replace every meta parameter and buffer with a FakeTensor of the same shape and dtype (tied weights stay
-    tied); bitsandbytes Linear4bit weights become fake NF4-packed tensors with a fake double-quantized state,
+    tied); bitsandbytes Linear4bit weights become fake NF4-packed tensors with a fake quantization state,
     made by bitsandbytes' own quantize_4bit fake kernel. Returns every tensor that now holds weight memory."""
     import torch
 
@@ -50,10 +51,11 @@ def _fake_4bit(mod: Any, p: Any, bnb: Any, held: list[Any]) -> Any:
 
     out_f, in_f = mod.out_features, mod.in_features
     w = torch.empty((out_f, in_f), dtype=torch.bfloat16, device="cpu")
-    packed, qs = bnb.functional.quantize_4bit(w, blocksize=NF4_BLOCKSIZE, compress_statistics=True,
+    nested = bool(getattr(p, "compress_statistics", True))  # the build's Linear4bit setting (mix.nested_quant)
+    packed, qs = bnb.functional.quantize_4bit(w, blocksize=NF4_BLOCKSIZE, compress_statistics=nested,
                                               quant_type="nf4", quant_storage=torch.uint8)
     param = torch.nn.Parameter(packed, requires_grad=False)
-    for attr, value in (("quant_state", qs), ("blocksize", NF4_BLOCKSIZE), ("compress_statistics", True),
+    for attr, value in (("quant_state", qs), ("blocksize", NF4_BLOCKSIZE), ("compress_statistics", nested),
                         ("quant_type", "nf4"), ("quant_storage", torch.uint8), ("bnb_quantized", True),
                         ("module", mod)):
         setattr(param, attr, value)

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import (FrameworkConfig, Keys, attention, dataset_lengths, deepspeed, fsdp, is_set, key_table, listed, model, optimizer,
-                   precision)
+from .base import (FrameworkConfig, Keys, attention, dataset_lengths, deepspeed, fsdp, is_set, key_table, listed, model,
+                   nested_quant, optimizer, precision)
 from .hf_args import checkpoint_variant
 
 # Axolotl's boolean attention switches, in the order its loader checks them
@@ -61,6 +61,7 @@ def _method(keys: Keys, cfg: FrameworkConfig) -> None:
     if adapter is None and four:
         raise cfg.fail("load_in_4bit", "a 4-bit base trains only through adapters (adapter: qlora)")
     cfg.set("mix.method", "full" if adapter is None else ("qlora" if four or adapter == "qlora" else "lora"))
+    _bnb_kwargs(keys, cfg, adapter is not None and (four or adapter == "qlora"))
     if adapter is None:
         return
     cfg.set("mix.lora_rank", int(keys.get("lora_r", 8)))
@@ -70,6 +71,26 @@ def _method(keys: Keys, cfg: FrameworkConfig) -> None:
         cfg.set("mix.lora_targets", "all-linear")
     else:
         cfg.set("mix.lora_targets", listed(modules))
+
+
+BNB_KWARGS_NO_EFFECT = {"bnb_4bit_compute_dtype", "bnb_4bit_quant_type", "bnb_4bit_quant_storage", "llm_int8_threshold",
+                        "llm_int8_has_fp16_weight"}
+"""bnb_config_kwargs keys that leave the 4-bit bytes alone (fp4 and nf4 pack the same; quant storage is a view)."""
+
+
+def _bnb_kwargs(keys: Keys, cfg: FrameworkConfig, quantized: bool) -> None:
+    """bnb_config_kwargs: merged over the loader's BitsAndBytesConfig (bnb_4bit_use_double_quant True) when
+    adapter is qlora with load_in_4bit (src/axolotl/loaders/model.py lines 712-738 at 067b021c); else unused."""
+    kwargs = keys.get("bnb_config_kwargs") or {}
+    if not isinstance(kwargs, dict):
+        raise cfg.fail("bnb_config_kwargs", f"must be a mapping; got {kwargs!r:.40}")
+    if not quantized:
+        return
+    if "bnb_4bit_use_double_quant" in kwargs:
+        nested_quant(kwargs["bnb_4bit_use_double_quant"], "bnb_config_kwargs.bnb_4bit_use_double_quant", cfg)
+    for key, value in kwargs.items():
+        if key != "bnb_4bit_use_double_quant" and key not in BNB_KWARGS_NO_EFFECT:
+            cfg.unmapped.append(f"bnb_config_kwargs.{key}={value} (not read by ftscope)")
 
 
 def _workload(keys: Keys, cfg: FrameworkConfig) -> None:

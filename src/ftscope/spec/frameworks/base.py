@@ -245,6 +245,13 @@ def model(name: Any, key: str, cfg: FrameworkConfig) -> None:
     cfg.notes += [note] if note else []
 
 
+def nested_quant(value: Any, key: str, cfg: FrameworkConfig) -> None:
+    """mix.nested_quant from a framework's bitsandbytes double-quantization switch (true or false, nothing else)."""
+    if not isinstance(value, bool):
+        raise cfg.fail(key, f"must be true or false; got {_short(value)}")
+    cfg.set("mix.nested_quant", value)
+
+
 def dataset_lengths(cfg: FrameworkConfig, key: str, value: Any, length_key: str) -> None:
     """A named dataset changes time through its token lengths, which a config does not hold: say so."""
     cfg.unmapped.append(f"{key}={_short(value)} (token lengths unknown: every sequence counted at {length_key}; give "

@@ -8,7 +8,7 @@ from typing import Any
 import yaml
 
 from ... import catalog
-from .base import FrameworkConfig, Keys, attention, dataset_lengths, is_set, key_table, listed, model
+from .base import FrameworkConfig, Keys, attention, dataset_lengths, is_set, key_table, listed, model, nested_quant
 from .hf_args import read_training_args
 
 SFT_KEYS = {"max_length", "max_seq_length", "packing", "padding_free", "dataset_text_field", "completion_only_loss",
@@ -112,9 +112,9 @@ def _method(keys: Keys, cfg: FrameworkConfig) -> None:
     elif targets in ("all-linear", ["all-linear"]):
         targets = "all-linear"
     cfg.set("mix.lora_targets", targets if isinstance(targets, str) else listed(targets))
-    if four and not keys.get("use_bnb_nested_quant", False):
-        cfg.unmapped.append("use_bnb_nested_quant=false (TRL's default: 4-bit absmax scales stay fp32, "
-                            "+0.05 B per 4-bit weight over the double quantization ftscope counts)")
+    nested = keys.get("use_bnb_nested_quant", False)  # ModelConfig's default: fp32 absmax scales
+    if four:
+        nested_quant(nested, "use_bnb_nested_quant", cfg)
 
 
 def _peft_default_targets(cfg: FrameworkConfig) -> list[str]:

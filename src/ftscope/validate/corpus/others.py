@@ -38,15 +38,16 @@ def hf_4bit(raw: Mapping[str, Any], src: Mapping[str, Any]) -> Mapped:
     if raw.get("n_gpus", 1) > 1:
         return listed(raw, src["id"], "hf-trainer", "needs naive model parallelism (device_map over 2 GPUs)", oom)
     model, mnote = preset(raw["model"])
+    quant = str(raw["quant"])
     mix = {"method": "qlora", "lora_rank": 8, "lora_targets": ["q_proj", "v_proj"],
            "gradient_checkpointing": bool(raw["act_ckpt"]), "attention": "eager", "precision": "fp16-mixed",
-           "optimizer": "adamw"}
+           "optimizer": "adamw", "nested_quant": "nested" in quant}
     scenario = {"model": model, "framework": "trl-sft-0.4", "hardware": {"gpu": "t4"}, "mix": mix,
                 "workload": {"micro_batch_size": int(raw["mbs"]), "seq_len": int(raw["seq_len"]),
                              "padding": "max_length", "gradient_accumulation": int(raw["ga"])}}
     notes = (mnote, "LoRA not stated (a gist): PEFT's Llama default, r8 on q_proj and v_proj",
              f"compute dtype {raw['compute_dtype']} on a T4 (no bf16 units) holds the same bytes as fp16",
-             "2023-05 transformers: eager attention", _quant_note(str(raw["quant"]))) + UNEXPLAINED.get(raw["id"], ())
+             "2023-05 transformers: eager attention", _quant_note(quant)) + UNEXPLAINED.get(raw["id"], ())
     return Mapped(raw["id"], src["id"], "hf-trainer", scenario, (oom,), notes=notes)
 
 
@@ -60,10 +61,11 @@ UNEXPLAINED = {"hfblog-bnb4-llama-13b-4bit-nf4-gc1-fp16-s1024-g1": (
 
 def _quant_note(quant: str) -> str:
     if "nested" in quant:
-        return f"{quant}: nested (double) quantization, as counted (0.516 B per 4-bit weight)"
-    # bitsandbytes keeps one fp32 absmax per 64 weights unless the absmax are quantized again (nested)
-    return (f"{quant} without nested quantization: 0.5625 B per 4-bit weight (an fp32 absmax per 64), counted "
-            "as the double-quantized 0.516 (0.55 GiB less at 13B, 0.30 GiB at 7B)")
+        return f"{quant}: nested (double) quantization, 0.516 B per 4-bit weight (mix.nested_quant)"
+    # bitsandbytes keeps one fp32 absmax per 64 weights unless the absmax are quantized again (nested); fp4 packs
+    # and scales as nf4 does
+    return (f"{quant} without nested quantization: 0.5625 B per 4-bit weight, an fp32 absmax per 64 "
+            "(mix.nested_quant false)")
 
 
 # ---- PEFT docs ----------------------------------------------------------------------------------------------------
@@ -97,6 +99,8 @@ def peft(raw: Mapping[str, Any], src: Mapping[str, Any]) -> Mapped:
                            "lora_targets": lora_targets(raw["lora"]["targets"]), "gradient_checkpointing": True,
                            "attention": "flash", "precision": "bf16-mixed",
                            "lora_dropout": float(raw["lora"].get("dropout", PEFT_SFT_DROPOUT))}
+    if raw["method"] == "qlora" and "double quant" in str(raw.get("quant", "")):
+        mix["nested_quant"] = True  # the docs' --use_nested_quant True (the recipe's default too)
     if "zero3" in sharding:
         mix["zero_stage"] = 3
     else:

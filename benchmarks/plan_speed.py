@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
 import ftscope  # noqa: E402
+import numpy  # noqa: E402,F401  (plan imports it on first use, once per process, as the line above imports ftscope)
 from ftscope.estimate.efficiency import load_calibration  # noqa: E402
 
 MIXES = [dict(method=m, gradient_checkpointing=gc, zero_stage=z)

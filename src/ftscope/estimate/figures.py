@@ -8,7 +8,7 @@ rows that are read. A candidate that does not fit needs no time at all (it ranks
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Callable, NamedTuple, Sequence
 
 from ..spec.scenario import Scenario, fast_replace
 from . import memory_stage, unsupported_reason
@@ -88,48 +88,90 @@ def _breakdown_sane(bd) -> bool:
 
 def rank_grid(cands: list[Scenario], margin: float, cal: Calibration, shared: Shared | None) -> list[Figures | None]:
     """rank_figures of each candidate, for a sweep's candidates that differ only in their cluster (a plan's GPU
-    types x counts): per GPU count, one memory model, its peak bytes once per micro-batch and the largest
-    micro-batch once per capacity (figures builds the breakdown of every candidate to read its fit_bytes, which
-    is MemoryModel.peak_bytes: the same sums). Candidates that `shared` does not cover take rank_figures."""
+    types x counts): see grid_figures. Candidates that `shared` does not cover take rank_figures."""
     sh = shared_for(shared, cands[0]) if cands else None
     if sh is None:
         return [rank_figures(c, margin, cal, shared) for c in cands]
-    if not (margin and cands[0].workload.solve_batch):  # rank_figures: the scenario as it is
-        return _grid(cands, 0.0, margin, cal, sh)
-    out = _grid(cands, margin, margin, cal, sh)
+    sites = [(c.cluster.gpu, c.cluster.gpus_per_node, c.cluster.nodes, c.cluster.inter_node_gbs) for c in cands]
+    return grid_figures(sh, sites, margin, cal, cands.__getitem__)
+
+
+def grid_figures(sh: Shared, sites: Sequence[tuple], margin: float, cal: Calibration,
+                 scenario_of: Callable[[int], Scenario]) -> list[Figures | None]:
+    """rank_figures of `sh`'s scenario on each site (GPU type, GPUs per node, nodes, network GB/s per GPU), whose
+    scenario is scenario_of(index), made only where a value is not yet known: per GPU count, one memory model,
+    its peak bytes once per micro-batch and the largest micro-batch once per capacity (figures builds the
+    breakdown of every candidate to read its fit_bytes, which is MemoryModel.peak_bytes: the same sums); the
+    fitting candidates' hours and dollars computed together as arrays (grid_time.py)."""
+    if not (margin and sh.scenario.workload.solve_batch):  # rank_figures: the scenario as it is
+        return _grid(sh, sites, range(len(sites)), 0.0, margin, cal, scenario_of)
+    out = _grid(sh, sites, range(len(sites)), margin, margin, cal, scenario_of)
     again = [i for i, f in enumerate(out) if f is not None and not f.fits and f.does_not_fit]  # none leaves it free
-    for i, f in zip(again, _grid([cands[i] for i in again], 0.0, margin, cal, sh)):
+    for i, f in zip(again, _grid(sh, sites, again, 0.0, margin, cal, scenario_of)):
         out[i] = f
     return out
 
 
-def _grid(cands: list[Scenario], margin: float, tight_margin: float, cal: Calibration,
-          sh: Shared) -> list[Figures | None]:
-    """figures(c, margin, cal, tight_margin, sh) of each candidate (all covered by `sh`), in their order."""
-    out: list[Figures | None] = []
-    wl = cands[0].workload if cands else None
+def _grid(sh: Shared, sites: Sequence[tuple], which: Sequence[int], margin: float, tight_margin: float,
+          cal: Calibration, scenario_of: Callable[[int], Scenario]) -> list[Figures | None]:
+    """figures(scenario_of(i), margin, cal, tight_margin, sh) of each site i in `which`, in that order."""
+    from .grid_time import gpu_row, hours_of, micro_row, takes  # numpy: imported by the first plan, not at start-up
+    base = sh.scenario
+    wl = base.workload
+    seq, solve = wl.peak_seq_len(), wl.solve_batch
+    timing = takes(base)
+    per_gpu = sh.get(("grid_gpu", id(cal)), dict, cal)  # GPU type (id) -> (reason, efficiency, grid_time row)
     counts: dict[int, BatchSolver] = {}  # the memo's, looked up once per count
-    reasons: dict[int, str | None] = {}  # per GPU type (id), from the memo
-    for scn in cands:
-        cl = scn.cluster
-        world = cl.world_size
+    out: list[Figures | None] = []
+    fitting: list[tuple] = []  # (place in out, site, reason, peak, capacity, batch, trainable) of the fitting ones
+    table: list[tuple] = []  # grid_time rows of the GPU types met, and their places
+    rows: dict[int, int] = {}
+    cols: list[tuple] = []
+    for i in which:
+        gpu, gpn, nodes, inter = sites[i]
+        world = gpn * nodes
         at = counts.get(world)
         if at is None:
-            at = counts[world] = sh.get(("grid", world), lambda: BatchSolver(memory_model(scn), wl.peak_seq_len()))
-        reason = reasons.get(id(cl.gpu), reasons)
-        if reason is reasons:
-            reason = reasons[id(cl.gpu)] = sh.per_gpu("reason", scn, lambda: unsupported_reason(scn))
-        cap = usable_bytes(cl.gpu, at.mem.allocator)  # memory_model's capacity for this GPU
+            at = counts[world] = sh.get(("grid", world), lambda: BatchSolver(memory_model(scenario_of(i)), seq))
+        info = per_gpu.get(id(gpu))
+        if info is None:
+            info = per_gpu[id(gpu)] = _gpu_info(sh, scenario_of(i), cal, timing)
+        reason, eff, row = info
+        cap = usable_bytes(gpu, at.mem.allocator)  # memory_model's capacity for this GPU
         if not cap > 0:  # the estimate says why
             out.append(None)
             continue
-        max_b = at.largest(cap * (1.0 - margin))
-        batch = (max_b or 1) if wl.solve_batch else int(wl.micro_batch_size)
+        limit = cap * (1.0 - margin)
+        max_b = at.largest(limit)
+        batch = (max_b or 1) if solve else int(wl.micro_batch_size)
         peak = at.peak(batch)
         # _memory_sane of this GPU's breakdown (by count and batch, as there)
         if not sh.get(("sane", world, batch),
                       lambda: _breakdown_sane(fast_replace(at.mem, capacity_bytes=cap).breakdown(batch, at.seq))):
             out.append(None)
-            continue
-        out.append(_ranked(scn, sh, reason, peak, cap, margin, tight_margin, batch, at.mem.trainable_params, cal))
+        elif not (reason is None and peak <= limit):  # _ranked's misfit
+            out.append(Figures(False, False, None, None, (reason is None and peak > limit)
+                               or (reason is not None and reason.startswith("does not fit"))))
+        else:  # fits: timed below, all at once
+            fitting.append((len(out), i, reason, peak, cap, batch, at.mem.trainable_params))
+            out.append(None)
+            if timing:
+                g = rows.get(id(gpu))
+                if g is None:
+                    g = rows[id(gpu)] = len(table)
+                    table.append(row)
+                cols.append((g, world, gpn, nodes, inter, batch, at.mem.trainable_params,
+                             *micro_row(sh, cal, eff, batch, gpu, lambda: scenario_of(i))))
+    runs = hours_of(base, table, cols) if timing else [None] * len(fitting)
+    for (k, i, reason, peak, cap, batch, trainable), run in zip(fitting, runs):
+        out[k] = (_ranked(scenario_of(i), sh, reason, peak, cap, margin, tight_margin, batch, trainable, cal)
+                  if run is None  # grid_time leaves it to the scalar path
+                  else Figures(True, peak > cap * (1.0 - tight_margin), run[0], run[1], False))
     return out
+
+
+def _gpu_info(sh: Shared, scn: Scenario, cal: Calibration, timing: bool) -> tuple:
+    """(unsupported reason, efficiency, grid_time row) of the scenario's GPU type."""
+    from .grid_time import gpu_row
+    return (sh.per_gpu("reason", scn, lambda: unsupported_reason(scn)), cal.for_gpu(scn.cluster.gpu.key)[0],
+            gpu_row(sh, scn, cal) if timing else None)

@@ -82,7 +82,19 @@ def _memory_sane(bd, sh: Shared | None, world: int, batch: int) -> bool:
 
 
 def _breakdown_sane(bd) -> bool:
-    values = [bd.peak_bytes, bd.allocated_bytes, *bd.categories.values()]
+    return _values_sane([bd.peak_bytes, bd.allocated_bytes, *bd.categories.values()])
+
+
+def _breakdown_values(mem: MemoryModel, batch: int, seq: float) -> list[float]:
+    """[peak_bytes, allocated_bytes, *categories.values()] of mem.breakdown(batch, seq), without building it."""
+    phases = mem._points(batch, seq)
+    i, peak, _ = mem._peak_of(phases)
+    _, grads, act, temp, allocated = phases[i]
+    overhead = peak - allocated  # peak_bytes is allocated + overhead, which need not round back to peak
+    return [allocated + overhead, allocated, mem.weights, grads, mem.optimizer, act, temp, overhead]
+
+
+def _values_sane(values: list[float]) -> bool:
     return min(values) >= 0 and math.isfinite(sum(values))
 
 
@@ -147,7 +159,7 @@ def _grid(sh: Shared, sites: Sequence[tuple], which: Sequence[int], margin: floa
         peak = at.peak(batch)
         # _memory_sane of this GPU's breakdown (by count and batch, as there)
         if not sh.get(("sane", world, batch),
-                      lambda: _breakdown_sane(fast_replace(at.mem, capacity_bytes=cap).breakdown(batch, at.seq))):
+                      lambda: _values_sane(_breakdown_values(fast_replace(at.mem, capacity_bytes=cap), batch, at.seq))):
             out.append(None)
         elif not (reason is None and peak <= limit):  # _ranked's misfit
             out.append(Figures(False, False, None, None, (reason is None and peak > limit)

@@ -127,13 +127,15 @@ def grid_figures(sh: Shared, sites: Sequence[tuple], margin: float, cal: Calibra
 def _grid(sh: Shared, sites: Sequence[tuple], which: Sequence[int], margin: float, tight_margin: float,
           cal: Calibration, scenario_of: Callable[[int], Scenario]) -> list[Figures | None]:
     """figures(scenario_of(i), margin, cal, tight_margin, sh) of each site i in `which`, in that order."""
-    from .grid_time import gpu_row, hours_of, micro_row, takes  # numpy: imported by the first plan, not at start-up
+    from .grid_time import SMALLEST, hours_of, micro_row, takes  # numpy: imported by the first plan, not at start-up
     base = sh.scenario
     wl = base.workload
     seq, solve = wl.peak_seq_len(), wl.solve_batch
     timing = takes(base)
     per_gpu = sh.get(("grid_gpu", id(cal)), dict, cal)  # GPU type (id) -> (reason, efficiency, grid_time row)
-    counts: dict[int, BatchSolver] = {}  # the memo's, looked up once per count
+    micro = sh.get(("grid_micro", id(cal)), dict, cal)  # micro_row's memo, read here first
+    counts: dict[int, tuple] = {}  # per count: the memo's BatchSolver, its allocator and trainable parameters
+    caps: dict[tuple, float] = {}  # usable_bytes per GPU type and allocator (ids)
     out: list[Figures | None] = []
     fitting: list[tuple] = []  # (place in out, site, reason, peak, capacity, batch, trainable) of the fitting ones
     table: list[tuple] = []  # grid_time rows of the GPU types met, and their places
@@ -142,21 +144,30 @@ def _grid(sh: Shared, sites: Sequence[tuple], which: Sequence[int], margin: floa
     for i in which:
         gpu, gpn, nodes, inter = sites[i]
         world = gpn * nodes
-        at = counts.get(world)
-        if at is None:
-            at = counts[world] = sh.get(("grid", world), lambda: BatchSolver(memory_model(scenario_of(i)), seq))
+        count = counts.get(world)
+        if count is None:
+            at = sh.get(("grid", world), lambda: BatchSolver(memory_model(scenario_of(i)), seq))
+            count = counts[world] = (at, at.mem.allocator, at.mem.trainable_params)
+        at, allocator, trainable = count
         info = per_gpu.get(id(gpu))
         if info is None:
             info = per_gpu[id(gpu)] = _gpu_info(sh, scenario_of(i), cal, timing)
         reason, eff, row = info
-        cap = usable_bytes(gpu, at.mem.allocator)  # memory_model's capacity for this GPU
+        cap = caps.get((id(gpu), id(allocator)))
+        if cap is None:
+            cap = caps[id(gpu), id(allocator)] = usable_bytes(gpu, allocator)  # memory_model's capacity for this GPU
         if not cap > 0:  # the estimate says why
             out.append(None)
             continue
         limit = cap * (1.0 - margin)
-        max_b = at.largest(limit)
-        batch = (max_b or 1) if solve else int(wl.micro_batch_size)
-        peak = at.peak(batch)
+        if solve:
+            max_b = at.solved.get(limit)  # at.largest's memo, read here first
+            batch = (at.largest(limit) if max_b is None else max_b) or 1
+        else:
+            batch = int(wl.micro_batch_size)
+        peak = at.peaks.get(batch)
+        if peak is None:
+            peak = at.peak(batch)
         # _memory_sane of this GPU's breakdown (by count and batch, as there)
         if not sh.get(("sane", world, batch),
                       lambda: _values_sane(_breakdown_values(fast_replace(at.mem, capacity_bytes=cap), batch, at.seq))):
@@ -165,16 +176,18 @@ def _grid(sh: Shared, sites: Sequence[tuple], which: Sequence[int], margin: floa
             out.append(Figures(False, False, None, None, (reason is None and peak > limit)
                                or (reason is not None and reason.startswith("does not fit"))))
         else:  # fits: timed below, all at once
-            fitting.append((len(out), i, reason, peak, cap, batch, at.mem.trainable_params))
+            fitting.append((len(out), i, reason, peak, cap, batch, trainable))
             out.append(None)
             if timing:
                 g = rows.get(id(gpu))
                 if g is None:
                     g = rows[id(gpu)] = len(table)
                     table.append(row)
-                cols.append((g, world, gpn, nodes, inter, batch, at.mem.trainable_params,
-                             *micro_row(sh, cal, eff, batch, gpu, lambda: scenario_of(i))))
-    runs = hours_of(base, table, cols) if timing else [None] * len(fitting)
+                times = micro.get((id(gpu), id(eff), batch))
+                if times is None:
+                    times = micro_row(sh, cal, eff, batch, gpu, lambda: scenario_of(i))
+                cols.append((g, world, gpn, nodes, inter, batch, trainable, *times))
+    runs = hours_of(base, table, cols) if timing and len(cols) >= SMALLEST else [None] * len(fitting)
     for (k, i, reason, peak, cap, batch, trainable), run in zip(fitting, runs):
         out[k] = (_ranked(scenario_of(i), sh, reason, peak, cap, margin, tight_margin, batch, trainable, cal)
                   if run is None  # grid_time leaves it to the scalar path

@@ -49,11 +49,11 @@ def _min(a, b):
     return np.where(b < a, b, a)
 
 
-def _ring(bytes_, n, gbs, comm, factor: float = 1.0):
-    """comm.ring_s over arrays (`comm`: the efficiency's communication fraction)."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        t = factor * (n - 1) / n * bytes_ / (gbs * 1e9 * comm)
-    return np.where((n <= 1) | (bytes_ <= 0) | (gbs <= 0), 0.0, t)
+def _ring(bytes_, n, gbs, comm, factor: float = 1.0, live=None):
+    """comm.ring_s over arrays (`comm`: the efficiency's communication fraction; `live`: every bytes_ > 0 and
+    gbs > 0, where the caller knows it and n = 1 is discarded: ring_s's zeros need no mask then)."""
+    t = factor * (n - 1) / n * bytes_ / (gbs * 1e9 * comm)
+    return t if live else np.where((n <= 1) | (bytes_ <= 0) | (gbs <= 0), 0.0, t)
 
 
 def takes(scn: Scenario) -> bool:
@@ -97,6 +97,11 @@ def micro_row(sh: Shared, cal: Calibration, eff: Efficiency, batch: int, gpu: Gp
     return hit
 
 
+SMALLEST = 8
+"""Fewer fitting candidates than this take the scalar path: an array's fixed cost (~100 numpy calls) is then the
+larger."""
+
+
 def hours_of(base: Scenario, table: list[tuple], cols: list[tuple]) -> list[tuple[float, float | None] | None]:
     """(run hours, run dollars or None without a price) of each candidate, as figures' _ranked computes them, or
     None where a figure is not a finite, non-negative number. `table`: gpu_row of each GPU type; `cols`: per
@@ -106,16 +111,16 @@ def hours_of(base: Scenario, table: list[tuple], cols: list[tuple]) -> list[tupl
         return []
     parts, _, g, c = step_columns(base, table, cols)
     wl, world, batch = base.workload, c[1], c[5]
-    step = builtin_sum(list(parts.values()))  # sum(parts.values())
-    sane = np.isfinite(step) & (step > 0)
-    for p in parts.values():
-        sane &= p >= 0
+    terms = list(parts.values())
+    step = builtin_sum(terms)  # sum(parts.values())
     ga = wl.gradient_accumulation
     steps = np.ceil(wl.samples_per_epoch() * wl.epochs / (batch * ga * world * wl.samples_per_sequence()))
     hours = steps * step / 3600.0
     usd = hours * world * g["price"]
-    priced = ~np.isnan(g["price"])
-    sane &= np.isfinite(hours) & (hours >= 0) & ~(priced & ~(np.isfinite(usd) & (usd >= 0)))
+    priced = g["price"] == g["price"]  # not NaN: a price
+    # _ranked's checks (a NaN part makes the step NaN); a missing price leaves usd NaN, which is not checked
+    sane = ((step > 0) & (np.min(terms, axis=0) >= 0) & np.isfinite(step + hours) & (hours >= 0)
+            & ~(priced & ~(np.isfinite(usd) & (usd >= 0))))
     return [(h, u if p else None) if ok else None
             for ok, h, u, p in zip(sane.tolist(), hours.tolist(), usd.tolist(), priced.tolist())]
 
@@ -129,10 +134,15 @@ def step_columns(base: Scenario, table: list[tuple], cols: list[tuple]) -> tuple
     mix, ga = base.mix, base.workload.gradient_accumulation
     runs = ga + 0.0  # ga + layout.bubble (0.0 without pipeline stages)
     # layout: dp = world; dp_gbs = _link(scn, world): the network once the ranks span nodes
-    network = inter * gpn
-    spans = (world > gpn) & (nodes > 1)
-    gbs = np.where(spans, np.where(gpn > 1, _min(g["intra"], network), network), g["intra"])
-    transfers = _collectives(base, ga, g, world, gbs, trainable)
+    gbs = g["intra"]
+    if (nodes > 1).any():
+        network = inter * gpn
+        spans = (world > gpn) & (nodes > 1)
+        gbs = np.where(spans, np.where(gpn > 1, _min(gbs, network), network), gbs)
+    # ring_s's zeros (one GPU, nothing to move, no link) need a mask only where one occurs
+    live = bool((trainable > 0).all() and (gbs > 0).all())  # on one GPU (n = 1) the ring is 0 and replaced below
+    with np.errstate(divide="ignore", invalid="ignore"):  # a zero rate: _ranked raises, as the scalar path
+        transfers = _collectives(base, ga, g, world, gbs, trainable, live)
     windows = {"fwd_bwd": (fwd + bwd + rec + deq) * ga, "bwd": bwd * ga, "last_bwd": bwd, "attention": att * ga}
     exposed_s = _exposed(transfers, windows, g["overlap"])
     # collectives() is empty on one GPU: exposed([]) leaves min(0.0, overlap x fwd_bwd) hidden
@@ -157,31 +167,31 @@ def _optimizer(mix, m, ga: int, g: dict, world, trainable):
     return t
 
 
-def _collectives(base: Scenario, ga: int, g: dict, n, gbs, trainable) -> list[tuple]:
+def _collectives(base: Scenario, ga: int, g: dict, n, gbs, trainable, live: bool) -> list[tuple]:
     """comm.data_parallel as (seconds, window, unhidden) with tp = pp = 1 and dp = n (meaningless where n = 1)."""
     mix, m = base.mix, base.model
     lat, eff_comm = g["latency"], g["communication"]
     g_bytes = trainable / 1 * (2.0 if mix.precision != "fp32" else 4.0)
     ratio = g_bytes / DDP_BUCKET_BYTES
     buckets = np.where(ratio > 1.0, ratio, 1.0)  # max(1.0, ratio)
-    last_bucket = _ring(_min(g_bytes, DDP_BUCKET_BYTES), n, gbs, eff_comm, 2.0)
+    last_bucket = _ring(_min(g_bytes, DDP_BUCKET_BYTES), n, gbs, eff_comm, 2.0, live)
     stage = mix.shard_stage
     if stage <= 1:
-        out = [(_ring(g_bytes, n, gbs, eff_comm, 2.0) + buckets * lat, "last_bwd", last_bucket)]
+        out = [(_ring(g_bytes, n, gbs, eff_comm, 2.0, live) + buckets * lat, "last_bwd", last_bucket)]
         if stage == 1:
-            out.append((_ring(trainable / 1 * 2.0, n, gbs, eff_comm) + buckets * lat, "none", 0.0))
+            out.append((_ring(trainable / 1 * 2.0, n, gbs, eff_comm, 1.0, live) + buckets * lat, "none", 0.0))
         return out
-    reduce = ga * (_ring(g_bytes, n, gbs, eff_comm) + buckets * lat)
+    reduce = ga * (_ring(g_bytes, n, gbs, eff_comm, 1.0, live) + buckets * lat)
     out = [(reduce, "bwd", ga * last_bucket / 2)]
     if stage == 2 and not mix.fsdp:
-        out.append((_ring(trainable / 1 * 2.0, n, gbs, eff_comm) + buckets * lat, "none", 0.0))
+        out.append((_ring(trainable / 1 * 2.0, n, gbs, eff_comm, 1.0, live) + buckets * lat, "none", 0.0))
     if stage == 2 and mix.fsdp:
-        out.append((_ring(m.total_params / 1 * 2.0, n, gbs, eff_comm), "fwd_bwd", 0.0))
+        out.append((_ring(m.total_params / 1 * 2.0, n, gbs, eff_comm, 1.0, live), "fwd_bwd", 0.0))
     if stage == 3:
         w_b = NF4_BYTES if mix.method == "qlora" else 2.0
         passes = 3.0 if mix.gradient_checkpointing and not mix.fsdp else 2.0
         units = sum(k for _, k in m.layer_groups) / 1 + 1
-        gathers = ga * passes * _ring(m.total_params / 1 * w_b, n, gbs, eff_comm)
+        gathers = ga * passes * _ring(m.total_params / 1 * w_b, n, gbs, eff_comm, 1.0, live)
         if mix.fsdp:
             out.append((gathers + ga * units * passes * lat, "fwd_bwd", gathers / units))
         else:

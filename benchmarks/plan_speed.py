@@ -2,7 +2,9 @@
 
 A full sweep: every catalog GPU x 1/2/4/8 GPUs x 24 mixes (method x checkpointing x ZeRO stage), each with
 max-batch solving, time and cost. Target (issue 3): >= 10,000 candidates/s on one core. Then a plan over 1-512
-GPUs (1/2/4/8 on one node, then 2-64 nodes of 8) for the same mixes (issue 16: >= 10,000/s; issue 21: >= 100,000/s).
+GPUs (1/2/4/8 on one node, then 2-64 nodes of 8) for the same mixes (issue 16: >= 10,000/s; issue 21: >= 100,000/s):
+its GPU counts above 8 are new to the process (memory models, solves, micro-batch times made on the spot). Then the
+same plans again, every shared value known (what `ftscope serve` sees on a repeated request).
 Run: .venv/bin/python benchmarks/plan_speed.py
 """
 from __future__ import annotations
@@ -16,6 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
 import ftscope  # noqa: E402
+import numpy  # noqa: E402,F401  (plan imports it on first use, once per process, as the line above imports ftscope)
 from ftscope.estimate.efficiency import load_calibration  # noqa: E402
 
 MIXES = [dict(method=m, gradient_checkpointing=gc, zero_stage=z)
@@ -48,7 +51,8 @@ def _timed(example: str, layouts: list, gpus: int) -> tuple[int, float, float]:
 
 if __name__ == "__main__":
     for label, run, target in (("", sweep, "target >= 10,000"),
-                               (", 1-512 GPUs", sweep_nodes, "targets >= 10,000 and >= 100,000")):
+                               (", 1-512 GPUs", sweep_nodes, "targets >= 10,000 and >= 100,000"),
+                               (", 1-512 GPUs again (every memo known)", sweep_nodes, "what a repeated plan costs")):
         for example in ("iiswc-mixtral-qlora.yaml", "llama2-7b-lora-zero2-8gpu.yaml"):
             n, wall, cpu = run(example)
             print(f"{example}{label}: {n} candidates in {wall:.2f} s = {n / wall:,.0f} candidates/s, "

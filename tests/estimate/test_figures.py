@@ -78,3 +78,20 @@ def test_the_grid_gives_each_candidates_rank_figures(model, mix, wl, margin):
     assert any(f.fits for f in grid) and any(not f.fits for f in grid)
     other = Shared(base.with_(seq_len=512))  # covers none of them
     assert F.rank_grid(cands[:3], margin, cal, other) == grid[:3]
+
+
+@pytest.mark.parametrize("model,mix", [("llama-2-7b", {"method": "full", "zero_stage": 3}),
+                                       ("llama-2-7b", {"method": "lora", "gradient_checkpointing": False}),
+                                       ("mixtral-8x7b", None)])
+def test_the_grids_breakdown_values_are_the_breakdowns(model, mix):
+    """_breakdown_values (the grid's sanity check) reads what breakdown would, capacity cut included."""
+    from ftscope.estimate.memory import memory_model
+    from ftscope.spec.scenario import fast_replace
+    mem = memory_model(scn(model, mix).with_(gpu=gpu_from_catalog("h100-80gb")))
+    for batch in (1, 4, 64, 2048):
+        bd = mem.breakdown(batch, 1024)
+        for cap in (mem.capacity_bytes, bd.fit_bytes, (bd.fit_bytes + bd.peak_bytes) / 2, bd.peak_bytes * 2):
+            cut = fast_replace(mem, capacity_bytes=cap)
+            want = cut.breakdown(batch, 1024)
+            assert F._breakdown_values(cut, batch, 1024) == [want.peak_bytes, want.allocated_bytes,
+                                                            *want.categories.values()]

@@ -253,11 +253,11 @@ def test_rows_are_estimated_when_read():
 
 
 def test_a_figure_that_is_not_a_number_leaves_the_row_to_the_estimate(monkeypatch):
-    """rank_grid gives None when a figure is not finite: plan then ranks on the estimate itself (whose own
+    """grid_figures gives None when a figure is not finite: plan then ranks on the estimate itself (whose own
     checks raise when it is wrong)."""
     import importlib
     search = importlib.import_module("ftscope.plan.search")  # ftscope.plan is also the function
     s = scn(mix={"method": "lora"})
     expected = ftscope.plan(s, gpus=GPUS, counts=[1, 2])
-    monkeypatch.setattr(search, "rank_grid", lambda cands, *a: [None] * len(cands))
+    monkeypatch.setattr(search, "grid_figures", lambda sh, sites, *a: [None] * len(sites))
     assert list(ftscope.plan(s, gpus=GPUS, counts=[1, 2]).rows) == list(expected.rows)

@@ -8,7 +8,7 @@ rows that are read. A candidate that does not fit needs no time at all (it ranks
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Callable, NamedTuple, Sequence
 
 from ..spec.scenario import Scenario, fast_replace
 from . import memory_stage, unsupported_reason
@@ -82,54 +82,121 @@ def _memory_sane(bd, sh: Shared | None, world: int, batch: int) -> bool:
 
 
 def _breakdown_sane(bd) -> bool:
-    values = [bd.peak_bytes, bd.allocated_bytes, *bd.categories.values()]
+    return _values_sane([bd.peak_bytes, bd.allocated_bytes, *bd.categories.values()])
+
+
+def _breakdown_values(mem: MemoryModel, batch: int, seq: float) -> list[float]:
+    """[peak_bytes, allocated_bytes, *categories.values()] of mem.breakdown(batch, seq), without building it."""
+    phases = mem._points(batch, seq)
+    i, peak, _ = mem._peak_of(phases)
+    _, grads, act, temp, allocated = phases[i]
+    overhead = peak - allocated  # peak_bytes is allocated + overhead, which need not round back to peak
+    return [allocated + overhead, allocated, mem.weights, grads, mem.optimizer, act, temp, overhead]
+
+
+def _values_sane(values: list[float]) -> bool:
     return min(values) >= 0 and math.isfinite(sum(values))
 
 
 def rank_grid(cands: list[Scenario], margin: float, cal: Calibration, shared: Shared | None) -> list[Figures | None]:
     """rank_figures of each candidate, for a sweep's candidates that differ only in their cluster (a plan's GPU
-    types x counts): per GPU count, one memory model, its peak bytes once per micro-batch and the largest
-    micro-batch once per capacity (figures builds the breakdown of every candidate to read its fit_bytes, which
-    is MemoryModel.peak_bytes: the same sums). Candidates that `shared` does not cover take rank_figures."""
+    types x counts): see grid_figures. Candidates that `shared` does not cover take rank_figures."""
     sh = shared_for(shared, cands[0]) if cands else None
     if sh is None:
         return [rank_figures(c, margin, cal, shared) for c in cands]
-    if not (margin and cands[0].workload.solve_batch):  # rank_figures: the scenario as it is
-        return _grid(cands, 0.0, margin, cal, sh)
-    out = _grid(cands, margin, margin, cal, sh)
+    sites = [(c.cluster.gpu, c.cluster.gpus_per_node, c.cluster.nodes, c.cluster.inter_node_gbs) for c in cands]
+    return grid_figures(sh, sites, margin, cal, cands.__getitem__)
+
+
+def grid_figures(sh: Shared, sites: Sequence[tuple], margin: float, cal: Calibration,
+                 scenario_of: Callable[[int], Scenario]) -> list[Figures | None]:
+    """rank_figures of `sh`'s scenario on each site (GPU type, GPUs per node, nodes, network GB/s per GPU), whose
+    scenario is scenario_of(index), made only where a value is not yet known: per GPU count, one memory model,
+    its peak bytes once per micro-batch and the largest micro-batch once per capacity (figures builds the
+    breakdown of every candidate to read its fit_bytes, which is MemoryModel.peak_bytes: the same sums); the
+    fitting candidates' hours and dollars computed together as arrays (grid_time.py)."""
+    if not (margin and sh.scenario.workload.solve_batch):  # rank_figures: the scenario as it is
+        return _grid(sh, sites, range(len(sites)), 0.0, margin, cal, scenario_of)
+    out = _grid(sh, sites, range(len(sites)), margin, margin, cal, scenario_of)
     again = [i for i, f in enumerate(out) if f is not None and not f.fits and f.does_not_fit]  # none leaves it free
-    for i, f in zip(again, _grid([cands[i] for i in again], 0.0, margin, cal, sh)):
+    for i, f in zip(again, _grid(sh, sites, again, 0.0, margin, cal, scenario_of)):
         out[i] = f
     return out
 
 
-def _grid(cands: list[Scenario], margin: float, tight_margin: float, cal: Calibration,
-          sh: Shared) -> list[Figures | None]:
-    """figures(c, margin, cal, tight_margin, sh) of each candidate (all covered by `sh`), in their order."""
+def _grid(sh: Shared, sites: Sequence[tuple], which: Sequence[int], margin: float, tight_margin: float,
+          cal: Calibration, scenario_of: Callable[[int], Scenario]) -> list[Figures | None]:
+    """figures(scenario_of(i), margin, cal, tight_margin, sh) of each site i in `which`, in that order."""
+    from .grid_time import SMALLEST, hours_of, micro_row, takes  # numpy: imported by the first plan, not at start-up
+    base = sh.scenario
+    wl = base.workload
+    seq, solve = wl.peak_seq_len(), wl.solve_batch
+    timing = takes(base)
+    per_gpu = sh.get(("grid_gpu", id(cal)), dict, cal)  # GPU type (id) -> (reason, efficiency, grid_time row)
+    micro = sh.get(("grid_micro", id(cal)), dict, cal)  # micro_row's memo, read here first
+    counts: dict[int, tuple] = {}  # per count: the memo's BatchSolver, its allocator and trainable parameters
+    caps: dict[tuple, float] = {}  # usable_bytes per GPU type and allocator (ids)
     out: list[Figures | None] = []
-    wl = cands[0].workload if cands else None
-    counts: dict[int, BatchSolver] = {}  # the memo's, looked up once per count
-    reasons: dict[int, str | None] = {}  # per GPU type (id), from the memo
-    for scn in cands:
-        cl = scn.cluster
-        world = cl.world_size
-        at = counts.get(world)
-        if at is None:
-            at = counts[world] = sh.get(("grid", world), lambda: BatchSolver(memory_model(scn), wl.peak_seq_len()))
-        reason = reasons.get(id(cl.gpu), reasons)
-        if reason is reasons:
-            reason = reasons[id(cl.gpu)] = sh.per_gpu("reason", scn, lambda: unsupported_reason(scn))
-        cap = usable_bytes(cl.gpu, at.mem.allocator)  # memory_model's capacity for this GPU
+    fitting: list[tuple] = []  # (place in out, site, reason, peak, capacity, batch, trainable) of the fitting ones
+    table: list[tuple] = []  # grid_time rows of the GPU types met, and their places
+    rows: dict[int, int] = {}
+    cols: list[tuple] = []
+    for i in which:
+        gpu, gpn, nodes, inter = sites[i]
+        world = gpn * nodes
+        count = counts.get(world)
+        if count is None:
+            at = sh.get(("grid", world), lambda: BatchSolver(memory_model(scenario_of(i)), seq))
+            count = counts[world] = (at, at.mem.allocator, at.mem.trainable_params)
+        at, allocator, trainable = count
+        info = per_gpu.get(id(gpu))
+        if info is None:
+            info = per_gpu[id(gpu)] = _gpu_info(sh, scenario_of(i), cal, timing)
+        reason, eff, row = info
+        cap = caps.get((id(gpu), id(allocator)))
+        if cap is None:
+            cap = caps[id(gpu), id(allocator)] = usable_bytes(gpu, allocator)  # memory_model's capacity for this GPU
         if not cap > 0:  # the estimate says why
             out.append(None)
             continue
-        max_b = at.largest(cap * (1.0 - margin))
-        batch = (max_b or 1) if wl.solve_batch else int(wl.micro_batch_size)
-        peak = at.peak(batch)
+        limit = cap * (1.0 - margin)
+        if solve:
+            max_b = at.solved.get(limit)  # at.largest's memo, read here first
+            batch = (at.largest(limit) if max_b is None else max_b) or 1
+        else:
+            batch = int(wl.micro_batch_size)
+        peak = at.peaks.get(batch)
+        if peak is None:
+            peak = at.peak(batch)
         # _memory_sane of this GPU's breakdown (by count and batch, as there)
         if not sh.get(("sane", world, batch),
-                      lambda: _breakdown_sane(fast_replace(at.mem, capacity_bytes=cap).breakdown(batch, at.seq))):
+                      lambda: _values_sane(_breakdown_values(fast_replace(at.mem, capacity_bytes=cap), batch, at.seq))):
             out.append(None)
-            continue
-        out.append(_ranked(scn, sh, reason, peak, cap, margin, tight_margin, batch, at.mem.trainable_params, cal))
+        elif not (reason is None and peak <= limit):  # _ranked's misfit
+            out.append(Figures(False, False, None, None, (reason is None and peak > limit)
+                               or (reason is not None and reason.startswith("does not fit"))))
+        else:  # fits: timed below, all at once
+            fitting.append((len(out), i, reason, peak, cap, batch, trainable))
+            out.append(None)
+            if timing:
+                g = rows.get(id(gpu))
+                if g is None:
+                    g = rows[id(gpu)] = len(table)
+                    table.append(row)
+                times = micro.get((id(gpu), id(eff), batch))
+                if times is None:
+                    times = micro_row(sh, cal, eff, batch, gpu, lambda: scenario_of(i))
+                cols.append((g, world, gpn, nodes, inter, batch, trainable, *times))
+    runs = hours_of(base, table, cols) if timing and len(cols) >= SMALLEST else [None] * len(fitting)
+    for (k, i, reason, peak, cap, batch, trainable), run in zip(fitting, runs):
+        out[k] = (_ranked(scenario_of(i), sh, reason, peak, cap, margin, tight_margin, batch, trainable, cal)
+                  if run is None  # grid_time leaves it to the scalar path
+                  else Figures(True, peak > cap * (1.0 - tight_margin), run[0], run[1], False))
     return out
+
+
+def _gpu_info(sh: Shared, scn: Scenario, cal: Calibration, timing: bool) -> tuple:
+    """(unsupported reason, efficiency, grid_time row) of the scenario's GPU type."""
+    from .grid_time import gpu_row
+    return (sh.per_gpu("reason", scn, lambda: unsupported_reason(scn)), cal.for_gpu(scn.cluster.gpu.key)[0],
+            gpu_row(sh, scn, cal) if timing else None)

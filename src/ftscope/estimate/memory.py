@@ -220,13 +220,8 @@ class MemoryModel:
         the device holds but what the allocator cannot release fits (fit_bytes), torch frees its cache and retries:
         the run goes on and its reserved peak reads the capacity."""
         phases = self._points(batch, seq)  # (phase, gradients, activations, temporary, allocated), as PhasePoint
-        totals = self._reserved_of(phases)
-        i = max(range(len(phases)), key=totals.__getitem__)
+        i, peak, need = self._peak_of(phases)
         name, grads, act, temp, allocated = phases[i]
-        peak = max(totals[i], self.least_reserved)
-        need = max(self.least_reserved, *self._reserved_of(phases, held=True))
-        if peak > self.capacity_bytes >= need:
-            peak = self.capacity_bytes
         overhead = peak - allocated
         per_phase: dict[str, float] = {}
         for phase, _, _, _, held in phases:
@@ -235,6 +230,16 @@ class MemoryModel:
                 "temporary": temp, "overhead": overhead}
         return MemoryBreakdown(peak_bytes=allocated + overhead, allocated_bytes=allocated, phase=name,
                                categories=cats, phases=per_phase, fit_bytes=need)
+
+    def _peak_of(self, phases) -> tuple[int, float, float]:
+        """(the phase point where reserved memory peaks, its reserved bytes, what must fit): breakdown's peak."""
+        totals = self._reserved_of(phases)
+        i = max(range(len(phases)), key=totals.__getitem__)
+        peak = max(totals[i], self.least_reserved)
+        need = max(self.least_reserved, *self._reserved_of(phases, held=True))
+        if peak > self.capacity_bytes >= need:
+            peak = self.capacity_bytes
+        return i, peak, need
 
     def peak_bytes(self, batch: float, seq: float) -> float:
         """breakdown(batch, seq).fit_bytes without building the breakdown (the solvers' hot path): what must fit."""

@@ -14,7 +14,7 @@ from .. import catalog
 from ..errors import FtscopeError
 from ..estimate import estimate
 from ..estimate.efficiency import Calibration, load_calibration
-from ..estimate.figures import Figures, rank_grid
+from ..estimate.figures import Figures, grid_figures
 from ..estimate.result import Estimate
 from ..estimate.shared import Shared
 from ..spec.hardware import gpu_from_catalog
@@ -29,13 +29,14 @@ class Rows(Sequence[Estimate]):
     """A plan's ranked rows, each estimated when first read (a ranking reads only its figures: estimate/figures.py);
     the same Estimate object on every read. Equal to any sequence of the same estimates."""
 
-    def __init__(self, scenarios: list[Scenario], make: Callable[[Scenario], Estimate]) -> None:
+    def __init__(self, scenarios: Sequence[Scenario], make: Callable[[Scenario], Estimate]) -> None:
+        """`scenarios`: the rows' scenarios, in order (a sequence that may make each when first read)."""
         self._scenarios = scenarios
         self._made: list[Estimate | None] = [None] * len(scenarios)
         self._make = make
 
     def __len__(self) -> int:
-        return len(self._scenarios)
+        return len(self._made)
 
     @overload
     def __getitem__(self, i: int) -> Estimate: ...
@@ -172,19 +173,49 @@ def plan(scn: Scenario, gpus: Sequence[str] | None = None, counts: Sequence[int]
         raise FtscopeError(f"no GPU count fits --max-gpus {max_gpus}")
     cal = calibration if isinstance(calibration, Calibration) else load_calibration(calibration)
     shared = _sweep(scn, solve_batch)
-    base = shared.scenario
-    cands = [fast_replace(base, cluster=fast_replace(base.cluster, gpu=gpu, gpus_per_node=count, nodes=nodes))
-             for gpu in map(_catalog_gpu, candidate_gpus(gpus)) for count in counts]  # base.with_(gpu=..., ...)
+    inter = shared.scenario.cluster.inter_node_gbs
+    sites = [(gpu, count, nodes, inter) for gpu in map(_catalog_gpu, candidate_gpus(gpus)) for count in counts]
+    cands = _Candidates(shared.scenario, sites)
     keyed: list[tuple] = []  # (rank key, listing index, figures); each candidate's figures, not its estimate
-    for i, (cand, f) in enumerate(zip(cands, rank_grid(cands, margin, cal, shared))):
+    for i, f in enumerate(grid_figures(shared, sites, margin, cal, cands.__getitem__)):
         if f is None:  # a figure that is not a finite number: the estimate's own checks say which
-            f = _figures_of(estimate_with_margin(cand, margin, cal, shared))
+            f = _figures_of(estimate_with_margin(cands[i], margin, cal, shared))
         keyed.append((_figures_key(f, by), i, f))
     keyed.sort(key=lambda k: k[0])  # stable: equal keys keep the listing order, as sorting the estimates did
-    rows = Rows([cands[i] for _, i, _ in keyed], lambda c: estimate_with_margin(c, margin, cal, shared))
+    rows = Rows(cands.reordered([i for _, i, _ in keyed]), lambda c: estimate_with_margin(c, margin, cal, shared))
     front = pareto_points([(f.hours, f.usd) if f.fits and f.usd is not None else None for _, _, f in keyed])
     return Plan(rows=rows, feasible=bool(keyed) and keyed[0][2].fits, pareto=front, by=by, margin=margin,
                 fix_memo=shared.get(("fixes",), dict))
+
+
+class _Candidates(Sequence[Scenario]):
+    """A plan's candidate scenarios: the sweep's scenario on each site (GPU type, GPUs per node, nodes, network),
+    each made when first read (a ranking reads none of them; a table, a few)."""
+
+    def __init__(self, base: Scenario, sites: list[tuple], order: list[int] | None = None,
+                 made: dict[int, Scenario] | None = None) -> None:
+        self._base, self._sites = base, sites
+        self._order = order if order is not None else range(len(sites))
+        self._made: dict[int, Scenario] = made if made is not None else {}  # by site
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        site = self._order[i]
+        scn = self._made.get(site)
+        if scn is None:
+            gpu, count, nodes, _ = self._sites[site]
+            base = self._base  # base.with_(gpu=..., gpus_per_node=..., nodes=...)
+            scn = self._made[site] = fast_replace(base, cluster=fast_replace(base.cluster, gpu=gpu,
+                                                                             gpus_per_node=count, nodes=nodes))
+        return scn
+
+    def reordered(self, order: list[int]) -> "_Candidates":
+        """The same candidates in this order (of listing indices), sharing the ones already made."""
+        return _Candidates(self._base, self._sites, [self._order[i] for i in order], self._made)
 
 
 def _figures_of(est: Estimate) -> Figures:

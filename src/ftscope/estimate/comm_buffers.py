@@ -12,7 +12,8 @@ nothing is fitted. Per communicator of two or more ranks and per GPU:
   (with P2P read, Ampere NVLink: 6 + 6 MiB, the SIMPLE buffer on the sender: the same 12 MiB);
 - tree: the chain's other direction, one more receive and send per channel;
 - NVLS (Hopper / Blackwell on NVSwitch, more than two GPUs of the communicator on the node): the unicast buffer each
-  GPU binds to the multicast object, per channel two buffers of NCCL_STEPS chunks for every head (nvls.cc:426-430);
+  GPU binds to the multicast object, per channel two buffers of NCCL_STEPS chunks for every head (nvls.cc:426-430),
+  and a 2 MiB peer table per channel (channel.cc:98);
 - point-to-point (pipeline sends, all-to-all): per peer and channel a connection like a ring's (NVLink), or the
   network proxy's shared pool (net.cc:646-667).
 
@@ -190,11 +191,11 @@ def communicator_bytes(comm: Communicator, gpu: GpuSpec, build: NcclBuild) -> fl
         if comm.ranks > 2 and (comm.nodes > 1 or not build.runtime_connect):
             total += c * CONNECTION_PAIR_BYTES  # trees: the chain's other direction (two ranks: the ring's peer)
         if nvls_capable(gpu) and comm.local_ranks > 2 and (comm.bulk or not build.runtime_connect):
-            heads = comm.local_ranks
+            heads = comm.local_ranks  # one NVLS channel table per channel too (channel.cc:98)
             if build.runtime_connect:
-                total += NVLS_CHANNELS * 2 * build.nvls_step_bytes * heads
+                total += NVLS_CHANNELS * (2 * build.nvls_step_bytes * heads + GRANULARITY)
             else:
-                total += c * 2 * (build.nvls_step_bytes + build.nvls_credit_bytes) * heads
+                total += c * (2 * (build.nvls_step_bytes + build.nvls_credit_bytes) * heads + GRANULARITY)
     if comm.p2p_peers:
         if comm.local_ranks > 1:  # neighbours on the node (NVLink / PCIe connections)
             total += comm.p2p_peers * p2p_channels_per_peer(gpu, c) * CONNECTION_PAIR_BYTES

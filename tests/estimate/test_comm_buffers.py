@@ -62,6 +62,16 @@ def test_no_nvls_without_nvswitch_or_on_two_gpus():
     assert a100 == (3 * 32 + 2) * 2 * MIB + 24 * 12 * MIB  # Ampere: no NVLS, single node: no trees from 2.23
 
 
+def test_geforce_without_peer_access_keeps_only_the_tables():
+    rtx = gpu_from_catalog("rtx-4090")  # no P2P: the SHM transport's buffers live in host memory
+    assert not rtx.peer_to_peer
+    c = cb.ring_channels(rtx)
+    held = cb.communicator_bytes(cb.Communicator("world", 2, 2), rtx, cb.nccl_build("2.27"))
+    assert held == (3 * c + 2) * 2 * MIB
+    assert cb.communicator_bytes(cb.Communicator("world", 2, 2), gpu_from_catalog("rtx-a6000"),
+                                 cb.nccl_build("2.27")) == held + c * 12 * MIB
+
+
 def test_single_rank_and_single_gpu_hold_nothing():
     assert cb.communicator_bytes(cb.Communicator("tp", 1, 1), H100, cb.nccl_build("2.19")) == 0.0
     assert cb.comm_buffer_bytes(_scn(1)) == 0.0

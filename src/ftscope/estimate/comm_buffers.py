@@ -186,10 +186,13 @@ def communicator_bytes(comm: Communicator, gpu: GpuSpec, build: NcclBuild) -> fl
         return 0.0
     c = ring_channels(gpu, comm.nodes, comm.local_ranks)
     total = (3 * _pow2_up(c) + 2) * GRANULARITY if build.cumem else 0.0
+    # without peer access (GeForce) connections inside a node go through the SHM transport's host memory (shm.cc:102,
+    # 135, 332: ncclShmOpen); across nodes they stay on the GPU (GPUDirect RDMA)
+    pair = CONNECTION_PAIR_BYTES if gpu.peer_to_peer or comm.nodes > 1 else 0
     if comm.collectives:
-        total += c * CONNECTION_PAIR_BYTES  # rings
+        total += c * pair  # rings
         if comm.ranks > 2 and (comm.nodes > 1 or not build.runtime_connect):
-            total += c * CONNECTION_PAIR_BYTES  # trees: the chain's other direction (two ranks: the ring's peer)
+            total += c * pair  # trees: the chain's other direction (two ranks: the ring's peer)
         if nvls_capable(gpu) and comm.local_ranks > 2 and (comm.bulk or not build.runtime_connect):
             heads = comm.local_ranks  # one NVLS channel table per channel too (channel.cc:98)
             if build.runtime_connect:
@@ -198,7 +201,7 @@ def communicator_bytes(comm: Communicator, gpu: GpuSpec, build: NcclBuild) -> fl
                 total += c * (2 * (build.nvls_step_bytes + build.nvls_credit_bytes) * heads + GRANULARITY)
     if comm.p2p_peers:
         if comm.local_ranks > 1:  # neighbours on the node (NVLink / PCIe connections)
-            total += comm.p2p_peers * p2p_channels_per_peer(gpu, c) * CONNECTION_PAIR_BYTES
+            total += comm.p2p_peers * p2p_channels_per_peer(gpu, c) * (CONNECTION_PAIR_BYTES if gpu.peer_to_peer else 0)
         else:  # across nodes: the proxy's shared send and receive pools (net.cc:666)
             total += 2 * _pow2_up(c) * 16 * NET_P2P_CHUNK
     return float(total)

@@ -111,3 +111,12 @@ def test_bad_nccl_version_is_refused():
     from ftscope.spec.recipe import recipe_from_dict
     with pytest.raises(FtscopeError, match="nccl_version"):
         recipe_from_dict({"name": "x", "title": "x", "version": "x", "nccl_version": "new"})
+
+
+def test_context_parallel_sends_to_its_neighbours():
+    ring = {c.name: c for c in cb.communicators(_scn(8, context_parallel=4))}["cp"]
+    assert ring.p2p_peers == 2 and not ring.bulk
+    ulysses = {c.name: c for c in cb.communicators(_scn(8, context_parallel=4, context_parallel_impl="all_to_all"))}
+    assert ulysses["cp"].p2p_peers == 3
+    assert cb.comm_buffer_bytes(_scn(8, context_parallel=4, context_parallel_impl="all_to_all")) > \
+        cb.comm_buffer_bytes(_scn(8, context_parallel=4))

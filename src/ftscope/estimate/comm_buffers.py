@@ -219,8 +219,10 @@ def communicators(scn: Scenario) -> list[Communicator]:
     _get_data_parallel_group), where gradients are reduced; ZeRO-3 gathers parameters on the default group
     (zero.Init's ds_process_group). A model-parallel layout runs Megatron's groups (megatron/core/parallel_state.py at 00caa53a: rank order
     tp-cp-ep-dp-pp), those it uses: the default group (barriers), dp-cp (gradient reduce-scatter, parameter
-    all-gather) and dp (loss averaging) as two communicators even with cp 1, tp, cp, pp (send/recv to the
-    neighbouring stages), tp-pp (gradient norm, found-inf), tp-dp-cp under FP8 (amax), ep (token all-to-all)."""
+    all-gather) and dp (loss averaging) as two communicators even with cp 1, tp, cp (ring attention's send/recv to
+    its neighbours, Ulysses' all-to-all), pp (send/recv to the neighbouring stages), tp-pp (gradient norm,
+    found-inf), tp-dp-cp under FP8 (amax), ep (the all-to-all token dispatcher; Megatron's allgather dispatcher
+    would run collectives there instead)."""
     world, gpn = scn.cluster.world_size, scn.cluster.gpus_per_node
     mix = scn.mix
     tp, pp, cp, ep = mix.tensor_parallel, mix.pipeline_parallel, mix.context_parallel, mix.expert_parallel
@@ -233,8 +235,10 @@ def communicators(scn: Scenario) -> list[Communicator]:
     out = [Communicator("world", world, min(world, gpn), bulk=False),
            Communicator("dp-cp", dp * cp, _local(tp, dp * cp, gpn)),
            Communicator("dp", dp, _local(tp * cp, dp, gpn), bulk=False),
-            Communicator("tp", tp, _local(1, tp, gpn)),
-            Communicator("cp", cp, _local(tp, cp, gpn))]
+            Communicator("tp", tp, _local(1, tp, gpn))]
+    if cp > 1:  # ring attention sends K/V to the next rank, Ulysses all-to-alls; the loss is averaged over cp
+        peers = min(2, cp - 1) if mix.context_parallel_impl == "ring" else cp - 1
+        out.append(Communicator("cp", cp, _local(tp, cp, gpn), bulk=False, p2p_peers=peers))
     if pp > 1:
         stride = tp * cp * dp
         out.append(Communicator("pp", pp, _local(stride, pp, gpn), collectives=False, p2p_peers=min(2, pp - 1)))

@@ -6,6 +6,7 @@ from typing import Any
 
 from ..spec.hardware import GIB
 from ..spec.scenario import Scenario
+from .comm_buffers import comm_buffer_bytes
 from .memory import MemoryBreakdown, MemoryModel
 from .solvers import max_seq_len
 
@@ -116,7 +117,8 @@ class Estimate:
             "memory": {
                 "peak_gib": gib(mem.peak_bytes),
                 "allocated_gib": gib(mem.allocated_bytes),
-                "device_gib": gib(mem.peak_bytes + mm.allocator.cuda_context_gib * GIB),
+                "device_gib": gib(mem.peak_bytes + mm.allocator.cuda_context_gib * GIB + comm_buffer_bytes(scn)),
+                "nccl_gib": gib(comm_buffer_bytes(scn)),
                 "breakdown_gib": {k: gib(v) for k, v in mem.categories.items()},
                 "phases_gib": {k: gib(v) for k, v in mem.phases.items()},
                 "peak_phase": mem.phase,
@@ -127,7 +129,8 @@ class Estimate:
                 "headroom_pct": round(self.headroom_fraction * 100, 2),
                 "cpu_offload_gib": gib(mm.cpu_bytes),
                 "seq_len": self.seq_len,
-                "metric": "reserved (torch.cuda.max_memory_reserved); device_gib adds the CUDA context (nvidia-smi)",
+                "metric": "reserved (torch.cuda.max_memory_reserved); device_gib adds the CUDA context and NCCL's "
+                          "buffers (nccl_gib): what nvidia-smi shows",
             },
             "limits": {"max_micro_batch_size": self.max_micro_batch_size, "max_seq_len": self.max_seq_len,
                        "safety_margin": self.margin, "tight_margin": self.tight_margin},

@@ -8,6 +8,7 @@ models never look at a framework's name, only at these fields.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, fields
 from functools import lru_cache
 from typing import Any, Mapping
@@ -140,6 +141,9 @@ class Recipe:
     """This framework's own AllocatorModel.fragmentation_checkpointed: reserved minus allocated over the churning bytes
     when its checkpointed step (its loss code included) is traced and replayed through the caching-allocator model
     (benchmarks/recipe_fragmentation.py); None: the H200 fit."""
+    nccl_version: str = "2.27"
+    """The NCCL the framework's torch ships (torch 2.2: 2.19, 2.4: 2.20, 2.5: 2.21, 2.9: 2.27): what its
+    communicators allocate outside the caching allocator (estimate/comm_buffers.py)."""
     quantize_at_load: bool = True
     """QLoRA weights are quantized while loading, one bf16 tensor at a time (not a full bf16 copy)."""
     gpu_only: bool = False
@@ -194,6 +198,8 @@ def recipe_from_dict(raw: Mapping[str, Any]) -> Recipe:
     frag = rec.allocator_fragmentation_checkpointed
     if frag is not None and not (isinstance(frag, (int, float)) and 0.0 <= frag <= 2.0):
         raise FtscopeError(f"recipe {rec.name}: allocator_fragmentation_checkpointed must be a number from 0 to 2; got {frag!r}")
+    if not re.fullmatch(r"\d+\.\d+(\.\d+)?", str(rec.nccl_version)):
+        raise FtscopeError(f"recipe {rec.name}: nccl_version must read like 2.21 or 2.27.5; got {rec.nccl_version!r}")
     if rec.loss_chunk_tokens < 1 or rec.loss_chunks < 0:
         raise FtscopeError(f"recipe {rec.name}: loss_chunk_tokens must be positive and loss_chunks not negative")
     bad = set(rec.kbit_fp32_params) - set(KBIT_GROUPS) - {"all"}

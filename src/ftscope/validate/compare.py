@@ -1,7 +1,7 @@
 """Turn cases into checks (one measured number each) and compare them with the estimator.
 
 Memory numbers are compared in the metric the source measured: allocated -> memory.allocated_gib,
-reserved -> memory.peak_gib, nvidia-smi -> memory.device_gib (reserved + CUDA context). A source that does
+reserved -> memory.peak_gib, nvidia-smi -> memory.device_gib (reserved + CUDA context + NCCL buffers). A source that does
 not say ("unknown", or "GB" in a README) is compared as nvidia-smi, the number people usually quote. A paged
 optimizer's states live in CUDA managed memory, which torch's allocator counters never see: allocated and
 reserved figures are compared without them.
@@ -14,6 +14,7 @@ from typing import Any, Sequence
 
 from ..errors import FtscopeError
 from ..estimate import estimate
+from ..estimate.comm_buffers import comm_buffer_bytes
 from ..estimate.efficiency import Calibration, load_calibration
 from ..estimate.result import Estimate, TimeEstimate
 from ..spec.scenario import Scenario, apply_overrides, scenario_from_dict
@@ -81,7 +82,7 @@ def memory_gib(est: Estimate, kind: str) -> float:
         return (mem.allocated_bytes - paged) / 2**30
     if MEMORY_FIELD[kind] == "peak_gib":
         return (mem.peak_bytes - paged) / 2**30
-    return mem.peak_bytes / 2**30 + est.model_memory.allocator.cuda_context_gib
+    return (mem.peak_bytes + comm_buffer_bytes(est.scenario)) / 2**30 + est.model_memory.allocator.cuda_context_gib
 
 
 def time_metric(t: TimeEstimate, metric: str, scn: Scenario) -> float:

@@ -195,3 +195,23 @@ def test_example_scenario_loads_and_estimates(path):
     scn = ftscope.load_scenario(path)
     est = ftscope.estimate(scn, strict=False)
     json.dumps(est.to_dict())
+
+
+def test_every_bundled_yaml_reads_the_same_with_libyaml_and_pure_python():
+    # the catalog loads with libyaml's safe loader when PyYAML has it; its data must equal the reference parser's
+    import yaml
+    from importlib import resources
+    root = resources.files("ftscope.catalog")
+    files = [p for p in _walk(root) if p.name.endswith(".yaml")]
+    assert len(files) >= 10
+    for path in files:
+        text = path.read_text()
+        assert yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) == yaml.safe_load(text), path.name
+
+
+def _walk(folder):
+    for entry in folder.iterdir():
+        if entry.is_dir():
+            yield from _walk(entry)
+        else:
+            yield entry

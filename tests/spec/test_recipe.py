@@ -56,7 +56,8 @@ def test_nested_quant_default_is_each_frameworks_own(name, nested):
     rec = load_recipe(name)
     if "nested_quant" in rec.mix_defaults:
         assert any("nested_quant" in s.fact for s in rec.sources), name
-    assert _scn(framework=name, mix={"method": "qlora", "nested_quant": not nested}).mix.nested_quant is (not nested)
+    if not rec.nested_quant_fixed:  # torchao's NF4 has no switch (test below)
+        assert _scn(framework=name, mix={"method": "qlora", "nested_quant": not nested}).mix.nested_quant is (not nested)
 
 
 def test_scenario_round_trip_keeps_the_framework():
@@ -87,3 +88,13 @@ def test_malformed_recipe_rejected():
 def test_lora_dropout_range_checked():
     with pytest.raises(FtscopeError, match="lora_dropout"):
         _scn(mix={"method": "lora", "lora_dropout": 1.5})
+
+
+@pytest.mark.parametrize("name", ["torchtune", "torchtune-0.1"])
+def test_torchao_nf4_frameworks_refuse_qlora_without_nested_quantization(name):
+    assert _scn(framework=name).mix.nested_quant is True
+    with pytest.raises(FtscopeError, match="always quantizes its scales"):
+        _scn(framework=name, mix={"method": "qlora", "nested_quant": False})
+    # LoRA ignores the setting, and bitsandbytes frameworks run either way
+    assert _scn(framework=name, mix={"method": "lora", "nested_quant": False}).mix.method == "lora"
+    assert _scn(framework="axolotl", mix={"method": "qlora", "nested_quant": False}).mix.nested_quant is False

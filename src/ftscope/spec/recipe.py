@@ -116,6 +116,9 @@ class Recipe:
     (absmax, quantized again under mix.nested_quant: kbit_state_bytes_per_weight) as a plain attribute, neither
     parameter nor buffer, made on every rank's GPU at load: whole on every rank, and left there when FSDP offloads
     the parameters. Gathered units then hold the 4-bit data alone."""
+    nested_quant_fixed: bool = False
+    """QLoRA's 4-bit format always quantizes its scales again (torchao's NF4Tensor: an int8 per 64 weights), so a
+    scenario's mix.nested_quant false describes a run the framework cannot make: refused, not estimated."""
     adamw_fused: bool = False
     """The framework's AdamW is torch's fused kernel (fused=True): states updated in place, none of the foreach
     implementation's per-parameter temporaries at the step."""

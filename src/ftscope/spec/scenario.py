@@ -187,7 +187,7 @@ def scenario_from_dict(raw: Mapping[str, Any], model: ModelSpec | None = None) -
         model = _model(given.model)
     cluster = given.hardware.to_cluster()
     mix = given.mix
-    problem = mix_problem(mix) or model_problem(mix, model)
+    problem = mix_problem(mix) or model_problem(mix, model) or _recipe_problem(mix, recipe)
     if problem:
         raise FtscopeError(problem)
     if mix.trains_lora:
@@ -200,6 +200,14 @@ def scenario_from_dict(raw: Mapping[str, Any], model: ModelSpec | None = None) -
     return Scenario(model=model, cluster=cluster, mix=mix, workload=given.workload,
                     usd_per_gpu_hour=given.price.usd_per_gpu_hour, name=given.name, recipe=recipe,
                     model_ref=model.name if isinstance(given.model, dict) else given.model)
+
+
+def _recipe_problem(mix: Mix, recipe: Recipe) -> str | None:
+    """A mix setting the framework's own code cannot run."""
+    if recipe.nested_quant_fixed and mix.method == "qlora" and not mix.nested_quant:
+        return (f"framework {recipe.name} quantizes through torchao's NF4Tensor, which always quantizes its scales "
+                "again: mix.nested_quant false cannot run there (drop it or pick a bitsandbytes framework)")
+    return None
 
 
 def _model(value: str | dict[str, Any]) -> ModelSpec:

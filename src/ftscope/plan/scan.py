@@ -232,6 +232,7 @@ class Scan:
                 p, j = np.nonzero(runs)
                 self._scatter(get, slot[fit][p], lambda at: (blocks[p[at], j[at]],), value[p, j])
         self.pending = []
+        self.probes, self.probed = Probes(self.seq), {}  # the settled models are not read again: freed before the bounds
 
     def _scatter(self, get, slots, index, values) -> None:
         """Write values (one per slot) into each chunk's array `get(chunk)` at index(at) + the slots' columns (`at`:

@@ -111,7 +111,8 @@ class ModelArrays:
         n, h = a.hg_chunks, a.hg_weight
         logits = a.logits_saved_per_token * t
         grad = a.hg_logits_grad_per_token * t / n
-        moments = [(logits * (n - 1) / n + grad, h), (logits * (n - 2) / n + grad, 2 * h), (logits * (n - 2) / n, 3 * h)]
+        moments = [(logits * (n - 1) / n + grad, h), (logits * (n - 2) / n + grad, 2 * h),
+                   (logits * (n - 2) / n, 3 * h)]
         trained = []
         for kept, gh in moments:
             act = saved - logits + kept + held

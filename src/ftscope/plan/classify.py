@@ -183,10 +183,12 @@ def _micro_batch_bounds(np, terms, w_of, caps, rows, cols, per_replica):
     starts = np.searchsorted(rows, np.arange(len(w_of) + 1))
     for b in np.flatnonzero(np.diff(starts)).tolist():  # the blocks with a fitting candidate
         span = slice(starts[b], starts[b + 1])
-        at = cols[span]
-        fixed = terms["fixed"][w_of[b]][:, at]
-        lo = np.clip(np.floor(largest(fixed, terms["first"][w_of[b]][:, at], caps[b]) * (1 - 1e-6)), 1, BATCH_CAP)
-        hi = np.clip(np.floor(largest(fixed, terms["far"][w_of[b]][:, at], caps[b]) * (1 + 1e-6)), 1, BATCH_CAP)
+        at = terms["row"][w_of[b], cols[span]]  # the probe of each candidate's mix at the block's GPU count
+        if (at < 0).any():
+            raise AssertionError("a fitting candidate without batch terms")
+        fixed = terms["fixed"][:, at]
+        lo = np.clip(np.floor(largest(fixed, terms["first"][:, at], caps[b]) * (1 - 1e-6)), 1, BATCH_CAP)
+        hi = np.clip(np.floor(largest(fixed, terms["far"][:, at], caps[b]) * (1 + 1e-6)), 1, BATCH_CAP)
         if per_replica is not None:
             lo, hi = np.minimum(lo, per_replica[span]), np.minimum(hi, per_replica[span])
         low[span], high[span] = lo, hi

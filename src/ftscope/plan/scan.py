@@ -4,7 +4,7 @@ The probes are recorded as the pass meets them (their memory models built per mi
 is done (`settle`: memory_probe.Probes, over numpy arrays of every probed model).
 
 Work is shared wherever the answer provably does not change: GPU support per distinct GPU_FIELDS value, layout
-validity per distinct LAYOUT_FIELDS value, a fused attention kernel's probes copied from its FUSED_ATTENTION twin,
+validity per distinct LAYOUT_FIELDS value, a fused attention kernel's probes taking its FUSED_ATTENTION twin's models,
 and no memory model at a GPU count whose state floor (memory_probe.StateFloor) is above every capacity.
 """
 from __future__ import annotations
@@ -57,6 +57,7 @@ class Scan:
         self.margin = margin
         self.chunks: list[_Chunk] = []
         self.phases: int | None = None  # phases of the memory models, known from the first batch terms
+        self.terms: dict[str, Any] = {}  # the fitting probes' batch terms (TERMS: phases x probes), "row" per slot
         self.sig = np.zeros(nm, np.int32)
         self.signatures: dict[tuple, int] = {}
         self.accept = {name: np.zeros(nm, bool) for name in accepts}
@@ -127,7 +128,7 @@ class Scan:
         """The next free slot for mix k, a chunk added when the last one is full."""
         if self.slots == len(self.chunks) * self.width:
             self.chunks.append(_Chunk(self.np, len(self.at_world), len(self.space.blocks), self.width,
-                                      self.global_batch is not None, bool(self.margin), self.phases))
+                                      self.global_batch is not None, bool(self.margin)))
         self.slot[k] = self.slots
         self.slots += 1
         return self.slots - 1
@@ -160,9 +161,8 @@ class Scan:
             fixed = pick(lambda ch: ch.fixed_peak, (nb, 0), np.inf)
             safe = pick(lambda ch: ch.safe_fixed_peak, (nb, 0), np.inf) if self.margin else fixed
         terms = {}
-        if self.phases is not None:
-            terms = {key: pick(lambda ch: ch.terms.get(key), (nw, self.phases, 0), np.nan)
-                     for key in TERMS}
+        if self.terms:  # the fitting probes' terms as they are, and per GPU count and slot the column of its probe
+            terms = dict(self.terms, row=self.terms["row"][:, slots])
         return peak, fixed, safe, terms
 
     def _layout_runs(self, mix: Any) -> list[int]:
@@ -211,10 +211,9 @@ class Scan:
         if len(fit):
             terms = self.probes.batch_terms(np, fit)
             self.phases = len(terms[0])
-            for chunk in self.chunks:
-                chunk.with_terms(self.phases)
-            for key, value in zip(TERMS, terms):
-                self._scatter(lambda ch: ch.terms[key], slot[fit], lambda at: (w[fit][at], slice(None)), value.T)
+            self.terms = dict(zip(TERMS, terms))
+            self.terms["row"] = np.full((len(self.worlds), self.slots), -1, np.int64)
+            self.terms["row"][w[fit], slot[fit]] = np.arange(len(fit))
         if self.global_batch is not None and len(fit):
             # the blocks at each fitting probe's GPU count (-1 pads the counts with fewer blocks), and their capacity
             # where the probe's mix runs on the block's GPU type
@@ -232,7 +231,7 @@ class Scan:
                 p, j = np.nonzero(runs)
                 self._scatter(get, slot[fit][p], lambda at: (blocks[p[at], j[at]],), value[p, j])
         self.pending = []
-        self.probes, self.probed = Probes(self.seq), {}  # the settled models are not read again: freed before the bounds
+        self.probes, self.probed = Probes(self.seq), {}  # the settled models are not read again: free them now
 
     def _scatter(self, get, slots, index, values) -> None:
         """Write values (one per slot) into each chunk's array `get(chunk)` at index(at) + the slots' columns (`at`:
@@ -245,30 +244,19 @@ class Scan:
 
 
 TERMS = ("fixed", "first", "far")
-"""The batch terms kept per GPU count, phase and slot: fixed bytes, bytes the first sequence adds, bytes per
-sequence at the cap (MemoryProbe.batch_terms)."""
+"""The batch terms kept per phase and fitting probe: fixed bytes, bytes the first sequence adds, bytes per sequence
+at the cap (MemoryProbe.batch_terms)."""
 
 
 class _Chunk:
     """The probes' results of `width` consecutive slots: peak at micro-batch 1 per GPU count, fixed-batch peaks per
-    block (at the full capacity and, with a margin, less it), batch terms per GPU count and phase (made when a
-    probe of the chunk first fits somewhere)."""
+    block (at the full capacity and, with a margin, less it)."""
 
-    def __init__(self, np, worlds: int, blocks: int, width: int, fixed: bool, margin: bool,
-                 phases: int | None) -> None:
+    def __init__(self, np, worlds: int, blocks: int, width: int, fixed: bool, margin: bool) -> None:
         self.np, self.worlds, self.width = np, worlds, width
         self.peak = np.full((worlds, width), np.inf)
         self.fixed_peak = np.full((blocks, width), np.inf) if fixed else None
         self.safe_fixed_peak = np.full((blocks, width), np.inf) if fixed and margin else self.fixed_peak
-        self.terms: dict[str, Any] = {}
-        if phases is not None:
-            self.with_terms(phases)
-
-    def with_terms(self, phases: int) -> dict[str, Any]:
-        """The batch terms' arrays (phases before slots: the bounds take their min over phases), made on first use."""
-        if not self.terms:
-            self.terms = {key: self.np.full((self.worlds, phases, self.width), self.np.nan) for key in TERMS}
-        return self.terms
 
 
 def _fields_of(names: Sequence[str]) -> Callable[[Any], tuple]:

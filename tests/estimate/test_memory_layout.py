@@ -225,12 +225,3 @@ def test_small_pool_step_bytes_sit_on_top_of_an_init_floor():
     hf = memory_model(ftscope.load_scenario({**d, "framework": "hf-trainer", "mix": {"method": "qlora", "fsdp": "full_shard"}}))
     assert hf.reserved_floor == 0.0 and hf.small_pool_step == 0.0  # no init floor: the step's own reserved counts them
 
-
-def test_a_split_head_gradient_is_every_byte_field_times_the_share():
-    """memory_layout._split_head builds the split HeadGradient directly: the same as _replace of each byte field."""
-    from ftscope.estimate.head_gradient import HeadGradient
-    from ftscope.estimate.memory_layout import _split_head
-    hg = HeadGradient(3.0, 8, 5.0, 7.0, 11.0, 13.0)
-    want = hg._replace(weight=3.0 * 0.25, logits_grad_per_token=5.0 * 0.25, in_blocks=7.0 * 0.25,
-                       at_last_block=11.0 * 0.25, at_embedding=13.0 * 0.25)
-    assert _split_head(hg, 0.25) == want and type(_split_head(hg, 0.25)) is HeadGradient

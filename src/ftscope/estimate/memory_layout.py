@@ -28,6 +28,7 @@ from ..spec.model import ModelSpec
 from ..spec.scenario import Scenario, fast_replace
 from .activations import ActivationCoefficients
 from .caching_allocator import SMALL_SIZE, CachingAllocator
+from .head_gradient import split_head
 from .weight_memory import fp32_lora_base
 
 PAGED_MIN_NUMEL = 100_000
@@ -141,16 +142,9 @@ def split_states(mm, scn: Scenario):
         grads, grads_fwd = grads * shards * min(layer * 2, 1.0), 0.0
     return fast_replace(mm, weights=mm.weights * f, gradients=grads, gradients_in_forward=grads_fwd,
                    reserved_floor=mm.reserved_floor * f, small_pool_step=mm.small_pool_step * f, optimizer=mm.optimizer * f, paged_optimizer=mm.paged_optimizer * f,
-                   optimizer_transient=opt_transient, head_grad=_split_head(mm.head_grad, f),
+                   optimizer_transient=opt_transient, head_grad=split_head(mm.head_grad, f),
                    weight_transient=mm.weight_transient * f, block_transient=mm.block_transient * f,
                    cpu_bytes=mm.cpu_bytes * f)
-
-
-def _split_head(hg, f: float):
-    """The head gradient's bytes times f (its chunks kept): hg._replace of every byte field, built directly (a
-    search splits hundreds of thousands of models)."""
-    return type(hg)(hg.weight * f, hg.chunks, hg.logits_grad_per_token * f, hg.in_blocks * f, hg.at_last_block * f,
-                    hg.at_embedding * f)
 
 
 BROADCAST_BUCKET_BYTES = 250 * 2**20

@@ -39,11 +39,11 @@ class Classification:
     """Lower bound of the ranking's primary value (hours, dollars or peak bytes); inf unless FITS."""
     hours: Any
     usd: Any
-    """Lower bounds of hours and dollars (NaN without a price)."""
+    """Lower bounds of hours and dollars (NaN without a price); 0 unless FITS."""
     micro_batch: Any
-    """Lower bound of the micro-batch the candidate will run."""
+    """Lower bound of the micro-batch the candidate will run; 0 unless FITS."""
     micro_batch_max: Any
-    """Upper bound of that micro-batch."""
+    """Upper bound of that micro-batch; 0 unless FITS."""
     complexity: Any
     accept: dict[str, Any]
     """Per ranking name: which mixes may enter it."""
@@ -126,7 +126,7 @@ def classify(np, space: Space, by: str, cal: Calibration, accepts: dict[str, Cal
     status = np.full((nb, len(cols)), UNSUPPORTED, np.int8)
     status[ok & ~fits] = NO_FIT
     status[ok & fits] = FITS
-    tier = np.where(ok & fits & ~safe, 1, 0).astype(np.int8)
+    tier = (ok & fits & ~safe).astype(np.int8)
     # the bounds only where a candidate fits (a few in a hundred of a large space): flat positions, row-major, so
     # each block's are together and its columns ascend
     at = np.flatnonzero(status.ravel() == FITS)
@@ -155,14 +155,19 @@ def classify(np, space: Space, by: str, cal: Calibration, accepts: dict[str, Cal
                    np.where(tier_at == 0, safe_fixed_peak[rows, at_col], fixed_peak[rows, at_col]))
     else:
         primary = hours if by == "time" else np.where(np.isnan(usd), np.inf, usd)
-    dense = {}
-    for name, values, fill in (("primary", primary, np.inf), ("hours", hours, 0.0), ("usd", usd, 0.0),
-                               ("micro_batch", batch, 1.0), ("micro_batch_max", batch_max, 1.0)):
-        dense[name] = np.full(status.shape, fill)
-        dense[name].ravel()[at] = values
-    dense["primary"][status != FITS] = np.inf  # the clock's unsearched ones too
-    return Classification(status, dense["primary"], dense["hours"], dense["usd"], dense["micro_batch"],
-                          dense["micro_batch_max"], scan.complexity, scan.accept, tier, cols, nm, dead), cut
+    primary, hours, usd, batch, batch_max = (_dense(np, status.shape, at, v)
+                                             for v in (primary, hours, usd, batch, batch_max))
+    primary[status != FITS] = np.inf  # the clock's unsearched ones too
+    return Classification(status, primary, hours, usd, batch, batch_max, scan.complexity, scan.accept, tier, cols,
+                          nm, dead), cut
+
+
+def _dense(np, shape, at, values):
+    """An array of this shape with `values` at the flat positions `at` and zeros elsewhere (pages the writes do not
+    touch are never written)."""
+    out = np.zeros(shape)
+    out.ravel()[at] = values
+    return out
 
 def _micro_batch_bounds(np, terms, w_of, caps, rows, cols, per_replica):
     """Bounds on the micro-batch of each fitting candidate (its block in `rows`, its column in `cols`, block by

@@ -62,3 +62,12 @@ def test_a_tied_head_peaks_when_the_embedding_gradient_is_added():
     mm = memory_model(s)
     head = 128256 * 2048 * 2
     assert mm.breakdown(1, 64).allocated_bytes == pytest.approx(mm.weights + mm.gradients + 2 * head, rel=1e-3)
+
+
+def test_a_split_head_gradient_is_every_byte_field_times_the_share():
+    """split_head builds the split HeadGradient directly: the same as _replace of each byte field."""
+    from ftscope.estimate.head_gradient import HeadGradient, split_head
+    hg = HeadGradient(3.0, 8, 5.0, 7.0, 11.0, 13.0)
+    want = hg._replace(weight=3.0 * 0.25, logits_grad_per_token=5.0 * 0.25, in_blocks=7.0 * 0.25,
+                       at_last_block=11.0 * 0.25, at_embedding=13.0 * 0.25)
+    assert split_head(hg, 0.25) == want and type(split_head(hg, 0.25)) is HeadGradient

@@ -224,3 +224,4 @@ def test_small_pool_step_bytes_sit_on_top_of_an_init_floor():
     assert full.small_pool_step == 0.0
     hf = memory_model(ftscope.load_scenario({**d, "framework": "hf-trainer", "mix": {"method": "qlora", "fsdp": "full_shard"}}))
     assert hf.reserved_floor == 0.0 and hf.small_pool_step == 0.0  # no init floor: the step's own reserved counts them
+

@@ -271,6 +271,8 @@ def test_op_rates_per_gpu_are_op_rates_on_each_gpu():
     from ftscope.plan.bounds import op_rates, op_rates_per_gpu, sequence_work
     cal = load_calibration()
     gpus = ["a100-80gb", "h100-80gb", "l40s", "mi300x", "t4"]
+    from ftscope.estimate.time import rates
+    each, tables = [rates(_scn("llama-3.2-1b"), load_calibration().for_gpu("a100-80gb")[0])] * len(gpus), {}
     for model, mix in itertools.product(("llama-3.2-1b", "olmoe-1b-7b"),
                                         (dict(), dict(attention="eager"), dict(compile=True), dict(fp8=True),
                                          dict(method="qlora", gradient_checkpointing=True))):
@@ -282,3 +284,8 @@ def test_op_rates_per_gpu_are_op_rates_on_each_gpu():
         assert got.shape == (len(gpus), len(work), 4) and got.any()
         for g, (scn, eff) in enumerate(zip(scns, effs)):
             assert got[g].tolist() == [list(r) for r in op_rates(work, scn, eff)], (model, mix, gpus[g])
+        # a rate table kept per op classes and rates (the classification's memo) answers what a fresh one does
+        for _ in range(2):
+            assert np.array_equal(op_rates_per_gpu(np, work, scns, effs, each, tables),
+                                  op_rates_per_gpu(np, work, scns, effs, each)), (model, mix)
+    assert 0 < len(tables) < 10

@@ -28,6 +28,7 @@ from ..spec.model import ModelSpec
 from ..spec.scenario import Scenario, fast_replace
 from .activations import ActivationCoefficients
 from .caching_allocator import SMALL_SIZE, CachingAllocator
+from .head_gradient import split_head
 from .weight_memory import fp32_lora_base
 
 PAGED_MIN_NUMEL = 100_000
@@ -141,10 +142,7 @@ def split_states(mm, scn: Scenario):
         grads, grads_fwd = grads * shards * min(layer * 2, 1.0), 0.0
     return fast_replace(mm, weights=mm.weights * f, gradients=grads, gradients_in_forward=grads_fwd,
                    reserved_floor=mm.reserved_floor * f, small_pool_step=mm.small_pool_step * f, optimizer=mm.optimizer * f, paged_optimizer=mm.paged_optimizer * f,
-                   optimizer_transient=opt_transient, head_grad=mm.head_grad._replace(
-                       weight=mm.head_grad.weight * f, logits_grad_per_token=mm.head_grad.logits_grad_per_token * f,
-                       in_blocks=mm.head_grad.in_blocks * f, at_last_block=mm.head_grad.at_last_block * f,
-                       at_embedding=mm.head_grad.at_embedding * f),
+                   optimizer_transient=opt_transient, head_grad=split_head(mm.head_grad, f),
                    weight_transient=mm.weight_transient * f, block_transient=mm.block_transient * f,
                    cpu_bytes=mm.cpu_bytes * f)
 

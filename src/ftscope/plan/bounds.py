@@ -49,7 +49,7 @@ import math
 from dataclasses import dataclass
 
 from ..estimate.comm import collectives
-from ..estimate.compute import Op, compute_mix, micro_batch_ops, recomputed
+from ..estimate.compute import Op, cached_ops, compute_mix, micro_batch_ops, recomputed
 from ..estimate.efficiency import Efficiency
 from ..estimate.layout import layout
 from ..estimate.memory import trainable_params
@@ -103,7 +103,10 @@ def _at_least_linear(scn: Scenario, seq: float, slopes: list[tuple[Op, float, fl
     sequences (what the bound assumes: constants and expert-weight reads only add)?"""
     ok = [[True, True] for _ in slopes]
     for batch in (1, 2, 16):
-        for i, op in enumerate(micro_batch_ops(scn, batch, seq)):
+        # one sequence's ops through the shared cache: the classification's micro_batch_seconds_per_gpu reads the
+        # same list next (the ops depend on the batch shape alone, not on the padding: compute.cached_ops)
+        ops = cached_ops(scn, batch, seq) if batch == 1 else micro_batch_ops(scn, batch, seq)
+        for i, op in enumerate(ops):
             _, f, b = slopes[i]
             ok[i][0] &= op.flops >= batch * f * (1 - 1e-9)
             ok[i][1] &= op.bytes >= batch * b * (1 - 1e-9)
@@ -180,17 +183,25 @@ def op_rates(work: list[SequenceWork], scn: Scenario, eff: Efficiency) -> list[t
 
 
 def op_rates_per_gpu(np, work: list[SequenceWork], scns: list[Scenario], effs: list[Efficiency],
-                     each: list[Rates] | None = None):
+                     each: list[Rates] | None = None, memo: dict | None = None):
     """op_rates on several GPUs at once: an array GPUs x ops x (a, b, c, d), the same numbers (the same float
-    operations, each op's rate looked up per GPU from the few its kind and dtype give). `each`: their rates."""
+    operations, each op's rate looked up per GPU from the few its kind and dtype give). `each`: their rates;
+    `memo`: a dict shared by calls with the same `each` objects, keeping the rate table per op classes and rates."""
     kinds = {}  # op class -> column of the rate table
     cls = [kinds.setdefault((w.fusible, w.kind, w.fp8, w.grouped), len(kinds)) for w in work]
-    rate, stream = np.zeros((len(scns), len(kinds))), np.zeros((len(scns), 2))
-    for g, (scn, eff) in enumerate(zip(scns, effs)):
-        r = rates(scn, eff) if each is None else each[g]
-        for (fusible, kind, fp8, grouped), c in kinds.items():
-            rate[g, c] = _best_rate(SequenceWork(kind, grouped, fp8, fusible, (0.0, 0.0), (0.0, 0.0), 0.0), r)
-        stream[g] = r.stream / 1.0, r.stream / r.compile_bytes
+    key = None if memo is None or each is None else (tuple(kinds), id(each))
+    hit = None if key is None else memo.get(key)
+    if hit is None or hit[0] is not each:
+        rate, stream = np.zeros((len(scns), len(kinds))), np.zeros((len(scns), 2))
+        for g, (scn, eff) in enumerate(zip(scns, effs)):
+            r = rates(scn, eff) if each is None else each[g]
+            for (fusible, kind, fp8, grouped), c in kinds.items():
+                rate[g, c] = _best_rate(SequenceWork(kind, grouped, fp8, fusible, (0.0, 0.0), (0.0, 0.0), 0.0), r)
+            stream[g] = r.stream / 1.0, r.stream / r.compile_bytes
+        hit = (each, rate, stream)  # the rates stay alive with their key: no id is reused
+        if key is not None:
+            memo[key] = hit
+    _, rate, stream = hit
     flops = np.array([[w.flops[0] * w.passes, w.flops[1] * w.passes] for w in work]).reshape(len(work), 2)
     bytes_ = np.array([[w.bytes[0] * w.passes, w.bytes[1] * w.passes] for w in work]).reshape(len(work), 2)
     op_rate = rate[:, cls][:, :, None]  # GPUs x ops x 1

@@ -39,11 +39,11 @@ class Classification:
     """Lower bound of the ranking's primary value (hours, dollars or peak bytes); inf unless FITS."""
     hours: Any
     usd: Any
-    """Lower bounds of hours and dollars (NaN without a price)."""
+    """Lower bounds of hours and dollars (NaN without a price); 0 unless FITS."""
     micro_batch: Any
-    """Lower bound of the micro-batch the candidate will run."""
+    """Lower bound of the micro-batch the candidate will run; 0 unless FITS."""
     micro_batch_max: Any
-    """Upper bound of that micro-batch."""
+    """Upper bound of that micro-batch; 0 unless FITS."""
     complexity: Any
     accept: dict[str, Any]
     """Per ranking name: which mixes may enter it."""
@@ -120,43 +120,63 @@ def classify(np, space: Space, by: str, cal: Calibration, accepts: dict[str, Cal
     split = scan.split[:, cols]
     sig = scan.sig[cols]
     ok = scan.supported[:, cols][g_of] & scan.layout_ok[:, cols][w_of]
-    world = np.array([b.world for b in space.blocks])[:, None]
-    replicas = np.maximum(world // split[0], 1)  # data-parallel replicas per candidate (plan/layouts.replicas)
+    world = np.array([b.world for b in space.blocks])
     fits = (peak[w_of] <= caps[:, None]) if fixed_peak is None else (fixed_peak <= caps[:, None])
     safe = (peak[w_of] <= safe_caps[:, None]) if fixed_peak is None else (safe_fixed_peak <= safe_caps[:, None])
     status = np.full((nb, len(cols)), UNSUPPORTED, np.int8)
     status[ok & ~fits] = NO_FIT
     status[ok & fits] = FITS
-    tier = np.where(ok & fits & ~safe, 1, 0).astype(np.int8)
-    per_replica = None if global_batch is None else np.maximum(global_batch // (replicas * split[1]), 1)
-    batch, batch_max = _micro_batch_bounds(np, terms, w_of, caps, status == FITS, per_replica)
+    tier = (ok & fits & ~safe).astype(np.int8)
+    # the bounds only where a candidate fits (a few in a hundred of a large space): flat positions, row-major, so
+    # each block's are together and its columns ascend
+    at = np.flatnonzero(status.ravel() == FITS)
+    rows, at_col = np.divmod(at, len(cols))
+    replicas = np.maximum(world[rows] // split[0][at_col], 1)  # data-parallel replicas (plan/layouts.replicas)
+    per_replica = None if global_batch is None else np.maximum(global_batch // (replicas * split[1][at_col]), 1)
+    batch, batch_max = _micro_batch_bounds(np, terms, w_of, caps, rows, at_col, per_replica)
+    tier_at = tier.ravel()[at]
     if margin:  # a safe candidate runs the batch that leaves the margin free, a tight one the full capacity's
-        low, high = _micro_batch_bounds(np, terms, w_of, safe_caps, (status == FITS) & (tier == 0), per_replica)
-        batch, batch_max = np.where(tier == 0, low, batch), np.where(tier == 0, high, batch_max)
+        safe_at = np.flatnonzero(tier_at == 0)
+        low, high = _micro_batch_bounds(np, terms, w_of, safe_caps, rows[safe_at], at_col[safe_at],
+                                        None if per_replica is None else per_replica[safe_at])
+        batch[safe_at], batch_max[safe_at] = low, high
     # one representative mix per compute signature that has a candidate to rank
     mixes: dict[int, Any] = {}
     for j in np.flatnonzero((status == FITS).any(axis=0)).tolist():
         if sig[j] not in mixes:
             mixes[sig[j]] = space.mix(int(cols[j]))
-    hours, usd, unbounded = _time_bounds(np, space, cal, scan.on_gpu, g_of, sig, mixes, batch, batch_max, replicas,
-                                         stop_at)
+    hours, usd, unbounded = _time_bounds(np, space, cal, scan.on_gpu, g_of, sig, mixes, rows, at_col, batch,
+                                         batch_max, replicas, stop_at, status.size > len(at))
     if unbounded.any():  # out of time: these fit, but without a bound they cannot be ranked
         status[:, unbounded] = np.where(status[:, unbounded] == FITS, UNSEARCHED, status[:, unbounded])
         cut = True
-    chosen_peak = fixed_peak if fixed_peak is None else np.where(tier == 0, safe_fixed_peak, fixed_peak)
-    primary = {"time": hours, "cost": np.where(np.isnan(usd), np.inf, usd),
-               "memory": peak[w_of] if fixed_peak is None else chosen_peak}[by]
-    return Classification(status, np.where(status == FITS, primary, np.inf), hours, usd, batch, batch_max,
-                          scan.complexity, scan.accept, tier, cols, nm, dead), cut
+    if by == "memory":
+        primary = (peak[w_of[rows], at_col] if fixed_peak is None else
+                   np.where(tier_at == 0, safe_fixed_peak[rows, at_col], fixed_peak[rows, at_col]))
+    else:
+        primary = hours if by == "time" else np.where(np.isnan(usd), np.inf, usd)
+    primary, hours, usd, batch, batch_max = (_dense(np, status.shape, at, v)
+                                             for v in (primary, hours, usd, batch, batch_max))
+    primary[status != FITS] = np.inf  # the clock's unsearched ones too
+    return Classification(status, primary, hours, usd, batch, batch_max, scan.complexity, scan.accept, tier, cols,
+                          nm, dead), cut
 
 
-def _micro_batch_bounds(np, terms, w_of, caps, fits, per_replica):
-    """Bounds on the micro-batch each fitting candidate will run (bounds.py, rule 2): the floor of min over
-    phases of (capacity - fixed bytes) / slope, with the first sequence's slope for the lower bound and the
-    slope at the cap for the upper; 1e-6 either side covers rounding (the engine checks the solver's answer
-    against both). Clipped to [1, the solver's cap]; with a fixed global batch, to the global batch per replica
-    (and pipeline stage), as recommend picks it (`per_replica`: that cap per candidate, None without one)."""
-    low, high = np.ones(fits.shape), np.ones(fits.shape)
+def _dense(np, shape, at, values):
+    """An array of this shape with `values` at the flat positions `at` and zeros elsewhere (pages the writes do not
+    touch are never written)."""
+    out = np.zeros(shape)
+    out.ravel()[at] = values
+    return out
+
+def _micro_batch_bounds(np, terms, w_of, caps, rows, cols, per_replica):
+    """Bounds on the micro-batch of each fitting candidate (its block in `rows`, its column in `cols`, block by
+    block) will run (bounds.py, rule 2): the floor of min over phases of (capacity - fixed bytes) / slope, with the
+    first sequence's slope for the lower bound and the slope at the cap for the upper; 1e-6 either side covers
+    rounding (the engine checks the solver's answer against both). Clipped to [1, the solver's cap]; with a fixed
+    global batch, to the global batch per replica (and pipeline stage), as recommend picks it (`per_replica`: that
+    cap per candidate, None without one)."""
+    low, high = np.ones(len(rows)), np.ones(len(rows))
     if not terms:
         return low, high
 
@@ -165,43 +185,53 @@ def _micro_batch_bounds(np, terms, w_of, caps, fits, per_replica):
             return np.where(per > 0, (cap - fixed) / per, np.inf).min(axis=0)  # over the phases
 
     high[:] = BATCH_CAP
-    for b in range(fits.shape[0]):
-        at = np.flatnonzero(fits[b])  # only the fitting columns (a few in a hundred on a large space)
-        if not len(at):
-            continue
-        fixed = terms["fixed"][w_of[b]][:, at]
-        lo = np.clip(np.floor(largest(fixed, terms["first"][w_of[b]][:, at], caps[b]) * (1 - 1e-6)), 1, BATCH_CAP)
-        hi = np.clip(np.floor(largest(fixed, terms["far"][w_of[b]][:, at], caps[b]) * (1 + 1e-6)), 1, BATCH_CAP)
+    starts = np.searchsorted(rows, np.arange(len(w_of) + 1))
+    for b in np.flatnonzero(np.diff(starts)).tolist():  # the blocks with a fitting candidate
+        span = slice(starts[b], starts[b + 1])
+        at = terms["row"][w_of[b], cols[span]]  # the probe of each candidate's mix at the block's GPU count
+        if (at < 0).any():
+            raise AssertionError("a fitting candidate without batch terms")
+        fixed = terms["fixed"][:, at]
+        lo = np.clip(np.floor(largest(fixed, terms["first"][:, at], caps[b]) * (1 - 1e-6)), 1, BATCH_CAP)
+        hi = np.clip(np.floor(largest(fixed, terms["far"][:, at], caps[b]) * (1 + 1e-6)), 1, BATCH_CAP)
         if per_replica is not None:
-            lo, hi = np.minimum(lo, per_replica[b, at]), np.minimum(hi, per_replica[b, at])
-        low[b, at], high[b, at] = lo, hi
+            lo, hi = np.minimum(lo, per_replica[span]), np.minimum(hi, per_replica[span])
+        low[span], high[span] = lo, hi
     return low, high
 
 
-def _time_bounds(np, space: Space, cal: Calibration, on_gpu: Sequence[Any], g_of, sig, representative, batch,
-                 batch_max, replicas, stop_at: float | None = None):
-    """Lower bounds of hours and dollars per candidate: per compute signature and GPU type, the per-op
-    seconds per sequence (bounds.op_rates) at the shortest padded length its micro-batch bound can have, plus per
-    block the model-parallel communication no compute hides (pass_bounds.exposed_seconds_per_sequence). Also
-    which columns the clock (`stop_at`) left without a bound, the signatures taken in listing order."""
+def _time_bounds(np, space: Space, cal: Calibration, on_gpu: Sequence[Any], g_of, sig, representative, rows, cols,
+                 batch, batch_max, replicas, stop_at: float | None = None, others: bool = False):
+    """Lower bounds of hours and dollars per fitting candidate (its block in `rows`, its column in `cols`): per
+    compute signature and GPU type, the per-op seconds per sequence (bounds.op_rates) at the shortest padded length
+    its micro-batch bound can have, plus per block the model-parallel communication no compute hides
+    (pass_bounds.exposed_seconds_per_sequence). Also which columns the clock (`stop_at`) left without a bound, the
+    signatures taken in listing order. `others`: some candidate does not fit; the lengths' table of a signature then
+    holds the length at micro-batch 1 too whenever one of its columns has such a candidate (the table's shape sets
+    the order numpy sums the ops in, so the numbers stay those of a table over every candidate)."""
     wl = space.scenario.workload
     shortest = shortest_sequence(space.scenario)
-    batches, which = _distinct_batches(np, batch)
+    batches, which = _distinct_batches(np, np.append(batch, 1.0) if others else batch)
     lengths = np.array([wl.mean_padded_len(int(b)) for b in batches.tolist()], float)
     # the distinct padded lengths (one when packed) and each candidate's: a signature's seconds per sequence are
     # computed per GPU type and length, then read per candidate
     seqs, seq_of = np.unique(np.maximum(lengths, shortest), return_inverse=True)
-    seq_of = seq_of.reshape(-1)[which.reshape(batch.shape)]
-    per_seq = np.zeros(batch.shape)
+    seq_of = seq_of.reshape(-1)[which.reshape(-1)]
+    at_one = seq_of[-1] if others else None  # the length of a candidate that does not fit (micro-batch 1)
+    per_seq = np.zeros(len(batch))
     memo: dict = {}
     passes: dict = {}  # micro_batch_seconds_per_gpu's op times per op list and rates
     comms: dict = {}  # exposed_seconds_per_sequence per distinct COMM_FIELDS value
     rate_memo: dict = {}  # rates_per_gpu per distinct RATE_MIX_FIELDS value
+    rate_tables: dict = {}  # op_rates_per_gpu's rate table per op classes and rates
     effs = [cal.for_gpu(base.cluster.gpu.key)[0] for base in on_gpu]
     bases = [b.base for b in space.blocks]
     block_effs = [cal.for_gpu(b.gpu.key)[0] for b in space.blocks]
     by_sig = np.argsort(sig, kind="stable")  # the columns of each signature, ascending, without a pass per signature
     starts = np.searchsorted(sig[by_sig], np.arange(len(sig) and int(sig.max()) + 2))
+    fit_sig = sig[cols]
+    fit_by_sig = np.argsort(fit_sig, kind="stable")  # the fitting candidates of each signature, likewise
+    fit_starts = np.searchsorted(fit_sig[fit_by_sig], np.arange(len(sig) and int(sig.max()) + 2))
     unbounded = np.zeros(len(sig), bool)
     for n, (s, mix) in enumerate(representative.items()):
         if stop_at is not None and time.perf_counter() > stop_at:
@@ -210,23 +240,29 @@ def _time_bounds(np, space: Space, cal: Calibration, on_gpu: Sequence[Any], g_of
             break
         work = sequence_work(with_mix(on_gpu[0], mix), shortest, memo)
         columns = by_sig[starts[s]:starts[s + 1]]
+        fitting = fit_by_sig[fit_starts[s]:fit_starts[s + 1]]
         if not work or not len(columns):
             continue
         scns = [with_mix(base, mix) for base in on_gpu]
         rated = rates_per_gpu(np, scns, effs, rate_memo)
-        rates = op_rates_per_gpu(np, work, scns, effs, rated[0])  # GPU types x ops x (a, b, c, d)
+        rates = op_rates_per_gpu(np, work, scns, effs, rated[0], rate_tables)  # GPU types x ops x (a, b, c, d)
         single = micro_batch_seconds_per_gpu(np, scns, effs, 1, shortest, passes, rated)
-        at = seq_of[:, columns]
-        used = np.unique(at) if len(seqs) > 1 else np.zeros(1, np.int64)
+        at = seq_of[fitting]
+        if len(seqs) == 1:
+            used = np.zeros(1, np.int64)
+        else:
+            rest = others and len(fitting) < len(g_of) * len(columns)
+            used = np.unique(np.append(at, at_one) if rest else at)
         table = seconds_per_sequence(np, rates, np.broadcast_to(seqs[used], (len(on_gpu), len(used))))
         exposed = exposed_seconds_per_sequence(np, bases, block_effs, mix, shortest, comms)  # per block
-        per_seq[:, columns] = np.maximum(table[g_of[:, None], np.searchsorted(used, at)],
-                                         single[g_of][:, None] / batch_max[:, columns]) + exposed[:, None]
-    world = np.array([b.world for b in space.blocks], float)[:, None]
+        block = rows[fitting]
+        per_seq[fitting] = np.maximum(table[g_of[block], np.searchsorted(used, at)],
+                                      single[g_of[block]] / batch_max[fitting]) + exposed[block]
+    world = np.array([b.world for b in space.blocks], float)
     prices = [price_of(b.base)[0] for b in space.blocks]
-    price = np.array([np.nan if p is None else p for p in prices])[:, None]
+    price = np.array([np.nan if p is None else p for p in prices])
     hours = per_seq * hours_per_gpu_second(space.scenario) / replicas
-    return hours, hours * world * price, unbounded
+    return hours, hours * world[rows] * price[rows], unbounded
 
 
 def _distinct_batches(np, batch):

@@ -1,6 +1,7 @@
 """Rule 1 of bounds.py: one mix's exact memory at one GPU count for every GPU type (`MemoryProbe`), the weights and
 optimizer states below every peak (`StateFloor`), and the memory models of one mix on several GPU counts at once
-(`memory_models`: what does not read the GPU count is computed once).
+(`memory_models`: what does not read the GPU count is computed once); a search's probes recorded and evaluated
+together (`Probes`).
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from ..estimate.memory import (MemoryModel, build_memory_models, frozen_weight_b
 from ..estimate.memory_layout import state_split
 from ..estimate.solvers import BATCH_CAP, BatchSolver, phase_totals
 from ..estimate.state_memory import sharded_states, state_bytes
-from ..spec.scenario import Scenario
+from ..spec.scenario import Scenario, fast_replace
 from .layouts import keep_global_batch, replicas
 
 SAFETY = 1.0 - 1e-6
@@ -132,3 +133,105 @@ def memory_models(scns: Sequence[Scenario]) -> list[MemoryModel]:
     and GPU types: the search's probes of one mix), built together (estimate/memory.py's build_memory_models: what
     does not read the GPU count computed once) and not memoized one by one."""
     return build_memory_models(scns, step_allocator(scns[0])) if scns else []
+
+
+
+class Probes:
+    """Many probes of one search, recorded as the scan meets them and evaluated together: each probe's peak at
+    micro-batch 1, batch terms and fixed-batch peaks are MemoryProbe's, computed over all the probed models at once
+    (estimate/memory_arrays.py: equal to the scalar model exactly); what only a solve or another accumulation answers
+    falls back to one model or one MemoryProbe per probe. A probe is a memory model on one mix at one GPU count;
+    probes of equal models (a fused attention kernel's twin) share its row."""
+
+    def __init__(self, seq: int) -> None:
+        self.seq = seq
+        self.models: list[MemoryModel] = []
+        self.rows: list[int] = []  # per probe: its model's row
+        self.scenarios: list[Scenario] = []  # per probe: its mix at its GPU count (on some GPU type)
+        self.arrays = None
+
+    def add(self, scn: Scenario, model: MemoryModel | None = None, row: int | None = None) -> int:
+        """Record a probe of `model` (or of the model at `row`); its row."""
+        if row is None:
+            row = len(self.models)
+            self.models.append(model)
+        self.rows.append(row)
+        self.scenarios.append(scn)
+        return row
+
+    def peaks_at_one(self, np):
+        """MemoryProbe.peak_at_one of every probe, in order."""
+        from ..estimate.memory_arrays import ModelArrays
+        self.arrays = ModelArrays(np, self.models)
+        self.row_of = np.array(self.rows, np.int64)
+        return _peaks(np, self.arrays, 1, self.seq)[self.row_of]
+
+    def batch_terms(self, np, probes):
+        """MemoryProbe.batch_terms of these probes: (fixed, first, far), each an array phases x probes."""
+        used, inverse = np.unique(self.row_of[probes], return_inverse=True)
+        sub = self.arrays.subset(used)
+        empty, one = sub.totals(0, self.seq), sub.totals(1, self.seq)
+        far, farther = sub.totals(BATCH_CAP, self.seq), sub.totals(2 * BATCH_CAP, self.seq)
+        return empty[:, inverse], (one - empty)[:, inverse], ((farther - far) / BATCH_CAP)[:, inverse]
+
+    def fixed_batch_peaks(self, np, probes, caps, global_batch: int, exact: bool):
+        """MemoryProbe.fixed_batch_peak of these probes on each capacity of `caps` (probes x blocks) where their peak
+        at 1 fits it (NaN: the mix does not run there); inf in every other cell."""
+        arrays = self.arrays.subset(self.row_of[probes])
+        at_one = _peaks(np, arrays, 1, self.seq)
+        scns = [self.scenarios[p] for p in probes.tolist()]
+        world = np.array([s.cluster.world_size for s in scns], np.int64)
+        split = np.array([(s.mix.model_parallel, s.mix.pipeline_parallel) for s in scns], np.int64).reshape(-1, 2)
+        reps, stages = np.maximum(world // split[:, 0], 1), split[:, 1]
+        cap = np.maximum(1, global_batch // (reps * stages))
+        at_cap = np.where(cap <= BATCH_CAP, _peaks(np, arrays, np.minimum(cap, BATCH_CAP), self.seq), np.inf)
+        out = np.full(caps.shape, np.inf)
+        runs = at_one[:, None] <= caps  # False where NaN
+        capped = runs & (at_cap[:, None] <= caps)
+        accumulating = bool(scns) and scns[0].workload.gradient_accumulation > 1
+        if capped.any():  # keep_global_batch's layout at the capped micro-batch, the same for every such capacity
+            mb = np.maximum(1, np.minimum(cap, global_batch // (reps * stages)))
+            ga = np.maximum(1, np.ceil(global_batch / (mb * reps)))
+            same = (ga > 1) == accumulating
+            kept = np.where(same, _peaks(np, arrays, mb, self.seq), np.nan)
+            other = np.flatnonzero(~same & capped.any(axis=1))
+            if len(other):  # another accumulation: its own model (built together per mix and accumulation)
+                kept[other] = self._other_accumulation(np, [scns[p] for p in other.tolist()], ga[other], mb[other])
+            out = np.where(capped, kept[:, None], out)
+        rest = runs & ~capped
+        if not exact and accumulating:  # the peak at 1 stands for the solver's batch (fixed_batch_peak's reason)
+            return np.where(rest, at_one[:, None], out)
+        solved: dict[int, MemoryProbe] = {}  # a solve per capacity (memory ranking, or no accumulation)
+        for p, b in zip(*np.nonzero(rest)):
+            probe = solved.get(p)
+            if probe is None:
+                probe = solved[p] = MemoryProbe(scns[p], self.seq, None, self.models[self.rows[probes[p]]])
+            out[p, b] = probe.fixed_batch_peak(float(caps[p, b]), global_batch, exact)
+        return out
+
+
+    def _other_accumulation(self, np, scns: list[Scenario], ga, mb):
+        """memory_model(scn.with_(gradient_accumulation=ga)).peak_bytes(mb) of each, the models of one mix and
+        accumulation built together (memory_models: they differ only in the cluster)."""
+        from ..estimate.memory_arrays import ModelArrays
+        groups: dict[tuple, list[int]] = {}
+        for i, (scn, n) in enumerate(zip(scns, ga.tolist())):
+            groups.setdefault((id(scn.mix), n), []).append(i)
+        order = [i for members in groups.values() for i in members]
+        models = [model for (_, n), members in groups.items()
+                  for model in memory_models([_accumulating(scns[i], int(n)) for i in members])]
+        out = np.empty(len(scns))
+        out[order] = ModelArrays(np, models).peaks(mb[order], self.seq)
+        return out
+
+
+def _accumulating(scn: Scenario, ga: int) -> Scenario:
+    """scn.with_(gradient_accumulation=ga), without re-checking the scenario (only the accumulation changes)."""
+    return fast_replace(scn, workload=fast_replace(scn.workload, gradient_accumulation=ga))
+
+
+def _peaks(np, arrays, batch, seq):
+    """MemoryProbe.peak of these models at this micro-batch (one, or one per model): the model's peak_bytes, but at
+    micro-batch 1 the max of the phases' totals alone (what _ModelMemo keeps for 1: it leaves least_reserved out)."""
+    top = arrays.totals(batch, seq).max(axis=0)
+    return np.where(np.asarray(batch) == 1, top, np.maximum(arrays.least_reserved, top))

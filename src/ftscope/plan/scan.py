@@ -1,8 +1,10 @@
 """The pass over every mix of a space (classify.py's first stage): refusal, support per GPU type, layout validity
 per GPU count, and one memory probe per mix and GPU count that may fit, with the probes' results kept per slot.
+The probes are recorded as the pass meets them (their memory models built per mix) and evaluated together when it
+is done (`settle`: memory_probe.Probes, over numpy arrays of every probed model).
 
 Work is shared wherever the answer provably does not change: GPU support per distinct GPU_FIELDS value, layout
-validity per distinct LAYOUT_FIELDS value, a fused attention kernel's probes copied from its FUSED_ATTENTION twin,
+validity per distinct LAYOUT_FIELDS value, a fused attention kernel's probes taking its FUSED_ATTENTION twin's models,
 and no memory model at a GPU count whose state floor (memory_probe.StateFloor) is above every capacity.
 """
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Any, Callable, Sequence
 from ..estimate.memory import FUSED_ATTENTION, memory_mix, usable_bytes
 from ..spec.rules import GPU_FIELDS, gpu_problem
 from ..spec.scenario import fast_replace
-from .memory_probe import MemoryProbe, StateFloor, memory_models
+from .memory_probe import Probes, StateFloor, memory_models
 from .layouts import LAYOUT_FIELDS, layout_reason
 from .ranking import mix_complexity, refusal
 from .space import MIX_DIMENSIONS, Space, with_mix
@@ -55,6 +57,7 @@ class Scan:
         self.margin = margin
         self.chunks: list[_Chunk] = []
         self.phases: int | None = None  # phases of the memory models, known from the first batch terms
+        self.terms: dict[str, Any] = {}  # the fitting probes' batch terms (TERMS: phases x probes), "row" per slot
         self.sig = np.zeros(nm, np.int32)
         self.signatures: dict[tuple, int] = {}
         self.accept = {name: np.zeros(nm, bool) for name in accepts}
@@ -62,8 +65,11 @@ class Scan:
         # the Mix fields of the compute dimensions, read at once (a tuple: one-to-one with the dimensions' values)
         self.compute_key = _fields_of([f for d in space.dimensions if d.affects_compute for f in d.mix_fields])
         self.gpu_key, self.layout_key = _fields_of(GPU_FIELDS), _fields_of(LAYOUT_FIELDS)
-        self.memos: dict = {}  # MemoryProbe's work per distinct memory model
-        self.world_blocks: list[list[tuple[int, int]]] | None = None
+        self.probes = Probes(self.seq)  # every probe, evaluated together when the scan is done (settle)
+        self.probed: dict[tuple[int, int], int] = {}  # (slot, GPU count index) -> the probe's model row
+        self.pending: list[tuple[int, int, int]] = []  # per probe not settled yet: slot, GPU count index, support id
+        self.on_of: Any = []  # per support id: supported per GPU type (an array once the scan is done)
+        self.rooms: Any = []  # per support id: the largest capacity per GPU count
         self.twin_offset = _twin_offsets(space) if share_twins else {}
         self.block_of_world = [np.flatnonzero(self.w_of == x) for x in range(len(worlds))]
         self.layouts: dict[tuple, list[int]] = {}
@@ -92,8 +98,10 @@ class Scan:
             on = np.array([gpu_problem(mix, model, base.cluster.gpu) is None for base in self.on_gpu])
             # per GPU count the largest capacity of the GPU types it runs on, and support as plain bools
             room = self.room[:, on].max(axis=1).tolist() if on.any() else None
-            support = self.gpu_support[key] = on, room, on.tolist()
-        on, room, on_list = support
+            support = self.gpu_support[key] = on, room, on.tolist(), len(self.gpu_support)
+            self.on_of.append(on)
+            self.rooms.append(room or [-np.inf] * len(self.worlds))
+        on, room = support[:2]
         self.supported[:, k] = on
         if room is None:
             return
@@ -105,24 +113,22 @@ class Scan:
             return
         floor = StateFloor(with_mix(self.at_world[0], mix))
         probe = []
-        if twin is not None:
-            source, column = self._at(twin)
         for w in runs:
             if floor.at(self.worlds[w]) > room[w]:
                 continue  # does not fit on any block at this count: no model (peak stays inf, NO_FIT)
-            if twin is not None and source.peak[w, column] < np.inf:
-                self._copy(k, twin, w, on)
+            if twin is not None and (twin, w) in self.probed:
+                self._copy(k, twin, w, support, with_mix(self.at_world[w], mix))
             else:
                 probe.append(w)
         scns = [with_mix(self.at_world[w], mix) for w in probe]
         for w, scn, model in zip(probe, scns, memory_models(scns)):  # the models built together: one mix
-            self._probe(k, w, MemoryProbe(scn, self.seq, self.memos, model), room[w], on_list)
+            self._probe(k, w, scn, model, support)
 
     def _take_slot(self, k: int) -> int:
         """The next free slot for mix k, a chunk added when the last one is full."""
         if self.slots == len(self.chunks) * self.width:
             self.chunks.append(_Chunk(self.np, len(self.at_world), len(self.space.blocks), self.width,
-                                      self.global_batch is not None, bool(self.margin), self.phases))
+                                      self.global_batch is not None, bool(self.margin)))
         self.slot[k] = self.slots
         self.slots += 1
         return self.slots - 1
@@ -136,6 +142,7 @@ class Scan:
         peaks None without a fixed global batch, the safe one the same array without a margin; terms empty when no
         probe fitted anywhere)."""
         np = self.np
+        self.settle()
         which, cols = slots // self.width, slots % self.width
         parts = [(c, np.flatnonzero(which == c)) for c in np.unique(which).tolist()]
 
@@ -154,9 +161,8 @@ class Scan:
             fixed = pick(lambda ch: ch.fixed_peak, (nb, 0), np.inf)
             safe = pick(lambda ch: ch.safe_fixed_peak, (nb, 0), np.inf) if self.margin else fixed
         terms = {}
-        if self.phases is not None:
-            terms = {key: pick(lambda ch: ch.terms.get(key), (nw, self.phases, 0), np.nan)
-                     for key in TERMS}
+        if self.terms:  # the fitting probes' terms as they are, and per GPU count and slot the column of its probe
+            terms = dict(self.terms, row=self.terms["row"][:, slots])
         return peak, fixed, safe, terms
 
     def _layout_runs(self, mix: Any) -> list[int]:
@@ -180,73 +186,77 @@ class Scan:
             return None
         return int(self.slot[twin])  # the twin has a slot: some GPU type supports it
 
-    def _copy(self, k: int, twin: int, w: int, runs_on: Any) -> None:
-        """_probe's results at GPU count w, from the twin's (k, twin: their slots; blocks on GPU types this mix does
-        not run keep inf: `runs_on`, per GPU type)."""
-        np = self.np
-        (to, i), (src, j) = self._at(k), self._at(twin)
-        to.peak[w, i] = src.peak[w, j]
-        if src.terms:
-            for key, value in to.with_terms(self.phases).items():
-                value[w, :, i] = src.terms[key][w, :, j]
-        blocks = self.block_of_world[w]
-        runs = runs_on[self.g_of[blocks]]
-        if to.fixed_peak is not None:
-            to.fixed_peak[blocks, i] = np.where(runs, src.fixed_peak[blocks, j], np.inf)
-            if to.safe_fixed_peak is not to.fixed_peak:
-                to.safe_fixed_peak[blocks, i] = np.where(runs, src.safe_fixed_peak[blocks, j], np.inf)
+    def _copy(self, k: int, twin: int, w: int, support: tuple, scn: Any) -> None:
+        """A probe at GPU count w that takes the twin's model (k, twin: their slots; the twin's GPU types include
+        this mix's, so its model is this mix's)."""
+        self.probed[k, w] = self.probes.add(scn, row=self.probed[twin, w])
+        self.pending.append((k, w, support[3]))
 
-    def _probe(self, k: int, w: int, probe: MemoryProbe, room: float, runs_on: Any) -> None:
-        """The probe's peak at micro-batch 1 in slot k; where some block has room for it (`room`: the largest
-        capacity of the GPU types this mix runs on at this count, `runs_on`), its batch terms and fixed-batch
-        peaks as well."""
+    def _probe(self, k: int, w: int, scn: Any, model: Any, support: tuple) -> None:
+        """A probe of mix slot k at GPU count w, evaluated with the others (`settle`)."""
+        self.probed[k, w] = self.probes.add(scn, model)
+        self.pending.append((k, w, support[3]))
+
+    def settle(self) -> None:
+        """Every recorded probe's peak at micro-batch 1 in its slot; where some block has room for it (the largest
+        capacity of the GPU types its mix runs on at its count), its batch terms and fixed-batch peaks as well."""
         np = self.np
-        chunk, i = self._at(k)
-        chunk.peak[w, i] = probe.peak_at_one
-        if probe.peak_at_one > room:  # NO_FIT on every block: nothing reads its terms
+        if not self.pending:
             return
-        phases = probe.batch_terms()
-        if self.phases is None:
-            self.phases = len(phases)
-        terms = chunk.with_terms(self.phases)
-        terms["fixed"][w, :, i], terms["first"][w, :, i], terms["far"][w, :, i] = zip(*phases)
-        if chunk.fixed_peak is not None:  # at the full capacity, and less the margin when there is one
-            if self.world_blocks is None:  # (block, GPU type) pairs per GPU count, as plain ints for the loop
-                self.world_blocks = [[(b, int(self.g_of[b])) for b in np.flatnonzero(self.w_of == x).tolist()]
-                                     for x in range(len(self.at_world))]
-            blocks, supported = self.world_blocks[w], runs_on
-            exact = self.exact_peaks
-            _fixed_batch(probe, i, blocks, supported, self.cap_lists[0], chunk.fixed_peak, self.global_batch, exact)
-            if chunk.safe_fixed_peak is not chunk.fixed_peak:
-                _fixed_batch(probe, i, blocks, supported, self.cap_lists[1], chunk.safe_fixed_peak,
-                             self.global_batch, exact)
+        slot, w, sid = np.array(self.pending, np.int64).reshape(-1, 3).T
+        self.on_of, self.rooms = np.array(self.on_of, bool), np.array(self.rooms, float)
+        peak = self.probes.peaks_at_one(np)
+        self._scatter(lambda ch: ch.peak, slot, lambda at: (w[at],), peak)
+        fit = np.flatnonzero(peak <= self.rooms[sid, w])
+        if len(fit):
+            terms = self.probes.batch_terms(np, fit)
+            self.phases = len(terms[0])
+            self.terms = dict(zip(TERMS, terms))
+            self.terms["row"] = np.full((len(self.worlds), self.slots), -1, np.int64)
+            self.terms["row"][w[fit], slot[fit]] = np.arange(len(fit))
+        if self.global_batch is not None and len(fit):
+            # the blocks at each fitting probe's GPU count (-1 pads the counts with fewer blocks), and their capacity
+            # where the probe's mix runs on the block's GPU type
+            per_world = max(len(b) for b in self.block_of_world)
+            table = np.full((len(self.block_of_world), per_world), -1, np.int64)
+            for x, blocks in enumerate(self.block_of_world):
+                table[x, :len(blocks)] = blocks
+            blocks = table[w[fit]]
+            runs = (blocks >= 0) & np.take_along_axis(self.on_of[sid[fit]], self.g_of[blocks], axis=1)
+            for caps, get in ((self.caps, lambda ch: ch.fixed_peak), (self.safe_caps, lambda ch: ch.safe_fixed_peak)):
+                if caps is self.safe_caps and not self.margin:
+                    continue
+                cells = np.where(runs, caps[blocks], np.nan)
+                value = self.probes.fixed_batch_peaks(np, fit, cells, self.global_batch, self.exact_peaks)
+                p, j = np.nonzero(runs)
+                self._scatter(get, slot[fit][p], lambda at: (blocks[p[at], j[at]],), value[p, j])
+        self.pending = []
+        self.probes, self.probed = Probes(self.seq), {}  # the settled models are not read again: free them now
+
+    def _scatter(self, get, slots, index, values) -> None:
+        """Write values (one per slot) into each chunk's array `get(chunk)` at index(at) + the slots' columns (`at`:
+        the positions of the slots in that chunk)."""
+        np = self.np
+        which, cols = slots // self.width, slots % self.width
+        for c in np.unique(which).tolist():
+            at = np.flatnonzero(which == c)
+            get(self.chunks[c])[(*index(at), cols[at])] = values[at]
 
 
 TERMS = ("fixed", "first", "far")
-"""The batch terms kept per GPU count, phase and slot: fixed bytes, bytes the first sequence adds, bytes per
-sequence at the cap (MemoryProbe.batch_terms)."""
+"""The batch terms kept per phase and fitting probe: fixed bytes, bytes the first sequence adds, bytes per sequence
+at the cap (MemoryProbe.batch_terms)."""
 
 
 class _Chunk:
     """The probes' results of `width` consecutive slots: peak at micro-batch 1 per GPU count, fixed-batch peaks per
-    block (at the full capacity and, with a margin, less it), batch terms per GPU count and phase (made when a
-    probe of the chunk first fits somewhere)."""
+    block (at the full capacity and, with a margin, less it)."""
 
-    def __init__(self, np, worlds: int, blocks: int, width: int, fixed: bool, margin: bool,
-                 phases: int | None) -> None:
+    def __init__(self, np, worlds: int, blocks: int, width: int, fixed: bool, margin: bool) -> None:
         self.np, self.worlds, self.width = np, worlds, width
         self.peak = np.full((worlds, width), np.inf)
         self.fixed_peak = np.full((blocks, width), np.inf) if fixed else None
         self.safe_fixed_peak = np.full((blocks, width), np.inf) if fixed and margin else self.fixed_peak
-        self.terms: dict[str, Any] = {}
-        if phases is not None:
-            self.with_terms(phases)
-
-    def with_terms(self, phases: int) -> dict[str, Any]:
-        """The batch terms' arrays (phases before slots: the bounds take their min over phases), made on first use."""
-        if not self.terms:
-            self.terms = {key: self.np.full((self.worlds, phases, self.width), self.np.nan) for key in TERMS}
-        return self.terms
 
 
 def _fields_of(names: Sequence[str]) -> Callable[[Any], tuple]:
@@ -271,16 +281,3 @@ def _twin_offsets(space: Space) -> dict[str, int]:
     probe = space.mix(0)
     return {v: (i - base) * stride for i, v in enumerate(values)
             if i > base and memory_mix(fast_replace(probe, attention=v)).attention == FUSED_ATTENTION}
-
-def _fixed_batch(probe: MemoryProbe, k: int, blocks: list[tuple[int, int]], supported: list[bool], caps: list[float],
-                 fixed_peak, global_batch: int, exact: bool = True) -> None:
-    """Peak bytes of the layout that keeps the global batch, for every block at this GPU count that fits at
-    micro-batch 1 (one solve per distinct capacity; `exact` False: MemoryProbe.fixed_batch_peak's). blocks: (block,
-    GPU type) pairs; supported: per GPU type."""
-    memo: dict[float, float] = {}
-    for b, g in blocks:
-        cap = caps[b]
-        if supported[g] and probe.peak_at_one <= cap:
-            if cap not in memo:
-                memo[cap] = probe.fixed_batch_peak(cap, global_batch, exact)
-            fixed_peak[b, k] = memo[cap]

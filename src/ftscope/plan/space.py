@@ -205,11 +205,16 @@ class Space:
         base = self.scenario.mix.__dict__
         # each value's Mix fields once (a space of millions of mixes lists each value millions of times)
         assigned = [[d.assign(v) for v in values] for d, values in zip(MIX_DIMENSIONS, self.values)]
-        for combo in itertools.product(*assigned):
-            changes: dict[str, Any] = {}
+        # the fields of every dimension but the last merged once per prefix (the last one varies fastest)
+        for combo in itertools.product(*assigned[:-1]):
+            prefix = dict(base)
             for fields_ in combo:
-                changes.update(fields_)
-            yield _mix_with(base, changes)
+                prefix.update(fields_)
+            for last in assigned[-1]:
+                new = object.__new__(Mix)
+                new.__dict__.update(prefix)
+                new.__dict__.update(last)
+                yield new
 
     def coords(self, idx: int) -> tuple[int, int]:
         """(block, mix) of a candidate number."""

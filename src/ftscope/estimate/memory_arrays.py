@@ -1,0 +1,159 @@
+"""Many memory models' reserved bytes at once: MemoryModel.reserved_totals and peak_bytes over numpy arrays.
+
+A search probes hundreds of thousands of memory models (one per mix and GPU count) at a few batch shapes each;
+one model at a time that is most of its scan. `ModelArrays` stacks the models' fields and evaluates every phase
+point of memory.py's `_points` and `_reserved_of` with the same float operations in the same order, a branch
+(checkpointing, activation offload, a trained or tied head, a chunked loss) taken per model by selecting
+between both sides. So each number equals the scalar one exactly (tests/estimate/test_memory_arrays.py
+compares them with ==); a change to the scalar formulas must be made here too, and that test fails until it is.
+"""
+from __future__ import annotations
+
+from itertools import chain
+from operator import attrgetter
+from typing import Any, Sequence
+
+from ..spec.hardware import GIB
+from .memory import MemoryModel
+
+ACTS = ("saved_per_token", "saved_per_token_quadratic", "layer_per_token", "layer_per_token_quadratic",
+        "layer_ffn_per_token", "forward_transient_per_token", "checkpoint_per_token", "head_per_token",
+        "logits_saved_per_token", "logits_forward_extra_per_token", "logits_backward_extra_per_token",
+        "logits_held_per_token", "loss_tile_per_token", "loss_tile_tokens", "checkpoint_layer_per_token")
+"""The ActivationCoefficients fields _points reads."""
+MODEL = ("weights", "optimizer", "weight_transient", "gradients_in_forward", "gradients", "block_transient",
+         "optimizer_transient", "stream_gathered", "stream_pool", "reserved_floor", "small_pool_step")
+HEAD = ("weight", "chunks", "logits_grad_per_token", "in_blocks", "at_last_block", "at_embedding")
+
+
+class ModelArrays:
+    """The fields the reserved bytes read, one array entry per model (models sharing activation coefficients,
+    head gradient and allocator share their rows of those tables)."""
+
+    def __init__(self, np, models: Sequence[MemoryModel]) -> None:
+        self.np = np
+        self.n = len(models)
+        fields = attrgetter(*MODEL, "checkpointing", "offload_activations")
+        width = len(MODEL) + 2
+        values = np.fromiter(chain.from_iterable(map(fields, models)), float, self.n * width).reshape(self.n, width)
+        for i, name in enumerate(MODEL):
+            setattr(self, name, values[:, i])
+        self.checkpointing, self.offload = values[:, -2] != 0, values[:, -1] != 0
+        for attr, names, prefix in (("acts", ACTS, ""), ("head_grad", HEAD, "hg_")):
+            which, distinct = _rows(np, [getattr(m, attr) for m in models])
+            table = np.fromiter(chain.from_iterable(map(attrgetter(*names), distinct)), float,
+                                len(distinct) * len(names)).reshape(len(distinct), len(names))
+            for i, f in enumerate(names):
+                setattr(self, prefix + f, table[which, i])
+        which, allocators = _rows(np, [m.allocator for m in models])
+        table = np.array([[a.workspace_gib, a.fragmentation, a.fragmentation_checkpointed, a.pinned]
+                          for a in allocators], float).reshape(len(allocators), 4)
+        workspace, frag, frag_ckpt, pinned = (table[which, i] for i in range(4))
+        self.workspace = workspace * GIB
+        fr = np.where(self.checkpointing, frag_ckpt, frag)
+        self.fragmentation = fr, np.minimum(fr, pinned)  # (reserved, held): _reserved_of's fr
+        self.least_reserved = self.reserved_floor + self.small_pool_step + self.stream_pool
+
+    def subset(self, rows) -> "ModelArrays":
+        """The arrays of these rows (indices into the models), in that order."""
+        out = object.__new__(ModelArrays)
+        for name, value in self.__dict__.items():
+            if name == "fragmentation":
+                value = tuple(v[rows] for v in value)
+            elif hasattr(value, "shape") and value.shape == (self.n,):
+                value = value[rows]
+            out.__dict__[name] = value
+        out.n = len(rows)
+        return out
+
+    def points(self, batch, seq) -> list[tuple[Any, Any, Any]]:
+        """memory.py's _points as (activations, temporary, allocated) arrays per point (`batch`: a number or one per
+        model), the ten points in order; the last is the optimizer step's."""
+        np, a = self.np, self
+        t = batch * seq
+        head = a.head_per_token * t + a.logits_saved_per_token * t
+        ckpt = self.checkpointing
+        saved = np.where(ckpt, a.checkpoint_per_token * t + head,
+                         a.saved_per_token * t + a.saved_per_token_quadratic * t * seq + head)
+        layer = a.layer_per_token * t + a.layer_per_token_quadratic * t * seq
+        kept = np.where(ckpt, a.checkpoint_layer_per_token * t, layer)
+        saved = np.where(self.offload, np.minimum(saved - head, 2 * kept) + head, saved)
+        static = self.weights + self.optimizer
+        wt = self.weight_transient
+        g_fwd = self.gradients_in_forward
+        g_end = np.maximum(self.gradients, g_fwd)
+        tile = a.loss_tile_per_token * np.minimum(t, a.loss_tile_tokens)
+        held = a.logits_held_per_token * t
+        fwd_act = saved + a.logits_forward_extra_per_token * t + tile
+        bwd_act = saved + a.logits_backward_extra_per_token * t + tile + held
+        after_head = saved - a.logits_saved_per_token * t + held
+        att_bwd = a.layer_per_token_quadratic * t * seq
+        rec_act = np.where(ckpt, after_head + np.maximum(layer, layer - a.layer_ffn_per_token * t + att_bwd),
+                           after_head + att_bwd)
+        end_act = layer + held
+        bt = wt + self.block_transient
+        in_block = after_head - held - a.head_per_token * t + a.forward_transient_per_token * t
+        g_rec, g_last = g_fwd + a.hg_in_blocks, g_end + a.hg_at_last_block
+        loss_start = (bwd_act, wt, static + g_fwd + bwd_act + wt)
+        heads = self._head_points(t, saved, held, static, g_fwd, g_end, wt, loss_start)
+        zero = np.zeros(self.n)
+        return [(fwd_act, wt, static + g_fwd + fwd_act + wt),
+                (in_block, bt, static + g_fwd + in_block + bt),
+                loss_start, *heads,
+                (rec_act, bt, static + g_rec + rec_act + bt),
+                (end_act, bt, static + g_last + end_act + bt),
+                (zero, self.optimizer_transient, static + self.gradients + self.optimizer_transient)]
+
+    def _head_points(self, t, saved, held, static, g_fwd, g_end, wt, loss_start) -> list[tuple[Any, Any, Any]]:
+        """_points' four head points: a frozen head's repeated start of backward, or a trained head's moments (three
+        for a chunked loss, one otherwise) and a tied embedding's gradient, padded with the first moment."""
+        np, a = self.np, self
+        n, h = a.hg_chunks, a.hg_weight
+        logits = a.logits_saved_per_token * t
+        grad = a.hg_logits_grad_per_token * t / n
+        moments = [(logits * (n - 1) / n + grad, h), (logits * (n - 2) / n + grad, 2 * h),
+                   (logits * (n - 2) / n, 3 * h)]
+        trained = []
+        for kept, gh in moments:
+            act = saved - logits + kept + held
+            trained.append((act, wt, static + g_fwd + gh + act + wt))
+        g_emb = g_end + a.hg_at_embedding
+        tied = np.where(a.hg_at_embedding != 0, 0.0, loss_start[0]), wt, np.where(
+            a.hg_at_embedding != 0, static + g_emb + wt, loss_start[2])
+        chunked = n > 1
+        first = trained[0]
+        order = [first, _pick(np, chunked, trained[1], tied), _pick(np, chunked, trained[2], first),
+                 _pick(np, chunked, tied, first)]
+        on = h != 0
+        return [_pick(np, on, p, loss_start) for p in order]
+
+    def totals(self, batch, seq, held: bool = True):
+        """MemoryModel.reserved_totals (held: True) or the reserved bytes (_reserved_of) of every model: an array of
+        points x models."""
+        np = self.np
+        fr = self.fragmentation[1 if held else 0]
+        g, pool, ws = self.stream_gathered, self.stream_pool, self.workspace
+        out = []
+        pts = self.points(batch, seq)
+        for i, (act, temp, allocated) in enumerate(pts):
+            own = 0.0 if i == len(pts) - 1 else g  # the optimizer step gathers nothing on the other stream
+            out.append(allocated - own + ws + fr * (act + temp - own) + pool)
+        return np.array(out).reshape(len(pts), self.n)
+
+    def peaks(self, batch, seq):
+        """MemoryModel.peak_bytes of every model: max(least_reserved, every phase point's total)."""
+        return self.np.maximum(self.least_reserved, self.totals(batch, seq).max(axis=0))
+
+
+def _rows(np, objects: list) -> tuple[Any, list]:
+    """(row of each object, one object per row): the same object gets one row (by identity: a search's models share
+    their activation coefficients, head gradient and allocator objects; equal copies just take more rows)."""
+    if not objects:
+        return np.zeros(0, np.int64), []
+    ids = np.fromiter(map(id, objects), np.int64, len(objects))
+    _, first, which = np.unique(ids, return_index=True, return_inverse=True)
+    return which.reshape(-1), [objects[i] for i in first.tolist()]
+
+
+def _pick(np, cond, yes: tuple, no: tuple) -> tuple:
+    return tuple(np.where(cond, y, n) for y, n in zip(yes, no))

@@ -65,3 +65,20 @@ def test_a_probe_given_its_model_answers_as_one_that_builds_it():
     assert given.peak_at_one == built.peak_at_one and given.batch_terms() == built.batch_terms()
     assert given.fixed_batch_peak(80e9, 64) == built.fixed_batch_peak(80e9, 64)
     assert memory_models([]) == []
+
+
+def test_the_peak_at_micro_batch_one_keeps_the_allocator_floor():
+    """What init left reserved bounds the peak at every micro-batch, 1 included: a probe (one at a time, or many
+    together) answers the model's peak_bytes even where that floor is above every phase's total."""
+    import numpy as np
+    from ftscope.plan.memory_probe import Probes
+    scn = _on(_scn("olmoe-1b-7b", "hf-trainer"), 8, "h200")
+    model = memory_model(scn)
+    high = replace(model, reserved_floor=2 * model.peak_bytes(1, 1024))
+    assert high.peak_bytes(1, 1024) == high.least_reserved > max(high.reserved_totals(1, 1024))
+    for mem in (model, high):
+        one = MemoryProbe(scn, 1024, model=mem)
+        assert one.peak_at_one == one.peak(1) == mem.peak_bytes(1, 1024)
+        many = Probes(1024)
+        many.add(scn, mem)
+        assert many.peaks_at_one(np).tolist() == [mem.peak_bytes(1, 1024)]

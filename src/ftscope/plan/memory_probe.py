@@ -27,7 +27,7 @@ class _ModelMemo(BatchSolver):
     def __init__(self, model: MemoryModel, seq: int) -> None:
         super().__init__(model, seq)
         self.at_one = phase_totals(model, 1, seq)
-        self.peaks[1] = max(self.at_one)
+        self.peaks[1] = max(model.least_reserved, *self.at_one)  # = model.peak_bytes(1, seq), its floor included
         self.terms: list[tuple[float, float, float]] | None = None
 
 
@@ -231,7 +231,5 @@ def _accumulating(scn: Scenario, ga: int) -> Scenario:
 
 
 def _peaks(np, arrays, batch, seq):
-    """MemoryProbe.peak of these models at this micro-batch (one, or one per model): the model's peak_bytes, but at
-    micro-batch 1 the max of the phases' totals alone (what _ModelMemo keeps for 1: it leaves least_reserved out)."""
-    top = arrays.totals(batch, seq).max(axis=0)
-    return np.where(np.asarray(batch) == 1, top, np.maximum(arrays.least_reserved, top))
+    """MemoryProbe.peak of these models at this micro-batch (one, or one per model): the model's peak_bytes."""
+    return np.maximum(arrays.least_reserved, arrays.totals(batch, seq).max(axis=0))

@@ -82,6 +82,16 @@ class Estimate:
         return self.reason is None and self.memory.fit_bytes <= self.model_memory.capacity_bytes * (1 - self.margin)
 
     @property
+    def nccl_bytes(self) -> float:
+        """NCCL's communicator buffers per GPU (estimate/comm_buffers.py): outside torch's allocator."""
+        return comm_buffer_bytes(self.scenario)
+
+    @property
+    def device_bytes(self) -> float:
+        """What nvidia-smi shows per GPU at the peak: the reserved peak, the CUDA context and NCCL's buffers."""
+        return self.memory.peak_bytes + self.model_memory.allocator.cuda_context_gib * GIB + self.nccl_bytes
+
+    @property
     def headroom_bytes(self) -> float:
         """Usable memory left at the peak before the run runs out (negative when it does not fit): the capacity less
         what must fit (MemoryBreakdown.fit_bytes; cached blocks beyond it the allocator releases when it must)."""
@@ -117,8 +127,8 @@ class Estimate:
             "memory": {
                 "peak_gib": gib(mem.peak_bytes),
                 "allocated_gib": gib(mem.allocated_bytes),
-                "device_gib": gib(mem.peak_bytes + mm.allocator.cuda_context_gib * GIB + comm_buffer_bytes(scn)),
-                "nccl_gib": gib(comm_buffer_bytes(scn)),
+                "device_gib": gib(self.device_bytes),
+                "nccl_gib": gib(self.nccl_bytes),
                 "breakdown_gib": {k: gib(v) for k, v in mem.categories.items()},
                 "phases_gib": {k: gib(v) for k, v in mem.phases.items()},
                 "peak_phase": mem.phase,

@@ -14,7 +14,6 @@ from typing import Any, Sequence
 
 from ..errors import FtscopeError
 from ..estimate import estimate
-from ..estimate.comm_buffers import comm_buffer_bytes
 from ..estimate.efficiency import Calibration, load_calibration
 from ..estimate.result import Estimate, TimeEstimate
 from ..spec.scenario import Scenario, apply_overrides, scenario_from_dict
@@ -82,7 +81,7 @@ def memory_gib(est: Estimate, kind: str) -> float:
         return (mem.allocated_bytes - paged) / 2**30
     if MEMORY_FIELD[kind] == "peak_gib":
         return (mem.peak_bytes - paged) / 2**30
-    return (mem.peak_bytes + comm_buffer_bytes(est.scenario)) / 2**30 + est.model_memory.allocator.cuda_context_gib
+    return est.device_bytes / 2**30
 
 
 def time_metric(t: TimeEstimate, metric: str, scn: Scenario) -> float:

@@ -35,6 +35,7 @@ CASES = [  # dense, MoE, QLoRA, LoRA; DDP, ZeRO 1-3, FSDP; offload; fp32; 8-bit 
     ("mixtral-8x7b", {"method": "qlora", "gradient_checkpointing": True}, {}),
     ("mixtral-8x7b", {"method": "qlora", "gradient_checkpointing": True, "zero_stage": 3},
      {"padding": "packed", "gradient_accumulation": 5}),
+    ("llama-2-7b", {"method": "qlora", "nested_quant": False, "zero_stage": 3, "gradient_checkpointing": True}, {}),
     ("mixtral-8x7b", {"method": "lora", "fsdp": "full_shard", "gradient_checkpointing": True}, {}),
 ]
 

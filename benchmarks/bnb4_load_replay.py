@@ -35,7 +35,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
-from hf2023_qlora_step_trace import SIZES, import_transformers_430, modules  # noqa: E402
+from hf2023_qlora_step_trace import SIZES, import_transformers_430, trace  # noqa: E402
 
 from ftscope.estimate.caching_allocator import CachingAllocator  # noqa: E402
 
@@ -116,48 +116,13 @@ def run(classes, size, seq, gc, nested, r, capacity):
     alloc = CappedAllocator(capacity)
     load(alloc, size, nested, r)
     after_load = (alloc.reserved / GIB, alloc.allocated / GIB, alloc.pinned_free() / GIB)
-    recs = trace_recs(classes, size, seq, gc, r, nested)
+    recs = trace(size, seq, gc, 1, r, 0.0, nested, classes).recs
     try:
         replay_steps(recs, allocator=alloc)
         outcome = f"fits, reserved peak {alloc.peak_reserved / GIB:.2f} GiB"
     except OutOfMemory as e:
         outcome = f"OOM ({e})"
     return after_load, outcome
-
-
-def trace_recs(classes, size, seq, gc, r, nested):
-    import torch
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from ftscope.measure.trace.layers import LayerContext
-    from ftscope.measure.trace.recorder import Recorder
-    LlamaConfig, LlamaForCausalLM = classes
-    Linear4bit, Lora4bit = modules(torch)
-    with FakeTensorMode(allow_non_fake_inputs=True):
-        model = LlamaForCausalLM(LlamaConfig(vocab_size=32000, use_cache=False, **SIZES[size]))
-        for layer in model.model.layers:
-            for parent, names in ((layer.self_attn, ("q_proj", "k_proj", "v_proj", "o_proj")),
-                                  (layer.mlp, ("gate_proj", "up_proj", "down_proj"))):
-                for nm in names:
-                    lin = getattr(parent, nm)
-                    setattr(parent, nm, Lora4bit(lin, nested, r, 0.0) if nm in ("q_proj", "v_proj")
-                            else Linear4bit(lin, nested))
-        for n, p in model.named_parameters():
-            p.requires_grad = "lora_" in n
-        if gc:
-            model.enable_input_require_grads()
-            model.gradient_checkpointing_enable()
-        model.train()
-        rec = Recorder(None, None, LayerContext(model))
-        ids = torch.randint(0, 32000, (1, seq))
-        with rec:
-            rec.register_weights(list(model.parameters()) + list(model.buffers()))
-            rec.set_phase("forward")
-            with torch.autocast("cpu", dtype=torch.float16):
-                loss = model(input_ids=ids, attention_mask=torch.ones(1, seq, dtype=torch.long), labels=ids).loss
-            rec.set_phase("backward")
-            loss.backward()
-            del loss
-    return rec.recs
 
 
 ROWS = [("13b", 1024, 1, 0), ("13b", 1024, 1, 1), ("13b", 512, 1, 0), ("7b", 1024, 1, 0)]

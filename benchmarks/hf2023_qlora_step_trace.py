@@ -101,9 +101,17 @@ def modules(torch):
 
 
 def step(size, seq, gc, amp, r, dropout, nested, classes):
+    """(allocated peak, reserved peak through the caching-allocator model, 3 steps) in GiB."""
+    from ftscope.measure.trace.allocator import replay_steps
+    rec = trace(size, seq, gc, amp, r, dropout, nested, classes)
+    peak = max(p[0] for p in rec.peaks.values())
+    return peak / 2**30, replay_steps(rec.recs).peak_reserved / 2**30
+
+
+def trace(size, seq, gc, amp, r, dropout, nested, classes):
+    """The Recorder of one traced step (its `recs`: every storage with its creation and free event)."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from ftscope.measure.trace.allocator import replay_steps
     from ftscope.measure.trace.layers import LayerContext
     from ftscope.measure.trace.recorder import Recorder
     LlamaConfig, LlamaForCausalLM = classes
@@ -133,8 +141,7 @@ def step(size, seq, gc, amp, r, dropout, nested, classes):
             rec.set_phase("backward")
             loss.backward()
             del loss
-    peak = max(p[0] for p in rec.peaks.values())
-    return peak / 2**30, replay_steps(rec.recs).peak_reserved / 2**30
+    return rec
 
 
 def main():

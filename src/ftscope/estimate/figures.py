@@ -127,15 +127,11 @@ def grid_figures(sh: Shared, sites: Sequence[tuple], margin: float, cal: Calibra
 def _grid(sh: Shared, sites: Sequence[tuple], which: Sequence[int], margin: float, tight_margin: float,
           cal: Calibration, scenario_of: Callable[[int], Scenario]) -> list[Figures | None]:
     """figures(scenario_of(i), margin, cal, tight_margin, sh) of each site i in `which`, in that order."""
-    from .grid_time import SMALLEST, hours_of, micro_row, takes  # numpy: imported by the first plan, not at start-up
+    from .grid_time import SMALLEST, hours_of, takes  # numpy: imported by the first plan, not at start-up
     base = sh.scenario
-    wl = base.workload
-    seq, solve = wl.peak_seq_len(), wl.solve_batch
     timing = takes(base)
-    per_gpu = sh.get(("grid_gpu", id(cal)), dict, cal)  # GPU type (id) -> (reason, efficiency, grid_time row)
-    micro = sh.get(("grid_micro", id(cal)), dict, cal)  # micro_row's memo, read here first
-    counts: dict[int, tuple] = {}  # per count: the memo's BatchSolver, its allocator and trainable parameters
-    caps: dict[tuple, float] = {}  # usable_bytes per GPU type and allocator (ids)
+    # per (GPU count, GPU type): what a site's figures read but its network (_site); a repeated plan reads it here
+    placed = sh.get(("grid_site", id(cal), margin), dict, cal)
     out: list[Figures | None] = []
     fitting: list[tuple] = []  # (place in out, site, reason, peak, capacity, batch, trainable) of the fitting ones
     table: list[tuple] = []  # grid_time rows of the GPU types met, and their places
@@ -144,55 +140,71 @@ def _grid(sh: Shared, sites: Sequence[tuple], which: Sequence[int], margin: floa
     for i in which:
         gpu, gpn, nodes, inter = sites[i]
         world = gpn * nodes
-        count = counts.get(world)
-        if count is None:
-            at = sh.get(("grid", world), lambda: BatchSolver(memory_model(scenario_of(i)), seq))
-            count = counts[world] = (at, at.mem.allocator, at.mem.trainable_params)
-        at, allocator, trainable = count
-        info = per_gpu.get(id(gpu))
-        if info is None:
-            info = per_gpu[id(gpu)] = _gpu_info(sh, scenario_of(i), cal, timing)
-        reason, eff, row = info
-        cap = caps.get((id(gpu), id(allocator)))
-        if cap is None:
-            cap = caps[id(gpu), id(allocator)] = usable_bytes(gpu, allocator)  # memory_model's capacity for this GPU
-        if not cap > 0:  # the estimate says why
-            out.append(None)
+        site = placed.get((world, id(gpu)))
+        if site is None or site[0] is not gpu:
+            site = placed[world, id(gpu)] = _site(sh, gpu, world, i, margin, cal, timing, scenario_of)
+        _, fits, done, reason, peak, cap, batch, trainable, row, times = site
+        if not fits:  # a misfit's figures, or None where a number is not finite
+            out.append(done)
             continue
-        limit = cap * (1.0 - margin)
-        if solve:
-            max_b = at.solved.get(limit)  # at.largest's memo, read here first
-            batch = (at.largest(limit) if max_b is None else max_b) or 1
-        else:
-            batch = int(wl.micro_batch_size)
-        peak = at.peaks.get(batch)
-        if peak is None:
-            peak = at.peak(batch)
-        # _memory_sane of this GPU's breakdown (by count and batch, as there)
-        if not sh.get(("sane", world, batch),
-                      lambda: _values_sane(_breakdown_values(fast_replace(at.mem, capacity_bytes=cap), batch, at.seq))):
-            out.append(None)
-        elif not (reason is None and peak <= limit):  # _ranked's misfit
-            out.append(Figures(False, False, None, None, (reason is None and peak > limit)
-                               or (reason is not None and reason.startswith("does not fit"))))
-        else:  # fits: timed below, all at once
-            fitting.append((len(out), i, reason, peak, cap, batch, trainable))
-            out.append(None)
-            if timing:
-                g = rows.get(id(gpu))
-                if g is None:
-                    g = rows[id(gpu)] = len(table)
-                    table.append(row)
-                times = micro.get((id(gpu), id(eff), batch))
-                if times is None:
-                    times = micro_row(sh, cal, eff, batch, gpu, lambda: scenario_of(i))
-                cols.append((g, world, gpn, nodes, inter, batch, trainable, *times))
+        fitting.append((len(out), i, reason, peak, cap, batch, trainable))
+        out.append(None)
+        if timing:
+            g = rows.get(id(gpu))
+            if g is None:
+                g = rows[id(gpu)] = len(table)
+                table.append(row)
+            cols.append((g, world, gpn, nodes, inter, batch, trainable, *times))
     runs = hours_of(base, table, cols) if timing and len(cols) >= SMALLEST else [None] * len(fitting)
     for (k, i, reason, peak, cap, batch, trainable), run in zip(fitting, runs):
         out[k] = (_ranked(scenario_of(i), sh, reason, peak, cap, margin, tight_margin, batch, trainable, cal)
                   if run is None  # grid_time leaves it to the scalar path
                   else Figures(True, peak > cap * (1.0 - tight_margin), run[0], run[1], False))
     return out
+
+
+def _site(sh: Shared, gpu, world: int, i: int, margin: float, cal: Calibration, timing: bool,
+          scenario_of: Callable[[int], Scenario]) -> tuple:
+    """(gpu, fits, figures unless it fits (None where a number is not finite), unsupported reason, peak bytes,
+    capacity, micro-batch, trainable parameters, grid_time row, micro_row) of the sweep's scenario on `world` GPUs
+    of this type (scenario_of(i) is one): per GPU count one memory model solved once per capacity, its peak bytes
+    once per micro-batch (figures builds the breakdown of every candidate to read its fit_bytes, which is
+    MemoryModel.peak_bytes: the same sums)."""
+    from .grid_time import micro_row
+    wl = sh.scenario.workload
+    at = sh.get(("grid", world), lambda: _solver(sh, memory_model(scenario_of(i)), wl.peak_seq_len()))
+    per_gpu = sh.get(("grid_gpu", id(cal)), dict, cal)  # GPU type (id) -> (gpu, reason, efficiency, grid_time row)
+    info = per_gpu.get(id(gpu))
+    if info is None or info[0] is not gpu:
+        info = per_gpu[id(gpu)] = (gpu, *_gpu_info(sh, scenario_of(i), cal, timing))
+    _, reason, eff, row = info
+    mem = at.mem
+    cap = usable_bytes(gpu, mem.allocator)  # memory_model's capacity for this GPU
+    if not cap > 0:  # the estimate says why
+        return (gpu, False, None, reason, 0.0, cap, 0, 0, row, ())
+    limit = cap * (1.0 - margin)
+    batch = (at.largest(limit) or 1) if wl.solve_batch else int(wl.micro_batch_size)
+    peak = at.peak(batch)
+    # _memory_sane of this GPU's breakdown (by count and batch, as there; a pure function of model, capacity, batch)
+    if not sh.get(("sane", world, batch), lambda: at.checked(cap, batch, _sane_at)):
+        return (gpu, False, None, reason, peak, cap, batch, mem.trainable_params, row, ())
+    if not (reason is None and peak <= limit):  # _ranked's misfit
+        return (gpu, False, Figures(False, False, None, None, (reason is None and peak > limit)
+                             or (reason is not None and reason.startswith("does not fit"))),
+                reason, peak, cap, batch, mem.trainable_params, row, ())
+    times = micro_row(sh, cal, eff, batch, gpu, lambda: scenario_of(i)) if timing else ()
+    return (gpu, True, None, reason, peak, cap, batch, mem.trainable_params, row, times)
+
+
+def _solver(sh: Shared, mem: MemoryModel, seq: int) -> BatchSolver:
+    """The BatchSolver of the sweep's memory models equal to `mem` but for the capacity (it solves for each): DDP's
+    and ZeRO-0's models are the same at every GPU count above one, so a plan over more nodes solves nothing anew."""
+    return sh.get(("solver", fast_replace(mem, capacity_bytes=0.0), seq), lambda: BatchSolver(mem, seq))
+
+
+def _sane_at(mem: MemoryModel, cap: float, batch: int, seq: float) -> bool:
+    """_memory_sane's figures of mem.breakdown(batch, seq) on a device of `cap` usable bytes."""
+    return _values_sane(_breakdown_values(fast_replace(mem, capacity_bytes=cap), batch, seq))
 
 
 def _gpu_info(sh: Shared, scn: Scenario, cal: Calibration, timing: bool) -> tuple:

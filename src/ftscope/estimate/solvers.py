@@ -93,6 +93,16 @@ class BatchSolver:
         self.peaks: dict[int, float] = {}
         self.solved: dict[float, int] = {}
         self.curves: list[ReservedCurve] | None = None
+        self.checks: dict[tuple, object] = {}
+
+    def checked(self, cap: float, batch: int, check: Callable[[MemoryModel, float, int, float], object]) -> object:
+        """check(mem, cap, batch, seq), made once per capacity and micro-batch (`check`: one pure function of them
+        per solver, such as the breakdown's sanity on a device of `cap` bytes)."""
+        key = (cap, batch)
+        hit = self.checks.get(key, self)
+        if hit is self:
+            hit = self.checks[key] = check(self.mem, cap, batch, self.seq)
+        return hit
 
     def peak(self, batch: int) -> float:
         """mem.peak_bytes(batch, seq): what must fit, whatever the capacity."""

@@ -114,3 +114,7 @@ def test_equal_memory_models_share_one_solver_and_a_repeat_reads_the_sites(zero,
     assert (solvers[1] is solvers[2] is solvers[3] is solvers[4]) == shared_above_one
     assert solvers[0] is not solvers[1]
     assert F.rank_grid(cands, 0.0, cal, sh) == grid  # every site known: read back, not recomputed
+    # known and new sites together, fewer new fitting ones than grid_time takes (the scalar path times them)
+    more = cands[:3] + [base.with_(gpu=gpu_from_catalog(g), gpus_per_node=4, nodes=4) for g in GPUS[-2:]]
+    assert F.rank_grid(more, 0.0, cal, sh) == [F.rank_figures(c, 0.0, cal, Shared(base)) for c in more]
+    assert F.rank_grid(more, 0.0, cal, sh) == F.rank_grid(more, 0.0, cal, Shared(base))

@@ -130,10 +130,13 @@ def _grid(sh: Shared, sites: Sequence[tuple], which: Sequence[int], margin: floa
     from .grid_time import SMALLEST, hours_of, takes  # numpy: imported by the first plan, not at start-up
     base = sh.scenario
     timing = takes(base)
-    # per (GPU count, GPU type): what a site's figures read but its network (_site); a repeated plan reads it here
+    # per (GPU count, GPU type): what a site's figures read but its network (_site); per site, its hours and
+    # dollars: a repeated or neighbouring plan reads them here
     placed = sh.get(("grid_site", id(cal), margin), dict, cal)
+    timed = sh.get(("grid_run", id(cal), margin), dict, cal)  # (GPU id, per node, nodes, network) -> (gpu, run)
+    memos = None  # _site's per-GPU-type memos, fetched on the first site not yet placed
     out: list[Figures | None] = []
-    fitting: list[tuple] = []  # (place in out, site, reason, peak, capacity, batch, trainable) of the fitting ones
+    fitting: list[tuple] = []  # the fitting sites not yet timed: (place in out, site, its run key, _site's tuple)
     table: list[tuple] = []  # grid_time rows of the GPU types met, and their places
     rows: dict[int, int] = {}
     cols: list[tuple] = []
@@ -142,38 +145,49 @@ def _grid(sh: Shared, sites: Sequence[tuple], which: Sequence[int], margin: floa
         world = gpn * nodes
         site = placed.get((world, id(gpu)))
         if site is None or site[0] is not gpu:
-            site = placed[world, id(gpu)] = _site(sh, gpu, world, i, margin, cal, timing, scenario_of)
-        _, fits, done, reason, peak, cap, batch, trainable, row, times = site
-        if not fits:  # a misfit's figures, or None where a number is not finite
-            out.append(done)
+            if memos is None:
+                memos = (sh.get(("grid_gpu", id(cal)), dict, cal), sh.get(("grid_micro", id(cal)), dict, cal))
+            site = placed[world, id(gpu)] = _site(sh, gpu, world, i, margin, cal, timing, scenario_of, *memos)
+        if not site[1]:  # a misfit's figures, or None where a number is not finite
+            out.append(site[2])
             continue
-        fitting.append((len(out), i, reason, peak, cap, batch, trainable))
+        key = (id(gpu), gpn, nodes, inter)
+        run = timed.get(key)
+        if run is not None and run[0] is gpu:  # (gpu, hours, dollars), or (gpu,) where a figure is not finite
+            out.append(Figures(True, site[4] > site[5] * (1.0 - tight_margin), run[1], run[2], False)
+                       if len(run) > 1 else None)
+            continue
+        fitting.append((len(out), i, key, site))
         out.append(None)
         if timing:
             g = rows.get(id(gpu))
             if g is None:
                 g = rows[id(gpu)] = len(table)
-                table.append(row)
-            cols.append((g, world, gpn, nodes, inter, batch, trainable, *times))
+                table.append(site[8])
+            cols.append((g, world, gpn, nodes, inter, site[6], site[7], *site[9]))
     runs = hours_of(base, table, cols) if timing and len(cols) >= SMALLEST else [None] * len(fitting)
-    for (k, i, reason, peak, cap, batch, trainable), run in zip(fitting, runs):
-        out[k] = (_ranked(scenario_of(i), sh, reason, peak, cap, margin, tight_margin, batch, trainable, cal)
-                  if run is None  # grid_time leaves it to the scalar path
-                  else Figures(True, peak > cap * (1.0 - tight_margin), run[0], run[1], False))
+    for (k, i, key, site), run in zip(fitting, runs):
+        gpu, _, _, reason, peak, cap, batch, trainable, _, _ = site
+        if run is None:  # grid_time leaves it to the scalar path
+            f = out[k] = _ranked(scenario_of(i), sh, reason, peak, cap, margin, tight_margin, batch, trainable, cal)
+            timed[key] = (gpu,) if f is None else (gpu, f.hours, f.usd)
+        else:
+            out[k] = Figures(True, peak > cap * (1.0 - tight_margin), run[0], run[1], False)
+            timed[key] = (gpu, *run)
     return out
 
 
 def _site(sh: Shared, gpu, world: int, i: int, margin: float, cal: Calibration, timing: bool,
-          scenario_of: Callable[[int], Scenario]) -> tuple:
+          scenario_of: Callable[[int], Scenario], per_gpu: dict, micro: dict) -> tuple:
     """(gpu, fits, figures unless it fits (None where a number is not finite), unsupported reason, peak bytes,
     capacity, micro-batch, trainable parameters, grid_time row, micro_row) of the sweep's scenario on `world` GPUs
     of this type (scenario_of(i) is one): per GPU count one memory model solved once per capacity, its peak bytes
     once per micro-batch (figures builds the breakdown of every candidate to read its fit_bytes, which is
-    MemoryModel.peak_bytes: the same sums)."""
+    MemoryModel.peak_bytes: the same sums). `per_gpu`: GPU type (id) -> (gpu, reason, efficiency, grid_time row);
+    `micro`: micro_row's memo."""
     from .grid_time import micro_row
     wl = sh.scenario.workload
     at = sh.get(("grid", world), lambda: _solver(sh, memory_model(scenario_of(i)), wl.peak_seq_len()))
-    per_gpu = sh.get(("grid_gpu", id(cal)), dict, cal)  # GPU type (id) -> (gpu, reason, efficiency, grid_time row)
     info = per_gpu.get(id(gpu))
     if info is None or info[0] is not gpu:
         info = per_gpu[id(gpu)] = (gpu, *_gpu_info(sh, scenario_of(i), cal, timing))
@@ -192,7 +206,9 @@ def _site(sh: Shared, gpu, world: int, i: int, margin: float, cal: Calibration, 
         return (gpu, False, Figures(False, False, None, None, (reason is None and peak > limit)
                              or (reason is not None and reason.startswith("does not fit"))),
                 reason, peak, cap, batch, mem.trainable_params, row, ())
-    times = micro_row(sh, cal, eff, batch, gpu, lambda: scenario_of(i)) if timing else ()
+    times = micro.get((id(gpu), id(eff), batch)) if timing else ()  # micro_row's memo, read here first
+    if times is None:
+        times = micro_row(sh, cal, eff, batch, gpu, lambda: scenario_of(i))
     return (gpu, True, None, reason, peak, cap, batch, mem.trainable_params, row, times)
 
 

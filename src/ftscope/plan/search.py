@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from functools import cached_property, lru_cache
-from itertools import groupby
 from typing import Any, Callable, Sequence, overload
 
 from .. import catalog
@@ -139,16 +138,25 @@ def pareto_front(rows: Sequence[Estimate]) -> list[int]:
 
 def pareto_points(points: Sequence[tuple[float, float] | None]) -> list[int]:
     """pareto_front of rows given as (hours, dollars), None for a row that does not fit or has no price."""
-    pts = sorted((p[0], p[1], i) for i, p in enumerate(points) if p is not None)
+    pts = sorted([(p[0], p[1], i) for i, p in enumerate(points) if p is not None])
     front = []
     cheapest_faster = float("inf")  # the lowest dollars of the rows strictly faster than the group at hand
-    for _, group in groupby(pts, key=lambda p: p[0]):
-        group = list(group)
-        lowest = group[0][1]  # sorted: the group's cheapest comes first
+    k, n = 0, len(pts)
+    while k < n:  # groups of equal hours, as itertools.groupby makes them (`is` or ==)
+        hours, lowest, _ = pts[k]  # sorted: the group's cheapest comes first
+        end = k + 1
+        while end < n and (pts[end][0] is hours or pts[end][0] == hours):
+            end += 1
         # a row is beaten by a faster one no dearer, or by an equally fast one strictly cheaper
-        front += [i for _, u, i in group if cheapest_faster > u and not lowest < u]
-        cheapest_faster = min(cheapest_faster, lowest)
-    return sorted(front)
+        for j in range(k, end):
+            u = pts[j][1]
+            if cheapest_faster > u and not lowest < u:
+                front.append(pts[j][2])
+        if lowest < cheapest_faster:  # min(cheapest_faster, lowest)
+            cheapest_faster = lowest
+        k = end
+    front.sort()
+    return front
 
 
 def candidate_gpus(gpus: Sequence[str] | None) -> list[str]:

@@ -146,7 +146,7 @@ def _grid(sh: Shared, sites: Sequence[tuple], which: Sequence[int], margin: floa
         site = placed.get((world, id(gpu)))
         if site is None or site[0] is not gpu:
             if memos is None:
-                memos = (sh.get(("grid_gpu", id(cal)), dict, cal), sh.get(("grid_micro", id(cal)), dict, cal))
+                memos = (sh.get(("grid_gpu", id(cal)), dict, cal), sh.get(("grid_micro", id(cal)), dict, cal), {})
             site = placed[world, id(gpu)] = _site(sh, gpu, world, i, margin, cal, timing, scenario_of, *memos)
         if not site[1]:  # a misfit's figures, or None where a number is not finite
             out.append(site[2])
@@ -178,16 +178,19 @@ def _grid(sh: Shared, sites: Sequence[tuple], which: Sequence[int], margin: floa
 
 
 def _site(sh: Shared, gpu, world: int, i: int, margin: float, cal: Calibration, timing: bool,
-          scenario_of: Callable[[int], Scenario], per_gpu: dict, micro: dict) -> tuple:
+          scenario_of: Callable[[int], Scenario], per_gpu: dict, micro: dict, solvers: dict) -> tuple:
     """(gpu, fits, figures unless it fits (None where a number is not finite), unsupported reason, peak bytes,
     capacity, micro-batch, trainable parameters, grid_time row, micro_row) of the sweep's scenario on `world` GPUs
     of this type (scenario_of(i) is one): per GPU count one memory model solved once per capacity, its peak bytes
     once per micro-batch (figures builds the breakdown of every candidate to read its fit_bytes, which is
     MemoryModel.peak_bytes: the same sums). `per_gpu`: GPU type (id) -> (gpu, reason, efficiency, grid_time row);
-    `micro`: micro_row's memo."""
+    `micro`: micro_row's memo; `solvers`: the plan's BatchSolver per GPU count, read before the memo's."""
     from .grid_time import micro_row
     wl = sh.scenario.workload
-    at = sh.get(("grid", world), lambda: _solver(sh, memory_model(scenario_of(i)), wl.peak_seq_len()))
+    at = solvers.get(world)
+    if at is None:
+        at = solvers[world] = sh.get(("grid", world),
+                                     lambda: _solver(sh, memory_model(scenario_of(i)), wl.peak_seq_len()))
     info = per_gpu.get(id(gpu))
     if info is None or info[0] is not gpu:
         info = per_gpu[id(gpu)] = (gpu, *_gpu_info(sh, scenario_of(i), cal, timing))

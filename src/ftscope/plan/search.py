@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from functools import cached_property, lru_cache
+from operator import itemgetter
 from typing import Any, Callable, Sequence, overload
 
 from .. import catalog
@@ -110,14 +111,16 @@ def _rank_key(est: Estimate, by: str) -> tuple:
     return (tier, usd, hours) if by == "cost" else (tier, hours, usd)
 
 
+_INF = float("inf")
+_MISFIT_KEY = (2, _INF, _INF)
+
+
 def _figures_key(f: Figures, by: str) -> tuple:
     """_rank_key of the estimate these figures come from."""
     if not f.fits:
-        return (2, float("inf"), float("inf"))
-    hours = f.hours
-    usd = f.usd if f.usd is not None else float("inf")
-    tier = 1 if f.tight else 0
-    return (tier, usd, hours) if by == "cost" else (tier, hours, usd)
+        return _MISFIT_KEY
+    usd = f.usd if f.usd is not None else _INF
+    return (1 if f.tight else 0, usd, f.hours) if by == "cost" else (1 if f.tight else 0, f.hours, usd)
 
 
 def estimate_with_margin(cand: Scenario, margin: float, cal: Calibration, shared: Shared | None = None) -> Estimate:
@@ -184,12 +187,13 @@ def plan(scn: Scenario, gpus: Sequence[str] | None = None, counts: Sequence[int]
     inter = shared.scenario.cluster.inter_node_gbs
     sites = [(gpu, count, nodes, inter) for gpu in map(_catalog_gpu, candidate_gpus(gpus)) for count in counts]
     cands = _Candidates(shared.scenario, sites)
-    keyed: list[tuple] = []  # (rank key, listing index, figures); each candidate's figures, not its estimate
-    for i, f in enumerate(grid_figures(shared, sites, margin, cal, cands.__getitem__)):
+    figs = grid_figures(shared, sites, margin, cal, cands.__getitem__)
+    for i, f in enumerate(figs):
         if f is None:  # a figure that is not a finite number: the estimate's own checks say which
-            f = _figures_of(estimate_with_margin(cands[i], margin, cal, shared))
-        keyed.append((_figures_key(f, by), i, f))
-    keyed.sort(key=lambda k: k[0])  # stable: equal keys keep the listing order, as sorting the estimates did
+            figs[i] = _figures_of(estimate_with_margin(cands[i], margin, cal, shared))
+    # (rank key, listing index, figures); each candidate's figures, not its estimate
+    keyed = [(_figures_key(f, by), i, f) for i, f in enumerate(figs)]
+    keyed.sort(key=itemgetter(0))  # stable: equal keys keep the listing order, as sorting the estimates did
     rows = Rows(cands.reordered([i for _, i, _ in keyed]), lambda c: estimate_with_margin(c, margin, cal, shared))
     front = pareto_points([(f.hours, f.usd) if f.fits and f.usd is not None else None for _, _, f in keyed])
     return Plan(rows=rows, feasible=bool(keyed) and keyed[0][2].fits, pareto=front, by=by, margin=margin,

@@ -90,11 +90,13 @@ def test_the_grids_breakdown_values_are_the_breakdowns(model, mix):
     mem = memory_model(scn(model, mix).with_(gpu=gpu_from_catalog("h100-80gb")))
     for batch in (1, 4, 64, 2048):
         bd = mem.breakdown(batch, 1024)
-        for cap in (mem.capacity_bytes, bd.fit_bytes, (bd.fit_bytes + bd.peak_bytes) / 2, bd.peak_bytes * 2):
+        for cap in (mem.capacity_bytes, bd.fit_bytes / 2, bd.fit_bytes, (bd.fit_bytes + bd.peak_bytes) / 2,
+                    bd.peak_bytes * 2):
             cut = fast_replace(mem, capacity_bytes=cap)
             want = cut.breakdown(batch, 1024)
-            assert F._breakdown_values(cut, batch, 1024) == [want.peak_bytes, want.allocated_bytes,
-                                                            *want.categories.values()]
+            values = [want.peak_bytes, want.allocated_bytes, *want.categories.values()]
+            assert F._breakdown_values(cut, batch, 1024) == values
+            assert F._breakdown_values(mem, batch, 1024, cap) == values  # the capacity given, not replaced
 
 
 @pytest.mark.parametrize("zero,shared_above_one", [(0, True), (2, False)])

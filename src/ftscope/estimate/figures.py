@@ -85,10 +85,18 @@ def _breakdown_sane(bd) -> bool:
     return _values_sane([bd.peak_bytes, bd.allocated_bytes, *bd.categories.values()])
 
 
-def _breakdown_values(mem: MemoryModel, batch: int, seq: float) -> list[float]:
-    """[peak_bytes, allocated_bytes, *categories.values()] of mem.breakdown(batch, seq), without building it."""
+def _breakdown_values(mem: MemoryModel, batch: int, seq: float, cap: float | None = None) -> list[float]:
+    """[peak_bytes, allocated_bytes, *categories.values()] of mem.breakdown(batch, seq), without building it, on a
+    device of `cap` usable bytes (mem's capacity when None). MemoryModel._peak_of's peak, whose cut to the capacity
+    (where what must fit does) is looked at only when the peak exceeds it: a plan checks every new micro-batch."""
     phases = mem._points(batch, seq)
-    i, peak, _ = mem._peak_of(phases)
+    totals = mem._reserved_of(phases)
+    i = max(range(len(phases)), key=totals.__getitem__)
+    least = mem.least_reserved
+    peak = max(totals[i], least)
+    cap = mem.capacity_bytes if cap is None else cap
+    if peak > cap and cap >= max(least, *mem._reserved_of(phases, held=True)):
+        peak = cap
     _, grads, act, temp, allocated = phases[i]
     overhead = peak - allocated  # peak_bytes is allocated + overhead, which need not round back to peak
     return [allocated + overhead, allocated, mem.weights, grads, mem.optimizer, act, temp, overhead]
@@ -223,7 +231,7 @@ def _solver(sh: Shared, mem: MemoryModel, seq: int) -> BatchSolver:
 
 def _sane_at(mem: MemoryModel, cap: float, batch: int, seq: float) -> bool:
     """_memory_sane's figures of mem.breakdown(batch, seq) on a device of `cap` usable bytes."""
-    return _values_sane(_breakdown_values(fast_replace(mem, capacity_bytes=cap), batch, seq))
+    return _values_sane(_breakdown_values(mem, batch, seq, cap))
 
 
 def _gpu_info(sh: Shared, scn: Scenario, cal: Calibration, timing: bool) -> tuple:

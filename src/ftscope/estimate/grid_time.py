@@ -143,13 +143,17 @@ def step_columns(base: Scenario, table: list[tuple], cols: list[tuple]) -> tuple
     live = bool((trainable > 0).all() and (gbs > 0).all())  # on one GPU (n = 1) the ring is 0 and replaced below
     with np.errstate(divide="ignore", invalid="ignore"):  # a zero rate: _ranked raises, as the scalar path
         transfers = _collectives(base, ga, g, world, gbs, trainable, live)
-    windows = {"fwd_bwd": (fwd + bwd + rec + deq) * ga, "bwd": bwd * ga, "last_bwd": bwd, "attention": att * ga}
-    exposed_s = _exposed(transfers, windows, g["overlap"])
-    # collectives() is empty on one GPU: exposed([]) leaves min(0.0, overlap x fwd_bwd) hidden
-    alone = 0.0 - _min(0.0, g["overlap"] * windows["fwd_bwd"])
-    parts = {"forward": fwd * runs, "backward": bwd * runs, "recompute": rec * runs, "dequant": deq * runs,
-             "optimizer": _optimizer(mix, base.model, ga, g, world, trainable),
-             "communication": np.where(world > 1, exposed_s, alone), "other": g["other"]}
+    # x * 1 is x, bit for bit (NaN, infinities and -0.0 included): one accumulation step skips those products
+    windows = {"fwd_bwd": (fwd + bwd + rec + deq) * ga, "bwd": bwd * ga, "last_bwd": bwd, "attention": att * ga} \
+        if ga != 1 else {"fwd_bwd": fwd + bwd + rec + deq, "bwd": bwd, "last_bwd": bwd, "attention": att}
+    comm = exposed_s = _exposed(transfers, windows, g["overlap"])
+    if not (world > 1).all():
+        # collectives() is empty on one GPU: exposed([]) leaves min(0.0, overlap x fwd_bwd) hidden
+        alone = 0.0 - _min(0.0, g["overlap"] * windows["fwd_bwd"])
+        comm = np.where(world > 1, exposed_s, alone)
+    parts = {"forward": fwd * runs, "backward": bwd * runs, "recompute": rec * runs, "dequant": deq * runs} \
+        if runs != 1.0 else {"forward": fwd, "backward": bwd, "recompute": rec, "dequant": deq}
+    parts.update(optimizer=_optimizer(mix, base.model, ga, g, world, trainable), communication=comm, other=g["other"])
     return parts, transfers, g, c
 
 

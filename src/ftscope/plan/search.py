@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from functools import cached_property, lru_cache
-from operator import itemgetter
 from typing import Any, Callable, Sequence, overload
 
 from .. import catalog
@@ -191,12 +190,12 @@ def plan(scn: Scenario, gpus: Sequence[str] | None = None, counts: Sequence[int]
     for i, f in enumerate(figs):
         if f is None:  # a figure that is not a finite number: the estimate's own checks say which
             figs[i] = _figures_of(estimate_with_margin(cands[i], margin, cal, shared))
-    # (rank key, listing index, figures); each candidate's figures, not its estimate
-    keyed = [(_figures_key(f, by), i, f) for i, f in enumerate(figs)]
-    keyed.sort(key=itemgetter(0))  # stable: equal keys keep the listing order, as sorting the estimates did
-    rows = Rows(cands.reordered([i for _, i, _ in keyed]), lambda c: estimate_with_margin(c, margin, cal, shared))
-    front = pareto_points([(f.hours, f.usd) if f.fits and f.usd is not None else None for _, _, f in keyed])
-    return Plan(rows=rows, feasible=bool(keyed) and keyed[0][2].fits, pareto=front, by=by, margin=margin,
+    keys = [_figures_key(f, by) for f in figs]  # each candidate's figures, not its estimate
+    order = sorted(range(len(figs)), key=keys.__getitem__)  # stable: equal keys keep the listing order, as
+    ranked = [figs[i] for i in order]  # sorting the estimates did
+    rows = Rows(cands.reordered(order), lambda c: estimate_with_margin(c, margin, cal, shared))
+    front = pareto_points([(f.hours, f.usd) if f.fits and f.usd is not None else None for f in ranked])
+    return Plan(rows=rows, feasible=bool(ranked) and ranked[0].fits, pareto=front, by=by, margin=margin,
                 fix_memo=shared.get(("fixes",), dict))
 
 
@@ -227,7 +226,9 @@ class _Candidates(Sequence[Scenario]):
 
     def reordered(self, order: list[int]) -> "_Candidates":
         """The same candidates in this order (of listing indices), sharing the ones already made."""
-        return _Candidates(self._base, self._sites, [self._order[i] for i in order], self._made)
+        mine = self._order  # range(len(sites)) when in the listing's order: then the order is the sites'
+        return _Candidates(self._base, self._sites, order if isinstance(mine, range) else [mine[i] for i in order],
+                           self._made)
 
 
 def _figures_of(est: Estimate) -> Figures:

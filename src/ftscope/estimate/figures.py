@@ -178,7 +178,8 @@ def _grid(sh: Shared, sites: Sequence[tuple], which: Sequence[int], margin: floa
         gpu, _, _, reason, peak, cap, batch, trainable, _, _ = site
         if run is None:  # grid_time leaves it to the scalar path
             f = out[k] = _ranked(scenario_of(i), sh, reason, peak, cap, margin, tight_margin, batch, trainable, cal)
-            timed[key] = (gpu,) if f is None else (gpu, f.hours, f.usd)
+            if f is None or f.fits:  # (it fits: _site checked what _ranked checks first)
+                timed[key] = (gpu,) if f is None else (gpu, f.hours, f.usd)
         else:
             out[k] = Figures(True, peak > cap * (1.0 - tight_margin), run[0], run[1], False)
             timed[key] = (gpu, *run)

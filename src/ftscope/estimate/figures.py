@@ -132,6 +132,27 @@ def grid_figures(sh: Shared, sites: Sequence[tuple], margin: float, cal: Calibra
     return out
 
 
+class _Site(NamedTuple):
+    """What a plan's candidate on `world` GPUs of one type reads but its network (_site), kept per GPU count and type."""
+
+    gpu: object
+    """The GPU type (its id keys the memo: kept alive here, so no id is reused)."""
+    fits: bool
+    figures: Figures | None
+    """A misfit's figures (None where a number is not finite, or where it fits: timed by the plan)."""
+    reason: str | None
+    """The mix's unsupported reason on this GPU."""
+    peak: float
+    cap: float
+    """Usable bytes."""
+    batch: int
+    trainable: int
+    row: tuple | None
+    """grid_time.gpu_row of the GPU type."""
+    times: tuple
+    """grid_time.micro_row at the micro-batch (empty unless it fits and grid_time takes the mix)."""
+
+
 def _grid(sh: Shared, sites: Sequence[tuple], which: Sequence[int], margin: float, tight_margin: float,
           cal: Calibration, scenario_of: Callable[[int], Scenario]) -> list[Figures | None]:
     """figures(scenario_of(i), margin, cal, tight_margin, sh) of each site i in `which`, in that order."""
@@ -144,7 +165,7 @@ def _grid(sh: Shared, sites: Sequence[tuple], which: Sequence[int], margin: floa
     timed = sh.get(("grid_run", id(cal), margin), dict, cal)  # (GPU id, per node, nodes, network) -> (gpu, run)
     memos = None  # _site's per-GPU-type memos, fetched on the first site not yet placed
     out: list[Figures | None] = []
-    fitting: list[tuple] = []  # the fitting sites not yet timed: (place in out, site, its run key, _site's tuple)
+    fitting: list[tuple] = []  # the fitting sites not yet timed: (place in out, site index, run key, _Site)
     table: list[tuple] = []  # grid_time rows of the GPU types met, and their places
     rows: dict[int, int] = {}
     cols: list[tuple] = []
@@ -152,17 +173,17 @@ def _grid(sh: Shared, sites: Sequence[tuple], which: Sequence[int], margin: floa
         gpu, gpn, nodes, inter = sites[i]
         world = gpn * nodes
         site = placed.get((world, id(gpu)))
-        if site is None or site[0] is not gpu:
+        if site is None or site.gpu is not gpu:
             if memos is None:
                 memos = (sh.get(("grid_gpu", id(cal)), dict, cal), sh.get(("grid_micro", id(cal)), dict, cal), {})
             site = placed[world, id(gpu)] = _site(sh, gpu, world, i, margin, cal, timing, scenario_of, *memos)
-        if not site[1]:  # a misfit's figures, or None where a number is not finite
-            out.append(site[2])
+        if not site.fits:  # a misfit's figures, or None where a number is not finite
+            out.append(site.figures)
             continue
         key = (id(gpu), gpn, nodes, inter)
         run = timed.get(key)
         if run is not None and run[0] is gpu:  # (gpu, hours, dollars), or (gpu,) where a figure is not finite
-            out.append(Figures(True, site[4] > site[5] * (1.0 - tight_margin), run[1], run[2], False)
+            out.append(Figures(True, site.peak > site.cap * (1.0 - tight_margin), run[1], run[2], False)
                        if len(run) > 1 else None)
             continue
         fitting.append((len(out), i, key, site))
@@ -171,8 +192,8 @@ def _grid(sh: Shared, sites: Sequence[tuple], which: Sequence[int], margin: floa
             g = rows.get(id(gpu))
             if g is None:
                 g = rows[id(gpu)] = len(table)
-                table.append(site[8])
-            cols.append((g, world, gpn, nodes, inter, site[6], site[7], *site[9]))
+                table.append(site.row)
+            cols.append((g, world, gpn, nodes, inter, site.batch, site.trainable, *site.times))
     runs = hours_of(base, table, cols) if timing and len(cols) >= SMALLEST else [None] * len(fitting)
     for (k, i, key, site), run in zip(fitting, runs):
         gpu, _, _, reason, peak, cap, batch, trainable, _, _ = site
@@ -187,13 +208,12 @@ def _grid(sh: Shared, sites: Sequence[tuple], which: Sequence[int], margin: floa
 
 
 def _site(sh: Shared, gpu, world: int, i: int, margin: float, cal: Calibration, timing: bool,
-          scenario_of: Callable[[int], Scenario], per_gpu: dict, micro: dict, solvers: dict) -> tuple:
-    """(gpu, fits, figures unless it fits (None where a number is not finite), unsupported reason, peak bytes,
-    capacity, micro-batch, trainable parameters, grid_time row, micro_row) of the sweep's scenario on `world` GPUs
-    of this type (scenario_of(i) is one): per GPU count one memory model solved once per capacity, its peak bytes
-    once per micro-batch (figures builds the breakdown of every candidate to read its fit_bytes, which is
-    MemoryModel.peak_bytes: the same sums). `per_gpu`: GPU type (id) -> (gpu, reason, efficiency, grid_time row);
-    `micro`: micro_row's memo; `solvers`: the plan's BatchSolver per GPU count, read before the memo's."""
+          scenario_of: Callable[[int], Scenario], per_gpu: dict, micro: dict, solvers: dict) -> _Site:
+    """The _Site of the sweep's scenario on `world` GPUs of this type (scenario_of(i) is one): per GPU count one
+    memory model solved once per capacity, its peak bytes once per micro-batch (figures builds the breakdown of
+    every candidate to read its fit_bytes, which is MemoryModel.peak_bytes: the same sums). `per_gpu`: GPU type
+    (id) -> (gpu, reason, efficiency, grid_time row); `micro`: micro_row's memo; `solvers`: the plan's BatchSolver
+    per GPU count, read before the memo's."""
     from .grid_time import micro_row
     wl = sh.scenario.workload
     at = solvers.get(world)
@@ -207,21 +227,21 @@ def _site(sh: Shared, gpu, world: int, i: int, margin: float, cal: Calibration, 
     mem = at.mem
     cap = usable_bytes(gpu, mem.allocator)  # memory_model's capacity for this GPU
     if not cap > 0:  # the estimate says why
-        return (gpu, False, None, reason, 0.0, cap, 0, 0, row, ())
+        return _Site(gpu, False, None, reason, 0.0, cap, 0, 0, row, ())
     limit = cap * (1.0 - margin)
     batch = (at.largest(limit) or 1) if wl.solve_batch else int(wl.micro_batch_size)
     peak = at.peak(batch)
     # _memory_sane of this GPU's breakdown (by count and batch, as there; a pure function of model, capacity, batch)
     if not sh.get(("sane", world, batch), lambda: at.checked(cap, batch, _sane_at)):
-        return (gpu, False, None, reason, peak, cap, batch, mem.trainable_params, row, ())
+        return _Site(gpu, False, None, reason, peak, cap, batch, mem.trainable_params, row, ())
     if not (reason is None and peak <= limit):  # _ranked's misfit
-        return (gpu, False, Figures(False, False, None, None, (reason is None and peak > limit)
-                             or (reason is not None and reason.startswith("does not fit"))),
-                reason, peak, cap, batch, mem.trainable_params, row, ())
+        return _Site(gpu, False, Figures(False, False, None, None, (reason is None and peak > limit)
+                                         or (reason is not None and reason.startswith("does not fit"))),
+                     reason, peak, cap, batch, mem.trainable_params, row, ())
     times = micro.get((id(gpu), id(eff), batch)) if timing else ()  # micro_row's memo, read here first
     if times is None:
         times = micro_row(sh, cal, eff, batch, gpu, lambda: scenario_of(i))
-    return (gpu, True, None, reason, peak, cap, batch, mem.trainable_params, row, times)
+    return _Site(gpu, True, None, reason, peak, cap, batch, mem.trainable_params, row, times)
 
 
 def _solver(sh: Shared, mem: MemoryModel, seq: int) -> BatchSolver:

@@ -114,6 +114,8 @@ def _expected_max(stats: DatasetStats, batch: int, cap: float) -> float:
 
 
 def _log_length_at(z: float, knots: tuple[tuple[float, float], ...], below: float, above: float) -> float:
+    """log tokens at standard-normal score z: log-linear between the knots, the end slopes beyond them (written
+    out; _expected_max runs the same operations inline)."""
     if z <= knots[0][0]:
         return knots[0][1] + below * (z - knots[0][0])
     for (z0, y0), (z1, y1) in zip(knots, knots[1:]):

@@ -90,8 +90,33 @@ def test_the_grids_breakdown_values_are_the_breakdowns(model, mix):
     mem = memory_model(scn(model, mix).with_(gpu=gpu_from_catalog("h100-80gb")))
     for batch in (1, 4, 64, 2048):
         bd = mem.breakdown(batch, 1024)
-        for cap in (mem.capacity_bytes, bd.fit_bytes, (bd.fit_bytes + bd.peak_bytes) / 2, bd.peak_bytes * 2):
+        for cap in (mem.capacity_bytes, bd.fit_bytes / 2, bd.fit_bytes, (bd.fit_bytes + bd.peak_bytes) / 2,
+                    bd.peak_bytes * 2):
             cut = fast_replace(mem, capacity_bytes=cap)
             want = cut.breakdown(batch, 1024)
-            assert F._breakdown_values(cut, batch, 1024) == [want.peak_bytes, want.allocated_bytes,
-                                                            *want.categories.values()]
+            values = [want.peak_bytes, want.allocated_bytes, *want.categories.values()]
+            assert F._breakdown_values(cut, batch, 1024) == values
+            assert F._breakdown_values(mem, batch, 1024, cap) == values  # the capacity given, not replaced
+
+
+@pytest.mark.parametrize("zero,shared_above_one", [(0, True), (2, False)])
+def test_equal_memory_models_share_one_solver_and_a_repeat_reads_the_sites(zero, shared_above_one):
+    """DDP's memory model is the same at every GPU count above one (ZeRO-2's shards by it): the grid solves it once
+    for all of them; its figures still equal rank_figures at each count, and a repeated grid gives the same ones."""
+    cal = load_calibration()
+    base = scn("llama-2-7b", {"method": "lora", "gradient_checkpointing": False, "zero_stage": zero})
+    layouts = ((1, 1), (2, 1), (8, 1), (8, 2), (8, 16))
+    cands = [base.with_(gpu=gpu_from_catalog(g), gpus_per_node=c, nodes=n) for c, n in layouts for g in GPUS]
+    sh = Shared(base)
+    grid = F.rank_grid(cands, 0.0, cal, sh)
+    assert grid == [F.rank_figures(c, 0.0, cal, Shared(base)) for c in cands]
+    assert sum(f.fits for f in grid) > len(GPUS)
+    solvers = [sh.get(("grid", c * n), lambda: None) for c, n in layouts]
+    assert all(s is not None for s in solvers)
+    assert (solvers[1] is solvers[2] is solvers[3] is solvers[4]) == shared_above_one
+    assert solvers[0] is not solvers[1]
+    assert F.rank_grid(cands, 0.0, cal, sh) == grid  # every site known: read back, not recomputed
+    # known and new sites together, fewer new fitting ones than grid_time takes (the scalar path times them)
+    more = cands[:3] + [base.with_(gpu=gpu_from_catalog(g), gpus_per_node=4, nodes=4) for g in GPUS[-2:]]
+    assert F.rank_grid(more, 0.0, cal, sh) == [F.rank_figures(c, 0.0, cal, Shared(base)) for c in more]
+    assert F.rank_grid(more, 0.0, cal, sh) == F.rank_grid(more, 0.0, cal, Shared(base))

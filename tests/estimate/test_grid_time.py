@@ -93,6 +93,11 @@ def test_the_arrays_equal_the_scalar_path_number_for_number(model, mix, wl):
     got = G.hours_of(base, table, cols)
     assert got == [run for _, _, run in want]
     assert any(u is None for _, u in got) and len({h for h, _ in got}) > len(got) // 2
+    # a plan over more nodes has no one-GPU candidate (step_columns then skips one's communication)
+    multi = [k for k, col in enumerate(cols) if col[1] > 1]
+    parts, _, _, _ = G.step_columns(base, table, [cols[k] for k in multi])
+    assert [{name: v[j] for name, v in parts.items()} for j in range(len(multi))] == [want[k][0] for k in multi]
+    assert G.hours_of(base, table, [cols[k] for k in multi]) == [want[k][2] for k in multi]
 
 
 @pytest.mark.parametrize("model,mix,wl", CASES + [("llama-2-7b", {"method": "lora", "tensor_parallel": 2}, {}),

@@ -150,3 +150,16 @@ def test_a_batch_solver_answers_as_the_model_on_every_capacity(kw):
             assert solver.largest(m.capacity_bytes * (1 - margin)) == max_micro_batch(m, seq, margin)
     for b in (1, 3, 17):
         assert solver.peak(b) == base.peak_bytes(b, seq)
+
+
+def test_a_solvers_check_is_made_once_per_capacity_and_batch():
+    mem = memory_model(scn())
+    solver = BatchSolver(mem, 1024)
+    calls = []
+
+    def check(m, cap, batch, seq):
+        calls.append((cap, batch))
+        return m.peak_bytes(batch, seq) <= cap
+    for cap, batch in ((mem.capacity_bytes, 4), (mem.capacity_bytes, 4), (1.0, 4), (mem.capacity_bytes, 8)):
+        assert solver.checked(cap, batch, check) == (mem.peak_bytes(batch, 1024) <= cap)
+    assert calls == [(mem.capacity_bytes, 4), (1.0, 4), (mem.capacity_bytes, 8)]

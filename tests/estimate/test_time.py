@@ -357,3 +357,52 @@ def test_eager_expert_loop_pays_a_sync_per_expert():
     tp = est(s).model_memory.trainable_params
     a, b = step_time(s, 2, replace(eff, sync_us=0.0), tp), step_time(s, 2, replace(eff, sync_us=100.0), tp)
     assert b.step_s > a.step_s and b.by_layer_s["experts"] > a.by_layer_s["experts"]
+
+
+def _pass_times_by_definition(ops, s, eff):
+    """pass_times written plainly: per pass the GPU seconds, kernels, dequantization and syncs summed op by op."""
+    from ftscope.estimate.compute import recomputed
+    from ftscope.estimate.time import PASSES, op_time, rates
+    r = rates(s, eff)
+    gpu, kern, deq, syncs, layers, attention = [0.0] * 3, [0.0] * 3, [0.0] * 3, [0.0] * 3, {}, 0.0
+    for op in ops:
+        rec = recomputed(op, s.mix) if s.mix.gradient_checkpointing else 0.0
+        acc = layers.setdefault(op.layer, [0.0] * 4)
+        if op.kind == "dispatch":
+            t = op.kernels * r.sync
+            syncs[0] += t
+            syncs[2] += t * rec
+            acc[3] += t * (1 + rec)
+            continue
+        t, k = op_time(op, r), op.kernels * (r.compile_kernels if op.fusible else 1.0)
+        back = 1.0 if op.kind == "dequant" else op.backward
+        for i, f in enumerate((1.0, back, rec)):
+            gpu[i] += t * f if i else t
+            kern[i] += k * f if i else k
+            if op.kind == "dequant":
+                deq[i] += t * f if i else t
+            acc[i] += t * f if i else t
+        if op.kind == "attention":
+            attention += t * (1 + back)
+    scale = [max(kern[i] * r.host / gpu[i], 1.0) if gpu[i] > 0 else 1.0 for i in range(3)]
+    parts = {p: (gpu[i] - deq[i]) * scale[i] + syncs[i] for i, p in enumerate(PASSES)}
+    parts["dequant"] = sum(deq[i] * scale[i] for i in range(3))
+    return parts, {n: v[0] * scale[0] + v[1] * scale[1] + v[2] * scale[2] + v[3] for n, v in layers.items()}, attention
+
+
+@pytest.mark.parametrize("model,mix", [
+    ("llama-2-7b", {"method": "full"}), ("llama-2-7b", {"method": "qlora", "gradient_checkpointing": True}),
+    ("mixtral-8x7b", {"method": "qlora", "gradient_checkpointing": True}),
+    ("mixtral-8x7b", {"method": "lora", "experts_backend": "eager", "checkpointing": "selective",
+                      "gradient_checkpointing": True}),
+    ("llama-2-7b", {"method": "lora", "compile": True, "gradient_checkpointing": True, "checkpointing": "per-op"}),
+])
+def test_pass_times_are_their_definition_op_by_op(model, mix):
+    """pass_times (its sums kept in locals for speed) equals the plain per-pass sums, ==."""
+    from ftscope.estimate.compute import micro_batch_ops
+    from ftscope.estimate.time import pass_times
+    s = scn(model, mix=mix)
+    eff = load_calibration().for_gpu(s.cluster.gpu.key)[0]
+    for batch, seq in ((1, 128.0), (3, 700.0), (16, 4096.0)):
+        ops = micro_batch_ops(s, batch, seq)
+        assert pass_times(ops, s, eff) == _pass_times_by_definition(ops, s, eff)

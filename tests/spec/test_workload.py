@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ftscope import FtscopeError
+from ftscope.spec import workload as W
 from ftscope.spec.workload import DatasetStats, Workload, check_workload
 
 ALPACA = DatasetStats(num_samples=52002, mean_tokens=270, median_tokens=230, p99_tokens=900, max_tokens=2048)
@@ -71,6 +72,28 @@ def test_expected_longest_matches_sampled_batches_of_a_two_mode_dataset():
     for batch in (2, 4, 8, 16, 32):
         sampled = rng.choice(lengths, size=(20000, batch)).max(axis=1).mean()
         assert d.expected_longest(batch) == pytest.approx(sampled, rel=0.07)
+
+
+@settings(max_examples=60, deadline=None)
+@given(datasets(max_skew=3.0), st.integers(1, 70_000), st.sampled_from([None, 64, 512]))
+def test_the_expected_maximum_is_its_integral_node_by_node(d, batch, cutoff):
+    """_expected_max (its loop inlined for speed) equals the 96-node midpoint sum written out with _log_length_at
+    and _norm_ppf, ==: a plan reads it for every new micro-batch."""
+    cap = min(d.max_tokens, cutoff) if cutoff else d.max_tokens
+    knots, below, above = d.log_quantile_knots()
+    nodes = W.EXPECTED_MAX_NODES
+    want = 0.0
+    for i in range(nodes):
+        z = -W._norm_ppf(-math.expm1(math.log((i + 0.5) / nodes) / batch))
+        want += min(math.exp(W._log_length_at(z, knots, below, above)), cap)
+    assert W._expected_max.__wrapped__(d, batch, cap) == want / nodes
+
+
+def test_the_inverse_normal_is_acklams_to_its_accuracy():
+    from statistics import NormalDist
+    for p in (1e-12, 1e-4, 0.02, 0.02425, 0.1, 0.5, 0.8, 0.97575, 0.99, 1 - 1e-9):
+        want = NormalDist().inv_cdf(p)
+        assert abs(W._norm_ppf(p) - want) <= 1.2e-9 * max(1.0, abs(want))
 
 
 def test_constant_length_dataset_has_no_padding():

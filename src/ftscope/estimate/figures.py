@@ -85,10 +85,18 @@ def _breakdown_sane(bd) -> bool:
     return _values_sane([bd.peak_bytes, bd.allocated_bytes, *bd.categories.values()])
 
 
-def _breakdown_values(mem: MemoryModel, batch: int, seq: float) -> list[float]:
-    """[peak_bytes, allocated_bytes, *categories.values()] of mem.breakdown(batch, seq), without building it."""
+def _breakdown_values(mem: MemoryModel, batch: int, seq: float, cap: float | None = None) -> list[float]:
+    """[peak_bytes, allocated_bytes, *categories.values()] of mem.breakdown(batch, seq), without building it, on a
+    device of `cap` usable bytes (mem's capacity when None). MemoryModel._peak_of's peak, whose cut to the capacity
+    (where what must fit does) is looked at only when the peak exceeds it: a plan checks every new micro-batch."""
     phases = mem._points(batch, seq)
-    i, peak, _ = mem._peak_of(phases)
+    totals = mem._reserved_of(phases)
+    i = max(range(len(phases)), key=totals.__getitem__)
+    least = mem.least_reserved
+    peak = max(totals[i], least)
+    cap = mem.capacity_bytes if cap is None else cap
+    if peak > cap and cap >= max(least, *mem._reserved_of(phases, held=True)):
+        peak = cap
     _, grads, act, temp, allocated = phases[i]
     overhead = peak - allocated  # peak_bytes is allocated + overhead, which need not round back to peak
     return [allocated + overhead, allocated, mem.weights, grads, mem.optimizer, act, temp, overhead]
@@ -124,75 +132,127 @@ def grid_figures(sh: Shared, sites: Sequence[tuple], margin: float, cal: Calibra
     return out
 
 
+class _Site(NamedTuple):
+    """What a plan's candidate on `world` GPUs of one type reads but its network (_site), kept per GPU count and type."""
+
+    gpu: object
+    """The GPU type (its id keys the memo: kept alive here, so no id is reused)."""
+    fits: bool
+    figures: Figures | None
+    """A misfit's figures (None where a number is not finite, or where it fits: timed by the plan)."""
+    reason: str | None
+    """The mix's unsupported reason on this GPU."""
+    peak: float
+    cap: float
+    """Usable bytes."""
+    batch: int
+    trainable: int
+    row: tuple | None
+    """grid_time.gpu_row of the GPU type."""
+    times: tuple
+    """grid_time.micro_row at the micro-batch (empty unless it fits and grid_time takes the mix)."""
+
+
 def _grid(sh: Shared, sites: Sequence[tuple], which: Sequence[int], margin: float, tight_margin: float,
           cal: Calibration, scenario_of: Callable[[int], Scenario]) -> list[Figures | None]:
     """figures(scenario_of(i), margin, cal, tight_margin, sh) of each site i in `which`, in that order."""
-    from .grid_time import SMALLEST, hours_of, micro_row, takes  # numpy: imported by the first plan, not at start-up
+    from .grid_time import SMALLEST, hours_of, takes  # numpy: imported by the first plan, not at start-up
     base = sh.scenario
-    wl = base.workload
-    seq, solve = wl.peak_seq_len(), wl.solve_batch
     timing = takes(base)
-    per_gpu = sh.get(("grid_gpu", id(cal)), dict, cal)  # GPU type (id) -> (reason, efficiency, grid_time row)
-    micro = sh.get(("grid_micro", id(cal)), dict, cal)  # micro_row's memo, read here first
-    counts: dict[int, tuple] = {}  # per count: the memo's BatchSolver, its allocator and trainable parameters
-    caps: dict[tuple, float] = {}  # usable_bytes per GPU type and allocator (ids)
+    # per (GPU count, GPU type): what a site's figures read but its network (_site); per site, its hours and
+    # dollars: a repeated or neighbouring plan reads them here
+    placed = sh.get(("grid_site", id(cal), margin), dict, cal)
+    timed = sh.get(("grid_run", id(cal), margin), dict, cal)  # (GPU id, per node, nodes, network) -> (gpu, run)
+    memos = None  # _site's per-GPU-type memos, fetched on the first site not yet placed
     out: list[Figures | None] = []
-    fitting: list[tuple] = []  # (place in out, site, reason, peak, capacity, batch, trainable) of the fitting ones
+    fitting: list[tuple] = []  # the fitting sites not yet timed: (place in out, site index, run key, _Site)
     table: list[tuple] = []  # grid_time rows of the GPU types met, and their places
     rows: dict[int, int] = {}
     cols: list[tuple] = []
     for i in which:
         gpu, gpn, nodes, inter = sites[i]
         world = gpn * nodes
-        count = counts.get(world)
-        if count is None:
-            at = sh.get(("grid", world), lambda: BatchSolver(memory_model(scenario_of(i)), seq))
-            count = counts[world] = (at, at.mem.allocator, at.mem.trainable_params)
-        at, allocator, trainable = count
-        info = per_gpu.get(id(gpu))
-        if info is None:
-            info = per_gpu[id(gpu)] = _gpu_info(sh, scenario_of(i), cal, timing)
-        reason, eff, row = info
-        cap = caps.get((id(gpu), id(allocator)))
-        if cap is None:
-            cap = caps[id(gpu), id(allocator)] = usable_bytes(gpu, allocator)  # memory_model's capacity for this GPU
-        if not cap > 0:  # the estimate says why
-            out.append(None)
+        site = placed.get((world, id(gpu)))
+        if site is None or site.gpu is not gpu:
+            if memos is None:
+                memos = (sh.get(("grid_gpu", id(cal)), dict, cal), sh.get(("grid_micro", id(cal)), dict, cal), {})
+            site = placed[world, id(gpu)] = _site(sh, gpu, world, i, margin, cal, timing, scenario_of, *memos)
+        if not site.fits:  # a misfit's figures, or None where a number is not finite
+            out.append(site.figures)
             continue
-        limit = cap * (1.0 - margin)
-        if solve:
-            max_b = at.solved.get(limit)  # at.largest's memo, read here first
-            batch = (at.largest(limit) if max_b is None else max_b) or 1
-        else:
-            batch = int(wl.micro_batch_size)
-        peak = at.peaks.get(batch)
-        if peak is None:
-            peak = at.peak(batch)
-        # _memory_sane of this GPU's breakdown (by count and batch, as there)
-        if not sh.get(("sane", world, batch),
-                      lambda: _values_sane(_breakdown_values(fast_replace(at.mem, capacity_bytes=cap), batch, at.seq))):
-            out.append(None)
-        elif not (reason is None and peak <= limit):  # _ranked's misfit
-            out.append(Figures(False, False, None, None, (reason is None and peak > limit)
-                               or (reason is not None and reason.startswith("does not fit"))))
-        else:  # fits: timed below, all at once
-            fitting.append((len(out), i, reason, peak, cap, batch, trainable))
-            out.append(None)
-            if timing:
-                g = rows.get(id(gpu))
-                if g is None:
-                    g = rows[id(gpu)] = len(table)
-                    table.append(row)
-                times = micro.get((id(gpu), id(eff), batch))
-                if times is None:
-                    times = micro_row(sh, cal, eff, batch, gpu, lambda: scenario_of(i))
-                cols.append((g, world, gpn, nodes, inter, batch, trainable, *times))
+        key = (id(gpu), gpn, nodes, inter)
+        run = timed.get(key)
+        if run is not None and run[0] is gpu:  # (gpu, hours, dollars), or (gpu,) where a figure is not finite
+            out.append(Figures(True, site.peak > site.cap * (1.0 - tight_margin), run[1], run[2], False)
+                       if len(run) > 1 else None)
+            continue
+        fitting.append((len(out), i, key, site))
+        out.append(None)
+        if timing:
+            g = rows.get(id(gpu))
+            if g is None:
+                g = rows[id(gpu)] = len(table)
+                table.append(site.row)
+            cols.append((g, world, gpn, nodes, inter, site.batch, site.trainable, *site.times))
     runs = hours_of(base, table, cols) if timing and len(cols) >= SMALLEST else [None] * len(fitting)
-    for (k, i, reason, peak, cap, batch, trainable), run in zip(fitting, runs):
-        out[k] = (_ranked(scenario_of(i), sh, reason, peak, cap, margin, tight_margin, batch, trainable, cal)
-                  if run is None  # grid_time leaves it to the scalar path
-                  else Figures(True, peak > cap * (1.0 - tight_margin), run[0], run[1], False))
+    for (k, i, key, site), run in zip(fitting, runs):
+        gpu, _, _, reason, peak, cap, batch, trainable, _, _ = site
+        if run is None:  # grid_time leaves it to the scalar path
+            f = out[k] = _ranked(scenario_of(i), sh, reason, peak, cap, margin, tight_margin, batch, trainable, cal)
+            if f is None or f.fits:  # (it fits: _site checked what _ranked checks first)
+                timed[key] = (gpu,) if f is None else (gpu, f.hours, f.usd)
+        else:
+            out[k] = Figures(True, peak > cap * (1.0 - tight_margin), run[0], run[1], False)
+            timed[key] = (gpu, *run)
     return out
+
+
+def _site(sh: Shared, gpu, world: int, i: int, margin: float, cal: Calibration, timing: bool,
+          scenario_of: Callable[[int], Scenario], per_gpu: dict, micro: dict, solvers: dict) -> _Site:
+    """The _Site of the sweep's scenario on `world` GPUs of this type (scenario_of(i) is one): per GPU count one
+    memory model solved once per capacity, its peak bytes once per micro-batch (figures builds the breakdown of
+    every candidate to read its fit_bytes, which is MemoryModel.peak_bytes: the same sums). `per_gpu`: GPU type
+    (id) -> (gpu, reason, efficiency, grid_time row); `micro`: micro_row's memo; `solvers`: the plan's BatchSolver
+    per GPU count, read before the memo's."""
+    from .grid_time import micro_row
+    wl = sh.scenario.workload
+    at = solvers.get(world)
+    if at is None:
+        at = solvers[world] = sh.get(("grid", world),
+                                     lambda: _solver(sh, memory_model(scenario_of(i)), wl.peak_seq_len()))
+    info = per_gpu.get(id(gpu))
+    if info is None or info[0] is not gpu:
+        info = per_gpu[id(gpu)] = (gpu, *_gpu_info(sh, scenario_of(i), cal, timing))
+    _, reason, eff, row = info
+    mem = at.mem
+    cap = usable_bytes(gpu, mem.allocator)  # memory_model's capacity for this GPU
+    if not cap > 0:  # the estimate says why
+        return _Site(gpu, False, None, reason, 0.0, cap, 0, 0, row, ())
+    limit = cap * (1.0 - margin)
+    batch = (at.largest(limit) or 1) if wl.solve_batch else int(wl.micro_batch_size)
+    peak = at.peak(batch)
+    # _memory_sane of this GPU's breakdown (by count and batch, as there; a pure function of model, capacity, batch)
+    if not sh.get(("sane", world, batch), lambda: at.checked(cap, batch, _sane_at)):
+        return _Site(gpu, False, None, reason, peak, cap, batch, mem.trainable_params, row, ())
+    if not (reason is None and peak <= limit):  # _ranked's misfit
+        return _Site(gpu, False, Figures(False, False, None, None, (reason is None and peak > limit)
+                                         or (reason is not None and reason.startswith("does not fit"))),
+                     reason, peak, cap, batch, mem.trainable_params, row, ())
+    times = micro.get((id(gpu), id(eff), batch)) if timing else ()  # micro_row's memo, read here first
+    if times is None:
+        times = micro_row(sh, cal, eff, batch, gpu, lambda: scenario_of(i))
+    return _Site(gpu, True, None, reason, peak, cap, batch, mem.trainable_params, row, times)
+
+
+def _solver(sh: Shared, mem: MemoryModel, seq: int) -> BatchSolver:
+    """The BatchSolver of the sweep's memory models equal to `mem` but for the capacity (it solves for each): DDP's
+    and ZeRO-0's models are the same at every GPU count above one, so a plan over more nodes solves nothing anew."""
+    return sh.get(("solver", fast_replace(mem, capacity_bytes=0.0), seq), lambda: BatchSolver(mem, seq))
+
+
+def _sane_at(mem: MemoryModel, cap: float, batch: int, seq: float) -> bool:
+    """_memory_sane's figures of mem.breakdown(batch, seq) on a device of `cap` usable bytes."""
+    return _values_sane(_breakdown_values(mem, batch, seq, cap))
 
 
 def _gpu_info(sh: Shared, scn: Scenario, cal: Calibration, timing: bool) -> tuple:

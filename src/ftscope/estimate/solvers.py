@@ -72,15 +72,27 @@ def solve_batch(limit: float, curves: list[ReservedCurve], peak: Callable[[int],
     micro-batch at `seq` (a search passes a memoized one: it solves one model for many capacities). `floor`: what
     init left reserved plus another stream's pool (MemoryModel.least_reserved); above the limit no
     batch fits."""
+    return _solve(limit, _per_sample(curves, seq), peak, cap, floor)
+
+
+def _per_sample(curves: list[ReservedCurve], seq: float) -> list[tuple[float, float]]:
+    """(K, bytes per sequence of `seq` tokens) of each curve: what solve_batch reads, whatever the limit."""
+    return [(k, lin * seq + q * seq * seq) for k, lin, q in curves]
+
+
+def _solve(limit: float, slopes: list[tuple[float, float]], peak: Callable[[int], float], cap: int,
+           floor: float) -> int:
+    """solve_batch with its curves' _per_sample (a BatchSolver takes them once for all its limits)."""
     if floor > limit:
         return 0
     best = float(cap)
-    for k, lin, q in curves:
-        per_sample = lin * seq + q * seq * seq
+    for k, per_sample in slopes:
         if k > limit:
             return 0
         if per_sample > 0:
-            best = min(best, (limit - k) / per_sample)
+            room = (limit - k) / per_sample
+            if room < best:  # min(best, room)
+                best = room
     return _settle(int(best), lambda b: peak(b) <= limit, cap)
 
 
@@ -93,6 +105,17 @@ class BatchSolver:
         self.peaks: dict[int, float] = {}
         self.solved: dict[float, int] = {}
         self.curves: list[ReservedCurve] | None = None
+        self.slopes: list[tuple[float, float]] | None = None
+        self.checks: dict[tuple, object] = {}
+
+    def checked(self, cap: float, batch: int, check: Callable[[MemoryModel, float, int, float], object]) -> object:
+        """check(mem, cap, batch, seq), made once per capacity and micro-batch (`check`: one pure function of them
+        per solver, such as the breakdown's sanity on a device of `cap` bytes)."""
+        key = (cap, batch)
+        hit = self.checks.get(key, self)
+        if hit is self:
+            hit = self.checks[key] = check(self.mem, cap, batch, self.seq)
+        return hit
 
     def peak(self, batch: int) -> float:
         """mem.peak_bytes(batch, seq): what must fit, whatever the capacity."""
@@ -105,10 +128,10 @@ class BatchSolver:
         """max_micro_batch of the model where the capacity x (1 - margin) is `limit` bytes."""
         hit = self.solved.get(limit)
         if hit is None:
-            if self.curves is None:
+            if self.slopes is None:
                 self.curves = reserved_curves(self.mem)
-            hit = self.solved[limit] = solve_batch(limit, self.curves, self.peak, self.seq, BATCH_CAP,
-                                                   self.mem.least_reserved)
+                self.slopes = _per_sample(self.curves, self.seq)
+            hit = self.solved[limit] = _solve(limit, self.slopes, self.peak, BATCH_CAP, self.mem.least_reserved)
         return hit
 
 

@@ -106,40 +106,43 @@ def pass_times(ops: Sequence[Op], scn: Scenario, eff: Efficiency,
     r = r or rates(scn, eff)
     mix = scn.mix
     ckpt = mix.gradient_checkpointing
-    gpu = [0.0, 0.0, 0.0]      # forward, backward, recompute
-    kern = [0.0, 0.0, 0.0]
-    deq = [0.0, 0.0, 0.0]
-    syncs = [0.0, 0.0, 0.0]
+    # per pass (forward, backward, recompute): GPU seconds, kernels, dequantization seconds, sync seconds; kept in
+    # locals, not lists (a plan times every new micro-batch on every GPU type): the same sums in the same order
+    g0 = g1 = g2 = k0 = k1 = k2 = d0 = d1 = d2 = s0 = s2 = 0.0
     layers: dict[str, list[float]] = {}
     attention = 0.0
+    sync, compiled = r.sync, r.compile_kernels
     for op in ops:
+        kind = op.kind
         rec = recomputed(op, mix) if ckpt else 0.0
-        if op.kind == "dispatch":   # syncs in forward and recompute (backward replays known indices)
-            t = op.kernels * r.sync
-            syncs[0] += t
-            syncs[2] += t * rec
+        if kind == "dispatch":   # syncs in forward and recompute (backward replays known indices)
+            t = op.kernels * sync
+            s0 += t
+            s2 += t * rec
             acc = layers.setdefault(op.layer, [0.0, 0.0, 0.0, 0.0])
             acc[3] += t * (1 + rec)
             continue
         t = op_time(op, r)
-        k = op.kernels * (r.compile_kernels if op.fusible else 1.0)
-        back = 1.0 if op.kind == "dequant" else op.backward
-        gpu[0] += t
-        gpu[1] += t * back
-        gpu[2] += t * rec
-        kern[0] += k
-        kern[1] += k * back
-        kern[2] += k * rec
-        if op.kind == "dequant":
-            deq[0] += t
-            deq[1] += t * back
-            deq[2] += t * rec
-        elif op.kind == "attention":
+        k = op.kernels * (compiled if op.fusible else 1.0)
+        back = 1.0 if kind == "dequant" else op.backward
+        tb, tr = t * back, t * rec
+        g0 += t
+        g1 += tb
+        g2 += tr
+        k0 += k
+        k1 += k * back
+        k2 += k * rec
+        if kind == "dequant":
+            d0 += t
+            d1 += tb
+            d2 += tr
+        elif kind == "attention":
             attention += t * (1 + back)
         acc = layers.setdefault(op.layer, [0.0, 0.0, 0.0, 0.0])
         acc[0] += t
-        acc[1] += t * back
-        acc[2] += t * rec
+        acc[1] += tb
+        acc[2] += tr
+    gpu, kern, deq, syncs = (g0, g1, g2), (k0, k1, k2), (d0, d1, d2), (s0, 0.0, s2)
     scale = [max(kern[i] * r.host / gpu[i], 1.0) if gpu[i] > 0 else 1.0 for i in range(3)]  # host-bound passes stretch
     parts = {p: (gpu[i] - deq[i]) * scale[i] + syncs[i] for i, p in enumerate(PASSES)}
     parts["dequant"] = sum(deq[i] * scale[i] for i in range(3))

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from functools import cached_property, lru_cache
-from itertools import groupby
 from typing import Any, Callable, Sequence, overload
 
 from .. import catalog
@@ -111,14 +110,16 @@ def _rank_key(est: Estimate, by: str) -> tuple:
     return (tier, usd, hours) if by == "cost" else (tier, hours, usd)
 
 
+_INF = float("inf")
+_MISFIT_KEY = (2, _INF, _INF)
+
+
 def _figures_key(f: Figures, by: str) -> tuple:
     """_rank_key of the estimate these figures come from."""
     if not f.fits:
-        return (2, float("inf"), float("inf"))
-    hours = f.hours
-    usd = f.usd if f.usd is not None else float("inf")
-    tier = 1 if f.tight else 0
-    return (tier, usd, hours) if by == "cost" else (tier, hours, usd)
+        return _MISFIT_KEY
+    usd = f.usd if f.usd is not None else _INF
+    return (1 if f.tight else 0, usd, f.hours) if by == "cost" else (1 if f.tight else 0, f.hours, usd)
 
 
 def estimate_with_margin(cand: Scenario, margin: float, cal: Calibration, shared: Shared | None = None) -> Estimate:
@@ -139,16 +140,25 @@ def pareto_front(rows: Sequence[Estimate]) -> list[int]:
 
 def pareto_points(points: Sequence[tuple[float, float] | None]) -> list[int]:
     """pareto_front of rows given as (hours, dollars), None for a row that does not fit or has no price."""
-    pts = sorted((p[0], p[1], i) for i, p in enumerate(points) if p is not None)
+    pts = sorted([(p[0], p[1], i) for i, p in enumerate(points) if p is not None])
     front = []
     cheapest_faster = float("inf")  # the lowest dollars of the rows strictly faster than the group at hand
-    for _, group in groupby(pts, key=lambda p: p[0]):
-        group = list(group)
-        lowest = group[0][1]  # sorted: the group's cheapest comes first
+    k, n = 0, len(pts)
+    while k < n:  # groups of equal hours, as itertools.groupby makes them (`is` or ==)
+        hours, lowest, _ = pts[k]  # sorted: the group's cheapest comes first
+        end = k + 1
+        while end < n and (pts[end][0] is hours or pts[end][0] == hours):
+            end += 1
         # a row is beaten by a faster one no dearer, or by an equally fast one strictly cheaper
-        front += [i for _, u, i in group if cheapest_faster > u and not lowest < u]
-        cheapest_faster = min(cheapest_faster, lowest)
-    return sorted(front)
+        for j in range(k, end):
+            u = pts[j][1]
+            if cheapest_faster > u and not lowest < u:
+                front.append(pts[j][2])
+        if lowest < cheapest_faster:  # min(cheapest_faster, lowest)
+            cheapest_faster = lowest
+        k = end
+    front.sort()
+    return front
 
 
 def candidate_gpus(gpus: Sequence[str] | None) -> list[str]:
@@ -176,15 +186,16 @@ def plan(scn: Scenario, gpus: Sequence[str] | None = None, counts: Sequence[int]
     inter = shared.scenario.cluster.inter_node_gbs
     sites = [(gpu, count, nodes, inter) for gpu in map(_catalog_gpu, candidate_gpus(gpus)) for count in counts]
     cands = _Candidates(shared.scenario, sites)
-    keyed: list[tuple] = []  # (rank key, listing index, figures); each candidate's figures, not its estimate
-    for i, f in enumerate(grid_figures(shared, sites, margin, cal, cands.__getitem__)):
+    figs = grid_figures(shared, sites, margin, cal, cands.__getitem__)
+    for i, f in enumerate(figs):
         if f is None:  # a figure that is not a finite number: the estimate's own checks say which
-            f = _figures_of(estimate_with_margin(cands[i], margin, cal, shared))
-        keyed.append((_figures_key(f, by), i, f))
-    keyed.sort(key=lambda k: k[0])  # stable: equal keys keep the listing order, as sorting the estimates did
-    rows = Rows(cands.reordered([i for _, i, _ in keyed]), lambda c: estimate_with_margin(c, margin, cal, shared))
-    front = pareto_points([(f.hours, f.usd) if f.fits and f.usd is not None else None for _, _, f in keyed])
-    return Plan(rows=rows, feasible=bool(keyed) and keyed[0][2].fits, pareto=front, by=by, margin=margin,
+            figs[i] = _figures_of(estimate_with_margin(cands[i], margin, cal, shared))
+    keys = [_figures_key(f, by) for f in figs]  # each candidate's figures, not its estimate
+    order = sorted(range(len(figs)), key=keys.__getitem__)  # stable: equal keys keep the listing order, as
+    ranked = [figs[i] for i in order]  # sorting the estimates did
+    rows = Rows(cands.reordered(order), lambda c: estimate_with_margin(c, margin, cal, shared))
+    front = pareto_points([(f.hours, f.usd) if f.fits and f.usd is not None else None for f in ranked])
+    return Plan(rows=rows, feasible=bool(ranked) and ranked[0].fits, pareto=front, by=by, margin=margin,
                 fix_memo=shared.get(("fixes",), dict))
 
 
@@ -215,7 +226,9 @@ class _Candidates(Sequence[Scenario]):
 
     def reordered(self, order: list[int]) -> "_Candidates":
         """The same candidates in this order (of listing indices), sharing the ones already made."""
-        return _Candidates(self._base, self._sites, [self._order[i] for i in order], self._made)
+        mine = self._order  # range(len(sites)) when in the listing's order: then the order is the sites'
+        return _Candidates(self._base, self._sites, order if isinstance(mine, range) else [mine[i] for i in order],
+                           self._made)
 
 
 def _figures_of(est: Estimate) -> Figures:

@@ -21,7 +21,7 @@ from ..spec.scenario import Scenario
 from .comm import DDP_BUCKET_BYTES, _param_modules
 from .cost import price_of
 from .efficiency import Calibration, Efficiency
-from .memory import kbit_bytes_per_weight
+from .weight_memory import gathered_weight_bytes
 from .shared import Shared
 from .time import ADAM_BYTES_PER_PARAM, OPTIMIZER_KERNELS, micro_batch_times
 
@@ -188,10 +188,9 @@ def _collectives(base: Scenario, ga: int, g: dict, n, gbs, trainable, live: bool
     if stage == 2 and mix.fsdp:
         out.append((_ring(m.total_params / 1 * 2.0, n, gbs, eff_comm, 1.0, live), "fwd_bwd", 0.0))
     if stage == 3:
-        w_b = kbit_bytes_per_weight(base) if mix.method == "qlora" else 2.0
         passes = 3.0 if mix.gradient_checkpointing and not mix.fsdp else 2.0
         units = sum(k for _, k in m.layer_groups) / 1 + 1
-        gathers = ga * passes * _ring(m.total_params / 1 * w_b, n, gbs, eff_comm, 1.0, live)
+        gathers = ga * passes * _ring(gathered_weight_bytes(base) / 1, n, gbs, eff_comm, 1.0, live)
         if mix.fsdp:
             out.append((gathers + ga * units * passes * lat, "fwd_bwd", gathers / units))
         else:

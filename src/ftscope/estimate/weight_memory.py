@@ -83,10 +83,31 @@ def kbit_state_bytes(scn: Scenario) -> float:
 
 def gathered_bytes_per_weight(scn: Scenario) -> float:
     """Bytes per weight of a block that FSDP / ZeRO-3 all-gathers: bf16, or the 4-bit data (with the scalers when the
-    recipe shards them with it, kbit_state_sharded)."""
+    recipe shards them with it, kbit_state_sharded). The one source for the memory model's gathered units and the
+    time model's all-gathers (`gathered_weight_bytes`).
+
+    bitsandbytes gathers the data alone. Params4bit is a torch.nn.Parameter whose quantization state is a Python
+    attribute (bitsandbytes-foundation/bitsandbytes 95f9af30, bitsandbytes/nn/modules.py line 237, set again on
+    the Linear4bit by _quantize, lines 391-393), packed two weights a byte into the quant_storage dtype
+    (functional.py quantize_4bit, lines 891-906): 0.5 bytes a weight whatever that dtype (PEFT 5d602fdb,
+    docs/source/accelerate/fsdp.md lines 242-245 and deepspeed.md 241-244 set it to bf16 so FSDP / ZeRO-3 flatten
+    it with the bf16 weights). FSDP flattens the tensor and drops the attribute, which Linear4bit.forward restores
+    from the module ("the quant state got lost when the parameter got converted. This happens for example for
+    fsdp", modules.py lines 487-501, called at 610); DeepSpeed ZeRO-3 partitions the tensor's own elements
+    (microsoft/DeepSpeed 38327e07, deepspeed/runtime/zero/partition_parameters.py line 1609: torch.empty(
+    partition_size, dtype=param.dtype)) and all_gather_coalesced rebuilds param.data from them (line 1266).
+    torchao's NF4Tensor gathers its scalers too: fsdp_pre_all_gather returns (quantized_scalers,
+    quantization_factor, quantized_data) (pytorch/ao 36027d82, torchao/quantization/quantize_/workflows/nf4/
+    nf4_tensor.py lines 976-998)."""
     if scn.mix.method != "qlora":
         return 2.0
     return kbit_bytes_per_weight(scn) if scn.recipe.kbit_state_sharded else NF4_DATA_BYTES
+
+
+def gathered_weight_bytes(scn: Scenario) -> float:
+    """Bytes of one all-gather of every weight under ZeRO-3 / FSDP full_shard (forward, recompute or backward),
+    each at `gathered_bytes_per_weight`. LoRA adapters are not counted."""
+    return scn.model.total_params * gathered_bytes_per_weight(scn)
 
 
 def fp32_lora_base(scn: Scenario) -> bool:

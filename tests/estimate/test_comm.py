@@ -7,7 +7,8 @@ import ftscope
 from ftscope.estimate.comm import Transfer, collectives, exposed, gather_passes, ring_s
 from ftscope.estimate.efficiency import Efficiency
 from ftscope.estimate.layout import layout
-from ftscope.estimate.weight_memory import NF4_BYTES, NF4_DATA_BYTES, gathered_bytes_per_weight, gathered_weight_bytes
+from ftscope.estimate.weight_memory import (NF4_BYTES, NF4_DATA_BYTES, gathered_bytes_per_weight, gathered_weight_bytes,
+                                            quantized_params)
 
 E = Efficiency()
 
@@ -91,14 +92,16 @@ def _gather_seconds(s):
     ("torchtune", {"fsdp": "full_shard"}, NF4_BYTES),                            # torchao: the scalers too
 ])
 def test_zero3_qlora_gathers_the_bytes_per_weight_the_memory_model_gathers(framework, mix, per_weight):
-    """The time model's all-gathers move what the memory model's gathered units hold: each weight at
-    gathered_bytes_per_weight."""
+    """The time model's all-gathers move what the memory model's gathered units hold: each 4-bit weight at
+    gathered_bytes_per_weight, what stays bf16 (embeddings, norms, LM head) at 2 bytes."""
     s = ftscope.load_scenario({"model": "llama-2-7b", "framework": framework,
                                "hardware": {"gpu": "h100-80gb", "gpus_per_node": 8},
                                "mix": {"method": "qlora", "gradient_checkpointing": True, **mix},
                                "workload": {"micro_batch_size": 1, "seq_len": 4096, "gradient_accumulation": 8}})
     assert gathered_bytes_per_weight(s) == per_weight
-    want = s.model.total_params * per_weight
+    quantized = quantized_params(s)
+    want = quantized * per_weight + (s.model.total_params - quantized) * 2.0
+    assert 0.07 < (s.model.total_params - quantized) * 2.0 / want < 0.2  # Llama-2-7B's embeddings and head: 14 %
     assert gathered_weight_bytes(s) == want
     passes = 2.0 if s.mix.fsdp else 3.0   # DeepSpeed fetches again for the recompute
     assert gather_passes(s) == passes

@@ -105,9 +105,15 @@ def gathered_bytes_per_weight(scn: Scenario) -> float:
 
 
 def gathered_weight_bytes(scn: Scenario) -> float:
-    """Bytes of one all-gather of every weight under ZeRO-3 / FSDP full_shard (forward, recompute or backward),
-    each at `gathered_bytes_per_weight`. LoRA adapters are not counted."""
-    return scn.model.total_params * gathered_bytes_per_weight(scn)
+    """Bytes of one all-gather of every weight under ZeRO-3 / FSDP full_shard (forward, recompute or backward):
+    each 4-bit weight at `gathered_bytes_per_weight`, what QLoRA leaves unquantized (embeddings, norms, LM head,
+    transformers 5's fused expert stacks) in bf16 like every weight of LoRA and full fine-tuning (FSDP's
+    param_dtype, DeepSpeed's bf16 module). LoRA adapters are not counted (under 1 % of the base at usual ranks)."""
+    total = scn.model.total_params
+    if scn.mix.method != "qlora":
+        return total * gathered_bytes_per_weight(scn)
+    quantized = quantized_params(scn)
+    return quantized * gathered_bytes_per_weight(scn) + (total - quantized) * 2.0
 
 
 def fp32_lora_base(scn: Scenario) -> bool:

@@ -116,6 +116,22 @@ def gathered_weight_bytes(scn: Scenario) -> float:
     return quantized * gathered_bytes_per_weight(scn) + (total - quantized) * 2.0
 
 
+def gathered_unit_bytes(scn: Scenario) -> float:
+    """Bytes of the largest block's all-gather under ZeRO-3 / FSDP (the unit forward_transients holds twice): its
+    4-bit matrices at `gathered_bytes_per_weight`, the rest of a QLoRA block (norms, routers, transformers 5's
+    fused expert stacks) in bf16; `gathered_weight_bytes` over one block."""
+    per = gathered_bytes_per_weight(scn)
+    if scn.mix.method != "qlora":
+        return scn.model.largest_layer_params() * per
+    fused = scn.mix.fused_experts
+    out = 0.0
+    for layer, _ in scn.model.layer_groups:
+        quantized = sum(lin.params for lin in layer.linears
+                        if lin.group != "router" and not (fused and lin.group == "experts"))
+        out = max(out, quantized * per + (layer.params - quantized) * 2.0)
+    return out
+
+
 def fp32_lora_base(scn: Scenario) -> bool:
     """A LoRA base the recipe loads in fp32 and keeps so under mixed precision (DeepSpeed's bf16 engine casts it)."""
     mix = scn.mix
@@ -149,10 +165,10 @@ def forward_transients(scn: Scenario) -> tuple[float, float]:
         # ZeRO-3/FSDP gather the current block and prefetch the next (MoE blocks are gathered whole), each into a
         # buffer of the whole unit beside the rank's shard, which stays (FSDP1's padded unsharded flat parameter,
         # FSDP2's all-gather output, DeepSpeed's all_gather_coalesced flat tensor): the full unit, not (n - 1) / n
-        per_param = gathered_bytes_per_weight(scn)
-        gathered = 2 * m.largest_layer_params() * per_param
+        unit = gathered_unit_bytes(scn)
+        gathered = 2 * unit
         if deepspeed:
-            gathered = max(gathered, zero3_reuse_kept(scn, per_param))
+            gathered = max(gathered, zero3_reuse_kept(scn, unit))
         transient += gathered
         if scn.recipe.fsdp_root_gathered and fsdp:
             root = m.embedding_params + m.lm_head_params + m.final_norm_params
@@ -162,14 +178,14 @@ def forward_transients(scn: Scenario) -> tuple[float, float]:
     return transient, block
 
 
-def zero3_reuse_kept(scn: Scenario, per_param: float) -> float:
-    """Bytes DeepSpeed's ZeRO-3 keeps gathered where forward turns into backward: the LM head and the last blocks,
-    whose next use (their backward, under checkpointing their recompute) comes within ZERO3_MAX_REUSE_DISTANCE
-    elements of the trace. The block j from the end stays while the j blocks after it and the head hold fewer
-    elements; a 4-bit weight counts the 2-byte elements of its bf16 quant storage (a Llama-2-70B NF4 block: 214M)."""
+def zero3_reuse_kept(scn: Scenario, unit_bytes: float) -> float:
+    """Bytes DeepSpeed's ZeRO-3 keeps gathered where forward turns into backward: the LM head and the last blocks
+    (`unit_bytes` each), whose next use (their backward, under checkpointing their recompute) comes within
+    ZERO3_MAX_REUSE_DISTANCE elements of the trace. The block j from the end stays while the j blocks after it and
+    the head hold fewer elements; every element is 2 bytes: bf16 weights, or the bf16 quant storage 4-bit data is
+    packed into (a Llama-2-70B NF4 block: 214M)."""
     m = scn.model
-    layer = m.largest_layer_params()
-    elements = layer * (per_param / 2.0 if scn.mix.method == "qlora" else 1.0)
+    elements = unit_bytes / 2.0
     head = m.lm_head_params + m.final_norm_params
     kept = 0 if head >= ZERO3_MAX_REUSE_DISTANCE else int((ZERO3_MAX_REUSE_DISTANCE - head) // elements) + 1
-    return min(kept, m.num_layers) * layer * per_param + head * 2.0
+    return min(kept, m.num_layers) * unit_bytes + head * 2.0

@@ -106,3 +106,16 @@ def test_zero3_qlora_gathers_the_bytes_per_weight_the_memory_model_gathers(frame
     passes = 2.0 if s.mix.fsdp else 3.0   # DeepSpeed fetches again for the recompute
     assert gather_passes(s) == passes
     assert _gather_seconds(s) == pytest.approx(8 * passes * ring_s(want, 8, layout(s).dp_gbs, E), rel=1e-12)
+
+
+def test_fsdp_gathers_the_dtype_it_computes_in_and_shard_grad_op_the_4bit_data_once():
+    """fp32 runs gather fp32 weights (4 bytes), mixed and bf16 runs the bf16 ones; FSDP shard_grad_op gathers every
+    weight once per step, a QLoRA base as its 4-bit data (gathered_weight_bytes), like full_shard's passes."""
+    fp32, bf16 = scn(fsdp="full_shard", precision="fp32"), scn(fsdp="full_shard", precision="bf16-mixed")
+    assert gathered_weight_bytes(fp32) == 2 * gathered_weight_bytes(bf16) == 4.0 * fp32.model.total_params
+    assert _gather_seconds(fp32) == pytest.approx(2 * _gather_seconds(bf16), rel=1e-12)
+    for method in ("qlora", "lora"):
+        s = scn(method=method, fsdp="shard_grad_op")
+        assert _gather_seconds(s) == pytest.approx(ring_s(gathered_weight_bytes(s), 8, layout(s).dp_gbs, E), rel=1e-12)
+    assert gathered_weight_bytes(scn(method="qlora", fsdp="shard_grad_op")) < 0.3 * gathered_weight_bytes(scn(
+        method="lora", fsdp="shard_grad_op"))

@@ -76,7 +76,7 @@ def data_parallel(scn: Scenario, eff: Efficiency, trainable: int, lay: Layout) -
     if stage == 2 and not mix.fsdp:
         out.append(Transfer(ring_s(trainable / shard * 2.0, n, gbs, eff) + buckets * lat, "none"))
     if stage == 2 and mix.fsdp:   # shard_grad_op gathers the weights once per step, in the first forward
-        out.append(Transfer(ring_s(m.total_params / shard * 2.0, n, gbs, eff), "fwd_bwd"))
+        out.append(Transfer(ring_s(gathered_weight_bytes(scn) / shard, n, gbs, eff), "fwd_bwd"))
     if stage == 3:
         passes = gather_passes(scn)
         units = sum(k for _, k in m.layer_groups) / lay.pp + 1

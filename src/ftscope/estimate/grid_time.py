@@ -186,7 +186,7 @@ def _collectives(base: Scenario, ga: int, g: dict, n, gbs, trainable, live: bool
     if stage == 2 and not mix.fsdp:
         out.append((_ring(trainable / 1 * 2.0, n, gbs, eff_comm, 1.0, live) + buckets * lat, "none", 0.0))
     if stage == 2 and mix.fsdp:
-        out.append((_ring(m.total_params / 1 * 2.0, n, gbs, eff_comm, 1.0, live), "fwd_bwd", 0.0))
+        out.append((_ring(gathered_weight_bytes(base) / 1, n, gbs, eff_comm, 1.0, live), "fwd_bwd", 0.0))
     if stage == 3:
         passes = 3.0 if mix.gradient_checkpointing and not mix.fsdp else 2.0
         units = sum(k for _, k in m.layer_groups) / 1 + 1

@@ -100,8 +100,14 @@ def gathered_bytes_per_weight(scn: Scenario) -> float:
     quantization_factor, quantized_data) (pytorch/ao 36027d82, torchao/quantization/quantize_/workflows/nf4/
     nf4_tensor.py lines 976-998)."""
     if scn.mix.method != "qlora":
-        return 2.0
+        return dense_gathered_bytes(scn)
     return kbit_bytes_per_weight(scn) if scn.recipe.kbit_state_sharded else NF4_DATA_BYTES
+
+
+def dense_gathered_bytes(scn: Scenario) -> float:
+    """Bytes per unquantized weight of a ZeRO-3 / FSDP all-gather: the compute dtype (FSDP's param_dtype, DeepSpeed's
+    bf16 / fp16 module), fp32 only when the run is fp32."""
+    return 4.0 if scn.mix.precision == "fp32" else 2.0
 
 
 def gathered_weight_bytes(scn: Scenario) -> float:
@@ -113,7 +119,7 @@ def gathered_weight_bytes(scn: Scenario) -> float:
     if scn.mix.method != "qlora":
         return total * gathered_bytes_per_weight(scn)
     quantized = quantized_params(scn)
-    return quantized * gathered_bytes_per_weight(scn) + (total - quantized) * 2.0
+    return quantized * gathered_bytes_per_weight(scn) + (total - quantized) * dense_gathered_bytes(scn)
 
 
 def gathered_unit_bytes(scn: Scenario) -> float:
@@ -128,7 +134,7 @@ def gathered_unit_bytes(scn: Scenario) -> float:
     for layer, _ in scn.model.layer_groups:
         quantized = sum(lin.params for lin in layer.linears
                         if lin.group != "router" and not (fused and lin.group == "experts"))
-        out = max(out, quantized * per + (layer.params - quantized) * 2.0)
+        out = max(out, quantized * per + (layer.params - quantized) * dense_gathered_bytes(scn))
     return out
 
 

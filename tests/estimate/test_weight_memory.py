@@ -6,7 +6,7 @@ import pytest
 import ftscope
 from ftscope.estimate.weight_memory import (NF4_BYTES, NF4_DATA_BYTES, NF4_STATE_BYTES, NF4_STATE_BYTES_PLAIN,
                                             forward_transients, frozen_weight_bytes, gathered_bytes_per_weight,
-                                            gathered_unit_bytes,
+                                            gathered_unit_bytes, gathered_weight_bytes,
                                             kbit_bytes_per_weight, kbit_state_bytes, quantized_params)
 
 
@@ -32,6 +32,16 @@ def test_sharded_weights_gather_two_whole_units_in_forward():
     f3 = scn("llama-2-7b", mix={"method": "full", "fsdp": "full_shard"}, gpus=4)
     (t2, b2), (t3, b3) = forward_transients(z2), forward_transients(f3)
     assert t3 - t2 == pytest.approx(2 * f3.model.largest_layer_params() * 2.0) and b3 == b2
+
+
+@pytest.mark.parametrize("method", ["full", "lora", "qlora"])
+def test_shard_grad_op_keeps_every_gathered_weight_through_backward(method):
+    """FSDP shard_grad_op leaves each unit unsharded from its forward until its backward: the whole model's
+    gathered weights (a LoRA's frozen bf16 base, a QLoRA's 4-bit data) are held at the end of forward."""
+    z2 = scn("llama-2-7b", mix={"method": method, "zero_stage": 2}, gpus=4)
+    op = scn("llama-2-7b", mix={"method": method, "fsdp": "shard_grad_op"}, gpus=4)
+    assert forward_transients(op)[0] - forward_transients(z2)[0] == pytest.approx(gathered_weight_bytes(op))
+    assert gathered_weight_bytes(op) > (2.0 if method != "qlora" else 0.5) * 6.4e9
 
 
 @pytest.mark.parametrize("model,method", [("llama-2-7b", "full"), ("llama-2-70b", "qlora"), ("llama-2-70b", "lora")])

@@ -179,8 +179,10 @@ def forward_transients(scn: Scenario) -> tuple[float, float]:
         if scn.recipe.fsdp_root_gathered and fsdp:
             root = m.embedding_params + m.lm_head_params + m.final_norm_params
             transient += root * (4.0 if mix.precision == "fp32" else 2.0)
-    elif fsdp and mix.method == "full":
-        transient += m.total_params * 2.0       # shard_grad_op keeps the unsharded bf16 weights until backward ends
+    elif fsdp:
+        # shard_grad_op "unshards before the forward, does not reshard them after the forward, and only reshards
+        # them after the backward" (torch/distributed/fsdp/api.py, ShardingStrategy): every unit, frozen or not
+        transient += gathered_weight_bytes(scn)
     return transient, block
 
 

@@ -152,3 +152,6 @@ def test_gathered_gb_per_step_counts_what_the_time_model_gathers():
     assert gathered_gb_per_step(fsdp) == pytest.approx(gathered_weight_bytes(fsdp) * 3 / 4 * 2 * 2 / 1e9)
     assert gathered_gb_per_step(ao) == pytest.approx(gathered_weight_bytes(ao) * 3 / 4 * 2 * 2 / 1e9)
     assert gathered_gb_per_step(ao) > gathered_gb_per_step(fsdp) > 0
+    once = scenario(fsdp="shard_grad_op")  # gathers every weight once a step, whatever the accumulation
+    assert gathered_gb_per_step(once) == pytest.approx(gathered_weight_bytes(once) * 3 / 4 / 1e9)
+    assert gathered_gb_per_step(scenario(zero_stage=2)) == 0.0

@@ -205,13 +205,14 @@ def differences(base: Scenario, other: Scenario) -> list[str]:
 
 
 def gathered_gb_per_step(scn: Scenario) -> float:
-    """Weight bytes ZeRO-3/FSDP all-gather per step on each GPU (forward, backward, DeepSpeed's recompute): what
-    comm.data_parallel times, from the same two functions."""
-    if scn.mix.shard_stage != 3 or scn.cluster.world_size == 1:
+    """Weight bytes ZeRO-3/FSDP all-gather per step on each GPU (full_shard / ZeRO-3: forward, backward, DeepSpeed's
+    recompute, every micro-batch; shard_grad_op: once a step): what comm.data_parallel times, from the same
+    functions."""
+    mix, n = scn.mix, scn.cluster.world_size
+    if n == 1 or mix.shard_stage < 2 or (mix.shard_stage == 2 and not mix.fsdp):
         return 0.0
-    n = scn.cluster.world_size
-    return (gathered_weight_bytes(scn) * (n - 1) / n * gather_passes(scn) * scn.workload.gradient_accumulation
-            / 1e9)
+    passes = gather_passes(scn) * scn.workload.gradient_accumulation if mix.shard_stage == 3 else 1
+    return gathered_weight_bytes(scn) * (n - 1) / n * passes / 1e9
 
 
 def _why(win: Estimate, other: Estimate) -> str:

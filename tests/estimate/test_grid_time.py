@@ -41,6 +41,8 @@ CASES = [  # dense, MoE, QLoRA, LoRA; DDP, ZeRO 1-3, FSDP; offload; fp32; 8-bit 
     ("llama-2-7b", {"framework": "torchtune", "method": "qlora", "fsdp": "full_shard"}, {}),  # torchao: scalers too
     ("llama-2-7b", {"method": "qlora", "fsdp": "shard_grad_op"}, {}),          # the 4-bit data gathered once a step
     ("llama-2-7b", {"method": "full", "precision": "fp32", "fsdp": "full_shard"}, {}),  # fp32 weights gathered
+    ("llama-2-7b", {"method": "qlora", "fsdp": "full_shard", "offload": "optimizer+params",  # 4-bit shards from host
+                    "gradient_checkpointing": True}, {}),
     ("mixtral-8x7b", {"method": "lora", "fsdp": "full_shard", "gradient_checkpointing": True}, {}),
 ]
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..spec.hardware import GpuSpec
 from ..spec.scenario import Scenario
-from .comm import DDP_BUCKET_BYTES, _param_modules
+from .comm import DDP_BUCKET_BYTES, _param_modules, gather_passes
 from .cost import price_of
 from .efficiency import Calibration, Efficiency
 from .weight_memory import gathered_weight_bytes
@@ -148,12 +148,12 @@ def step_columns(base: Scenario, table: list[tuple], cols: list[tuple]) -> tuple
     # collectives() is empty on one GPU: exposed([]) leaves min(0.0, overlap x fwd_bwd) hidden
     alone = 0.0 - _min(0.0, g["overlap"] * windows["fwd_bwd"])
     parts = {"forward": fwd * runs, "backward": bwd * runs, "recompute": rec * runs, "dequant": deq * runs,
-             "optimizer": _optimizer(mix, base.model, ga, g, world, trainable),
+             "optimizer": _optimizer(mix, base, ga, g, world, trainable),
              "communication": np.where(world > 1, exposed_s, alone), "other": g["other"]}
     return parts, transfers, g, c
 
 
-def _optimizer(mix, m, ga: int, g: dict, world, trainable):
+def _optimizer(mix, base: Scenario, ga: int, g: dict, world, trainable):
     """time.optimizer_s with tp = pp = 1 and dp = world."""
     shard = trainable / 1 / (world if mix.shard_stage >= 1 else 1)
     state_scale = 0.5 if (mix.precision == "bf16" and mix.optimizer == "adamw") else 1.0
@@ -161,9 +161,8 @@ def _optimizer(mix, m, ga: int, g: dict, world, trainable):
         return shard * ADAM_BYTES_PER_PARAM[mix.optimizer] * state_scale / g["bandwidth"] + g["kernels"]
     t = shard / g["cpu_adam"] + shard * (2.0 + 2.0) / g["host_link"]
     if mix.offload == "optimizer+params":
-        w = m.total_params * 2.0 / world
-        passes = 3.0 if mix.gradient_checkpointing else 2.0
-        t = t + w * passes * ga / g["host_link"]
+        w = gathered_weight_bytes(base) / world
+        t = t + w * gather_passes(base) * ga / g["host_link"]
     return t
 
 

@@ -4,8 +4,11 @@ from __future__ import annotations
 import pytest
 
 import ftscope
-from ftscope.estimate.comm import Transfer, collectives, exposed, ring_s
+from ftscope.estimate.comm import Transfer, collectives, exposed, gather_passes, ring_s
 from ftscope.estimate.efficiency import Efficiency
+from ftscope.estimate.layout import layout
+from ftscope.estimate.weight_memory import (NF4_BYTES, NF4_DATA_BYTES, gathered_bytes_per_weight, gathered_weight_bytes,
+                                            quantized_params)
 
 E = Efficiency()
 
@@ -77,11 +80,42 @@ def test_collectives_through_host_memory_hide_their_own_share():
     assert exposed(ts, {"fwd_bwd": 2.0}, eff, host_staged=True) == (1.0, 0.0)
 
 
-def test_zero3_qlora_gathers_the_4bit_bytes_the_scenario_quantizes():
-    """ZeRO-3 over a 4-bit base moves its bytes per weight: 0.5625 without nested quantization, 0.516 with."""
-    nested = by_window(scn(method="qlora", zero_stage=3))["fwd_bwd"]
-    plain = by_window(scn(method="qlora", zero_stage=3, nested_quant=False))["fwd_bwd"]
-    bf16 = by_window(scn(method="lora", zero_stage=3))["fwd_bwd"]
-    assert nested < plain < bf16
-    # the gathers scale with the bytes per weight; the per-module hook latency does not
-    assert (plain - nested) / (bf16 - nested) == pytest.approx((0.5625 - 0.515869) / (2.0 - 0.515869), rel=1e-3)
+def _gather_seconds(s):
+    """Seconds of the ZeRO-3 / FSDP weight all-gathers of one step, no per-collective latency or hook."""
+    no_latency = Efficiency(collective_latency_us=0.0, zero3_hook_us=0.0)
+    return sum(t.seconds for t in collectives(s, no_latency, s.model.total_params, 1, 4096) if t.window == "fwd_bwd")
+
+
+@pytest.mark.parametrize("framework,mix,per_weight", [
+    ("hf-trainer", {"zero_stage": 3}, NF4_DATA_BYTES),                           # bitsandbytes: the data alone
+    ("hf-trainer", {"zero_stage": 3, "nested_quant": False}, NF4_DATA_BYTES),    # whatever its state's size
+    ("torchtune", {"fsdp": "full_shard"}, NF4_BYTES),                            # torchao: the scalers too
+])
+def test_zero3_qlora_gathers_the_bytes_per_weight_the_memory_model_gathers(framework, mix, per_weight):
+    """The time model's all-gathers move what the memory model's gathered units hold: each 4-bit weight at
+    gathered_bytes_per_weight, what stays bf16 (embeddings, norms, LM head) at 2 bytes."""
+    s = ftscope.load_scenario({"model": "llama-2-7b", "framework": framework,
+                               "hardware": {"gpu": "h100-80gb", "gpus_per_node": 8},
+                               "mix": {"method": "qlora", "gradient_checkpointing": True, **mix},
+                               "workload": {"micro_batch_size": 1, "seq_len": 4096, "gradient_accumulation": 8}})
+    assert gathered_bytes_per_weight(s) == per_weight
+    quantized = quantized_params(s)
+    want = quantized * per_weight + (s.model.total_params - quantized) * 2.0
+    assert 0.07 < (s.model.total_params - quantized) * 2.0 / want < 0.2  # Llama-2-7B's embeddings and head: 14 %
+    assert gathered_weight_bytes(s) == want
+    passes = 2.0 if s.mix.fsdp else 3.0   # DeepSpeed fetches again for the recompute
+    assert gather_passes(s) == passes
+    assert _gather_seconds(s) == pytest.approx(8 * passes * ring_s(want, 8, layout(s).dp_gbs, E), rel=1e-12)
+
+
+def test_fsdp_gathers_the_dtype_it_computes_in_and_shard_grad_op_the_4bit_data_once():
+    """fp32 runs gather fp32 weights (4 bytes), mixed and bf16 runs the bf16 ones; FSDP shard_grad_op gathers every
+    weight once per step, a QLoRA base as its 4-bit data (gathered_weight_bytes), like full_shard's passes."""
+    fp32, bf16 = scn(fsdp="full_shard", precision="fp32"), scn(fsdp="full_shard", precision="bf16-mixed")
+    assert gathered_weight_bytes(fp32) == 2 * gathered_weight_bytes(bf16) == 4.0 * fp32.model.total_params
+    assert _gather_seconds(fp32) == pytest.approx(2 * _gather_seconds(bf16), rel=1e-12)
+    for method in ("qlora", "lora"):
+        s = scn(method=method, fsdp="shard_grad_op")
+        assert _gather_seconds(s) == pytest.approx(ring_s(gathered_weight_bytes(s), 8, layout(s).dp_gbs, E), rel=1e-12)
+    assert gathered_weight_bytes(scn(method="qlora", fsdp="shard_grad_op")) < 0.3 * gathered_weight_bytes(scn(
+        method="lora", fsdp="shard_grad_op"))

@@ -36,14 +36,24 @@ CASES = [  # dense, MoE, QLoRA, LoRA; DDP, ZeRO 1-3, FSDP; offload; fp32; 8-bit 
     ("mixtral-8x7b", {"method": "qlora", "gradient_checkpointing": True, "zero_stage": 3},
      {"padding": "packed", "gradient_accumulation": 5}),
     ("llama-2-7b", {"method": "qlora", "nested_quant": False, "zero_stage": 3, "gradient_checkpointing": True}, {}),
+    ("llama-2-7b", {"method": "qlora", "nested_quant": True, "zero_stage": 3, "gradient_checkpointing": True}, {}),
+    ("llama-2-7b", {"method": "qlora", "nested_quant": False, "fsdp": "full_shard"}, {"gradient_accumulation": 2}),
+    ("llama-2-7b", {"framework": "torchtune", "method": "qlora", "fsdp": "full_shard"}, {}),  # torchao: scalers too
+    ("llama-2-7b", {"method": "qlora", "fsdp": "shard_grad_op"}, {}),          # the 4-bit data gathered once a step
+    ("llama-2-7b", {"method": "full", "precision": "fp32", "fsdp": "full_shard"}, {}),  # fp32 weights gathered
+    ("llama-2-7b", {"method": "qlora", "fsdp": "full_shard", "offload": "optimizer+params",  # 4-bit shards from host
+                    "gradient_checkpointing": True}, {}),
     ("mixtral-8x7b", {"method": "lora", "fsdp": "full_shard", "gradient_checkpointing": True}, {}),
 ]
 
 
 def _scenario(model, mix, wl):
     gpus = 2 if set(mix) & {"tensor_parallel", "pipeline_parallel", "context_parallel"} else 1
+    mix = dict(mix)
+    framework = mix.pop("framework", None)  # a case's framework recipe, written beside its mix
     return ftscope.load_scenario({"model": model, "hardware": {"gpu": "a100-80gb", "gpus_per_node": gpus}, "mix": mix,
-                                  "workload": {"micro_batch_size": "max", "seq_len": 1024, "dataset": DS, **wl}})
+                                  "workload": {"micro_batch_size": "max", "seq_len": 1024, "dataset": DS, **wl},
+                                  **({"framework": framework} if framework else {})})
 
 
 def _cands(base):

@@ -191,6 +191,27 @@ def test_optimizer_offload_adds_optimizer_time():
     assert cpu.step_s > gpu.step_s
 
 
+@pytest.mark.parametrize("method", ["lora", "qlora"])
+def test_parameter_offload_copies_each_gathers_shard_from_the_host(method):
+    """Under parameter offload each all-gather first copies the rank's shard from the host: the gathered bytes
+    (a QLoRA base's 4-bit data, not bf16) / the ranks, once per gather pass (FSDP two, DeepSpeed three under
+    checkpointing; ftscope refuses QLoRA with ZeRO-3 parameter offload)."""
+    from ftscope.estimate.comm import gather_passes
+    from ftscope.estimate.layout import layout
+    from ftscope.estimate.time import optimizer_s
+    from ftscope.estimate.weight_memory import gathered_weight_bytes
+    eff = Efficiency()
+    for sharding in ({"fsdp": "full_shard"}, {"zero_stage": 3})[:1 if method == "qlora" else 2]:
+        mix = {"method": method, "gradient_checkpointing": True, **sharding}
+        on, off = (scn(mix={**mix, "offload": o}, hw={"gpus_per_node": 2}) for o in ("optimizer", "optimizer+params"))
+        trainable = 1_000_000
+        copy = optimizer_s(off, eff, trainable, layout(off)) - optimizer_s(on, eff, trainable, layout(on))
+        link = off.cluster.gpu.host_link_gbs * 1e9 * eff.communication
+        assert gather_passes(off) == (2.0 if "fsdp" in sharding else 3.0)
+        assert copy == pytest.approx(gathered_weight_bytes(off) / 2 * gather_passes(off) / link, rel=1e-9)
+    assert gathered_weight_bytes(off) < (1.0 if method == "qlora" else 2.1) * off.model.total_params
+
+
 def test_qlora_has_dequant_time():
     assert t(scn(mix={"method": "lora"})).breakdown_s["dequant"] == 0
     assert t(scn(mix={"method": "qlora"})).breakdown_s["dequant"] > 0

@@ -6,6 +6,7 @@ import pytest
 import ftscope
 from ftscope.estimate.weight_memory import (NF4_BYTES, NF4_DATA_BYTES, NF4_STATE_BYTES, NF4_STATE_BYTES_PLAIN,
                                             forward_transients, frozen_weight_bytes, gathered_bytes_per_weight,
+                                            gathered_unit_bytes, gathered_weight_bytes,
                                             kbit_bytes_per_weight, kbit_state_bytes, quantized_params)
 
 
@@ -33,6 +34,16 @@ def test_sharded_weights_gather_two_whole_units_in_forward():
     assert t3 - t2 == pytest.approx(2 * f3.model.largest_layer_params() * 2.0) and b3 == b2
 
 
+@pytest.mark.parametrize("method", ["full", "lora", "qlora"])
+def test_shard_grad_op_keeps_every_gathered_weight_through_backward(method):
+    """FSDP shard_grad_op leaves each unit unsharded from its forward until its backward: the whole model's
+    gathered weights (a LoRA's frozen bf16 base, a QLoRA's 4-bit data) are held at the end of forward."""
+    z2 = scn("llama-2-7b", mix={"method": method, "zero_stage": 2}, gpus=4)
+    op = scn("llama-2-7b", mix={"method": method, "fsdp": "shard_grad_op"}, gpus=4)
+    assert forward_transients(op)[0] - forward_transients(z2)[0] == pytest.approx(gathered_weight_bytes(op))
+    assert gathered_weight_bytes(op) > (2.0 if method != "qlora" else 0.5) * 6.4e9
+
+
 @pytest.mark.parametrize("model,method", [("llama-2-7b", "full"), ("llama-2-70b", "qlora"), ("llama-2-70b", "lora")])
 def test_zero3_keeps_what_its_trace_reuses_within_the_reuse_distance(model, method):
     """DeepSpeed keeps a block gathered after its forward when its next use (its backward) comes within 1e9 elements:
@@ -44,13 +55,31 @@ def test_zero3_keeps_what_its_trace_reuses_within_the_reuse_distance(model, meth
     z3 = scn(model, mix={"method": method, "zero_stage": 3}, gpus=8)
     m, per = z3.model, NF4_DATA_BYTES if method == "qlora" else 2.0
     layer, head = m.largest_layer_params(), m.lm_head_params + m.final_norm_params
-    elements = layer * per / 2.0
+    unit = gathered_unit_bytes(z3)
+    assert unit == pytest.approx(layer * per, rel=1e-4)  # a dense block: its norms are all it keeps in bf16
+    elements = unit / 2.0
     kept = next(j for j in range(m.num_layers + 1) if j * elements + head >= ZERO3_MAX_REUSE_DISTANCE)
     assert kept == {"llama-2-7b": 5, "llama-2-70b": 4 if method == "qlora" else 1}[model]
-    assert zero3_reuse_kept(z3, per) == pytest.approx(kept * layer * per + head * 2.0)
+    assert zero3_reuse_kept(z3, unit) == pytest.approx(kept * unit + head * 2.0)
     fsdp = scn(model, mix={"method": method, "fsdp": "full_shard"}, gpus=8)
     extra = forward_transients(z3)[0] - forward_transients(fsdp)[0]
-    assert extra == pytest.approx(max(0.0, zero3_reuse_kept(z3, per) - 2 * layer * per), rel=1e-9, abs=1.0)
+    assert extra == pytest.approx(max(0.0, zero3_reuse_kept(z3, unit) - 2 * unit), rel=1e-9, abs=1.0)
+
+
+def test_a_qlora_blocks_gather_holds_its_unquantized_expert_stacks_in_bf16():
+    """transformers 5's fused 3-D expert stacks are no nn.Linear: bitsandbytes leaves them bf16, and ZeRO-3 / FSDP
+    gather them so; per-expert modules are quantized and gathered as 4-bit data. Two such blocks are held."""
+    fused = scn("mixtral-8x7b", mix={"method": "qlora", "fsdp": "full_shard"}, gpus=8)
+    modules = scn("mixtral-8x7b", mix={"method": "qlora", "fsdp": "full_shard", "experts_backend": "modules"}, gpus=8)
+    layer, _ = fused.model.layer_groups[0]
+    experts = sum(lin.params for lin in layer.linears if lin.group == "experts")
+    assert experts > 0.9 * layer.params
+    assert gathered_unit_bytes(modules) == pytest.approx(layer.params * NF4_DATA_BYTES, rel=0.01)
+    assert gathered_unit_bytes(fused) - gathered_unit_bytes(modules) == pytest.approx(experts * 1.5, rel=1e-9)
+    for s in (fused, modules):  # the gathers are what FSDP holds beyond ZeRO-2
+        z2 = scn("mixtral-8x7b", mix={"method": "qlora", "zero_stage": 2, "experts_backend": s.mix.experts_backend},
+                 gpus=8)
+        assert forward_transients(s)[0] - forward_transients(z2)[0] == pytest.approx(2 * gathered_unit_bytes(s))
 
 
 def test_qlora_dequantizes_one_weight_at_a_time():

@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 
 import ftscope
+from ftscope.estimate.weight_memory import gathered_weight_bytes
 from ftscope.plan.ranking import rank_key
 from ftscope.plan.recommend import (ENGINES, SearchSpace, complexity, gathered_gb_per_step, recommend, signed_percent,
                                     signed_usd)
@@ -136,9 +137,21 @@ def test_an_engine_restricts_the_search_to_its_launcher():
             assert rec.best.to_dict() == every.best.to_dict()
 
 
-def test_gathered_gb_per_step_counts_the_scenarios_4bit_bytes():
-    def gathered(**mix):
-        return gathered_gb_per_step(ftscope.load_scenario({
-            "model": "llama-2-7b", "hardware": {"gpu": "a100-80gb", "gpus_per_node": 4},
-            "mix": {"method": "qlora", "zero_stage": 3, **mix}, "workload": {"micro_batch_size": 1, "seq_len": 512}}))
-    assert gathered(nested_quant=False) / gathered() == pytest.approx(0.5625 / 0.515869, rel=1e-5)
+def test_gathered_gb_per_step_counts_what_the_time_model_gathers():
+    """The "why" text's gigabytes are comm.data_parallel's: bitsandbytes gathers its 4-bit data alone (nested or
+    not), torchao's NF4Tensor its scalers too; DeepSpeed gathers again for the recompute, FSDP does not."""
+    def scenario(framework="hf-trainer", **mix):
+        return ftscope.load_scenario({
+            "model": "llama-2-7b", "framework": framework, "hardware": {"gpu": "a100-80gb", "gpus_per_node": 4},
+            "mix": {"method": "qlora", "gradient_checkpointing": True, **mix},
+            "workload": {"micro_batch_size": 1, "seq_len": 512, "gradient_accumulation": 2}})
+    nested, plain = scenario(zero_stage=3), scenario(zero_stage=3, nested_quant=False)
+    assert gathered_gb_per_step(plain) == gathered_gb_per_step(nested)
+    assert gathered_gb_per_step(nested) == pytest.approx(gathered_weight_bytes(nested) * 3 / 4 * 3 * 2 / 1e9)
+    fsdp, ao = scenario(fsdp="full_shard"), scenario("torchtune", fsdp="full_shard")
+    assert gathered_gb_per_step(fsdp) == pytest.approx(gathered_weight_bytes(fsdp) * 3 / 4 * 2 * 2 / 1e9)
+    assert gathered_gb_per_step(ao) == pytest.approx(gathered_weight_bytes(ao) * 3 / 4 * 2 * 2 / 1e9)
+    assert gathered_gb_per_step(ao) > gathered_gb_per_step(fsdp) > 0
+    once = scenario(fsdp="shard_grad_op")  # gathers every weight once a step, whatever the accumulation
+    assert gathered_gb_per_step(once) == pytest.approx(gathered_weight_bytes(once) * 3 / 4 / 1e9)
+    assert gathered_gb_per_step(scenario(zero_stage=2)) == 0.0

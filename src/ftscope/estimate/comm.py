@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from ..spec.scenario import Scenario
 from .efficiency import Efficiency
 from .layout import Layout, layout
-from .memory import kbit_bytes_per_weight
+from .weight_memory import gathered_weight_bytes
 
 DDP_BUCKET_BYTES = 25 * 2**20
 """torch DDP's default gradient bucket (also about DeepSpeed's reduce bucket under HF's "auto")."""
@@ -76,14 +76,11 @@ def data_parallel(scn: Scenario, eff: Efficiency, trainable: int, lay: Layout) -
     if stage == 2 and not mix.fsdp:
         out.append(Transfer(ring_s(trainable / shard * 2.0, n, gbs, eff) + buckets * lat, "none"))
     if stage == 2 and mix.fsdp:   # shard_grad_op gathers the weights once per step, in the first forward
-        out.append(Transfer(ring_s(m.total_params / shard * 2.0, n, gbs, eff), "fwd_bwd"))
+        out.append(Transfer(ring_s(gathered_weight_bytes(scn) / shard, n, gbs, eff), "fwd_bwd"))
     if stage == 3:
-        w_b = kbit_bytes_per_weight(scn) if mix.method == "qlora" else 2.0
-        # FSDP recomputes a checkpointed block inside its backward, while it is gathered: two gathers per
-        # micro-batch; DeepSpeed's hooks fetch again for the recompute
-        passes = 3.0 if mix.gradient_checkpointing and not mix.fsdp else 2.0
+        passes = gather_passes(scn)
         units = sum(k for _, k in m.layer_groups) / lay.pp + 1
-        gathers = ga * passes * ring_s(m.total_params / shard * w_b, n, gbs, eff)
+        gathers = ga * passes * ring_s(gathered_weight_bytes(scn) / shard, n, gbs, eff)
         if mix.fsdp:   # FSDP: one all-gather per block and pass
             out.append(Transfer(gathers + ga * units * passes * lat, "fwd_bwd", gathers / units))
         else:          # DeepSpeed ZeRO-3: a fetch/release hook per parameterised module, on the critical path
@@ -91,6 +88,13 @@ def data_parallel(scn: Scenario, eff: Efficiency, trainable: int, lay: Layout) -
             out.append(Transfer(gathers + ga * modules * passes * lat, "fwd_bwd", gathers / units))
             out.append(Transfer(ga * modules * passes * eff.zero3_hook_us * 1e-6, "none"))
     return out
+
+
+def gather_passes(scn: Scenario) -> float:
+    """All-gathers of every weight per micro-batch under ZeRO-3 / FSDP full_shard: forward and backward, and under
+    DeepSpeed a third for the recompute (FSDP recomputes a checkpointed block inside its backward, while it is
+    gathered; DeepSpeed's hooks fetch again)."""
+    return 3.0 if scn.mix.gradient_checkpointing and not scn.mix.fsdp else 2.0
 
 
 def model_parallel(scn: Scenario, eff: Efficiency, batch: int, seq: float, lay: Layout) -> list[Transfer]:

@@ -18,10 +18,10 @@ import numpy as np
 
 from ..spec.hardware import GpuSpec
 from ..spec.scenario import Scenario
-from .comm import DDP_BUCKET_BYTES, _param_modules
+from .comm import DDP_BUCKET_BYTES, _param_modules, gather_passes
 from .cost import price_of
 from .efficiency import Calibration, Efficiency
-from .memory import kbit_bytes_per_weight
+from .weight_memory import gathered_weight_bytes
 from .shared import Shared
 from .time import ADAM_BYTES_PER_PARAM, OPTIMIZER_KERNELS, micro_batch_times
 
@@ -157,11 +157,11 @@ def step_columns(base: Scenario, table: list[tuple], cols: list[tuple]) -> tuple
         comm = np.where(world > 1, exposed_s, alone)
     parts = {"forward": fwd * runs, "backward": bwd * runs, "recompute": rec * runs, "dequant": deq * runs} \
         if runs != 1.0 else {"forward": fwd, "backward": bwd, "recompute": rec, "dequant": deq}
-    parts.update(optimizer=_optimizer(mix, base.model, ga, g, world, trainable), communication=comm, other=g["other"])
+    parts.update(optimizer=_optimizer(mix, base, ga, g, world, trainable), communication=comm, other=g["other"])
     return parts, transfers, g, c
 
 
-def _optimizer(mix, m, ga: int, g: dict, world, trainable):
+def _optimizer(mix, base: Scenario, ga: int, g: dict, world, trainable):
     """time.optimizer_s with tp = pp = 1 and dp = world."""
     shard = trainable / 1 / (world if mix.shard_stage >= 1 else 1)
     state_scale = 0.5 if (mix.precision == "bf16" and mix.optimizer == "adamw") else 1.0
@@ -169,9 +169,8 @@ def _optimizer(mix, m, ga: int, g: dict, world, trainable):
         return shard * ADAM_BYTES_PER_PARAM[mix.optimizer] * state_scale / g["bandwidth"] + g["kernels"]
     t = shard / g["cpu_adam"] + shard * (2.0 + 2.0) / g["host_link"]
     if mix.offload == "optimizer+params":
-        w = m.total_params * 2.0 / world
-        passes = 3.0 if mix.gradient_checkpointing else 2.0
-        t = t + w * passes * ga / g["host_link"]
+        w = gathered_weight_bytes(base) / world
+        t = t + w * gather_passes(base) * ga / g["host_link"]
     return t
 
 
@@ -194,12 +193,11 @@ def _collectives(base: Scenario, ga: int, g: dict, n, gbs, trainable, live: bool
     if stage == 2 and not mix.fsdp:
         out.append((_ring(trainable / 1 * 2.0, n, gbs, eff_comm, 1.0, live) + buckets * lat, "none", 0.0))
     if stage == 2 and mix.fsdp:
-        out.append((_ring(m.total_params / 1 * 2.0, n, gbs, eff_comm, 1.0, live), "fwd_bwd", 0.0))
+        out.append((_ring(gathered_weight_bytes(base) / 1, n, gbs, eff_comm, 1.0, live), "fwd_bwd", 0.0))
     if stage == 3:
-        w_b = kbit_bytes_per_weight(base) if mix.method == "qlora" else 2.0
         passes = 3.0 if mix.gradient_checkpointing and not mix.fsdp else 2.0
         units = sum(k for _, k in m.layer_groups) / 1 + 1
-        gathers = ga * passes * _ring(m.total_params / 1 * w_b, n, gbs, eff_comm, 1.0, live)
+        gathers = ga * passes * _ring(gathered_weight_bytes(base) / 1, n, gbs, eff_comm, 1.0, live)
         if mix.fsdp:
             out.append((gathers + ga * units * passes * lat, "fwd_bwd", gathers / units))
         else:

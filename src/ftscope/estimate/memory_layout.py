@@ -29,7 +29,7 @@ from ..spec.scenario import Scenario, fast_replace
 from .activations import ActivationCoefficients
 from .caching_allocator import SMALL_SIZE, CachingAllocator
 from .head_gradient import split_head
-from .weight_memory import fp32_lora_base
+from .weight_memory import fp32_lora_base, gathered_unit_bytes
 
 PAGED_MIN_NUMEL = 100_000
 """bitsandbytes' paged optimizers put a parameter's states in CUDA managed memory (cudaMallocManaged, outside torch's
@@ -219,7 +219,7 @@ def fsdp1_stream_bytes(scn: Scenario, per_param: float, shards: int) -> tuple[fl
     orig dtype): fp32 weights, not a bf16 LoRA base or QLoRA's bf16 quant storage."""
     m, rec = scn.model, scn.recipe
     root_bytes = (m.embedding_params + m.lm_head_params + m.final_norm_params) * (4.0 if scn.mix.precision == "fp32" else 2.0)
-    block_bytes = m.largest_layer_params() * per_param
+    block_bytes = gathered_unit_bytes(scn)
     init = fsdp1_init_cache(fsdp1_units(scn, per_param), shards) if rec.fsdp1_sync_init else 0.0
     pool = gathered = 0.0
     if rec.fsdp1_unshard_stream and shards > 1 and scn.mix.shard_stage == 3:

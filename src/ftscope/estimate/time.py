@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ..spec.scenario import Scenario, fast_replace
-from .comm import collectives, exposed
+from .comm import collectives, exposed, gather_passes
 from .compute import Op, cached_ops, compute_mix, model_flops, recomputed
 from .cost import price_of, run_cost
 from .efficiency import Calibration, Efficiency, load_calibration
@@ -21,6 +21,7 @@ from .kernels import attention_fraction, gemm_fraction, gemm_utilization
 from .layout import Layout, layout
 from .result import Estimate, TimeEstimate
 from .shared import Shared
+from .weight_memory import gathered_weight_bytes
 
 ADAM_BYTES_PER_PARAM = {"adamw": 84.0, "adamw_8bit": 24.0, "paged_adamw_8bit": 24.0, "sgd": 16.0}
 """Optimizer-step memory traffic per parameter with fp32 state: foreach AdamW reads and writes params,
@@ -164,10 +165,9 @@ def optimizer_s(scn: Scenario, eff: Efficiency, trainable: int, lay: Layout | No
     else:
         t = (shard * ADAM_BYTES_PER_PARAM[mix.optimizer] * state_scale / (bw * eff.bandwidth)
              + OPTIMIZER_KERNELS * max(eff.kernel_floor_us, eff.host_us_per_kernel) * 1e-6)
-    if mix.offload == "optimizer+params":
-        w = scn.model.total_params * 2.0 / scn.cluster.world_size
-        passes = 3.0 if mix.gradient_checkpointing else 2.0
-        t += w * passes * scn.workload.gradient_accumulation / (gpu.host_link_gbs * 1e9 * eff.communication)
+    if mix.offload == "optimizer+params":  # each gather first copies the rank's shard from the host
+        w = gathered_weight_bytes(scn) / scn.cluster.world_size
+        t += w * gather_passes(scn) * scn.workload.gradient_accumulation / (gpu.host_link_gbs * 1e9 * eff.communication)
     return t
 
 

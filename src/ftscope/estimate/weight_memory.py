@@ -83,10 +83,59 @@ def kbit_state_bytes(scn: Scenario) -> float:
 
 def gathered_bytes_per_weight(scn: Scenario) -> float:
     """Bytes per weight of a block that FSDP / ZeRO-3 all-gathers: bf16, or the 4-bit data (with the scalers when the
-    recipe shards them with it, kbit_state_sharded)."""
+    recipe shards them with it, kbit_state_sharded). The one source for the memory model's gathered units and the
+    time model's all-gathers (`gathered_weight_bytes`).
+
+    bitsandbytes gathers the data alone. Params4bit is a torch.nn.Parameter whose quantization state is a Python
+    attribute (bitsandbytes-foundation/bitsandbytes 95f9af30, bitsandbytes/nn/modules.py line 237, set again on
+    the Linear4bit by _quantize, lines 391-393), packed two weights a byte into the quant_storage dtype
+    (functional.py quantize_4bit, lines 891-906): 0.5 bytes a weight whatever that dtype (PEFT 5d602fdb,
+    docs/source/accelerate/fsdp.md lines 242-245 and deepspeed.md 241-244 set it to bf16 so FSDP / ZeRO-3 flatten
+    it with the bf16 weights). FSDP flattens the tensor and drops the attribute, which Linear4bit.forward restores
+    from the module ("the quant state got lost when the parameter got converted. This happens for example for
+    fsdp", modules.py lines 487-501, called at 610); DeepSpeed ZeRO-3 partitions the tensor's own elements
+    (microsoft/DeepSpeed 38327e07, deepspeed/runtime/zero/partition_parameters.py line 1609: torch.empty(
+    partition_size, dtype=param.dtype)) and all_gather_coalesced rebuilds param.data from them (line 1266).
+    torchao's NF4Tensor gathers its scalers too: fsdp_pre_all_gather returns (quantized_scalers,
+    quantization_factor, quantized_data) (pytorch/ao 36027d82, torchao/quantization/quantize_/workflows/nf4/
+    nf4_tensor.py lines 976-998)."""
     if scn.mix.method != "qlora":
-        return 2.0
+        return dense_gathered_bytes(scn)
     return kbit_bytes_per_weight(scn) if scn.recipe.kbit_state_sharded else NF4_DATA_BYTES
+
+
+def dense_gathered_bytes(scn: Scenario) -> float:
+    """Bytes per unquantized weight of a ZeRO-3 / FSDP all-gather: the compute dtype (FSDP's param_dtype, DeepSpeed's
+    bf16 / fp16 module), fp32 only when the run is fp32."""
+    return 4.0 if scn.mix.precision == "fp32" else 2.0
+
+
+def gathered_weight_bytes(scn: Scenario) -> float:
+    """Bytes of one all-gather of every weight under ZeRO-3 / FSDP full_shard (forward, recompute or backward):
+    each 4-bit weight at `gathered_bytes_per_weight`, what QLoRA leaves unquantized (embeddings, norms, LM head,
+    transformers 5's fused expert stacks) in bf16 like every weight of LoRA and full fine-tuning (FSDP's
+    param_dtype, DeepSpeed's bf16 module). LoRA adapters are not counted (under 1 % of the base at usual ranks)."""
+    total = scn.model.total_params
+    if scn.mix.method != "qlora":
+        return total * gathered_bytes_per_weight(scn)
+    quantized = quantized_params(scn)
+    return quantized * gathered_bytes_per_weight(scn) + (total - quantized) * dense_gathered_bytes(scn)
+
+
+def gathered_unit_bytes(scn: Scenario) -> float:
+    """Bytes of the largest block's all-gather under ZeRO-3 / FSDP (the unit forward_transients holds twice): its
+    4-bit matrices at `gathered_bytes_per_weight`, the rest of a QLoRA block (norms, routers, transformers 5's
+    fused expert stacks) in bf16; `gathered_weight_bytes` over one block."""
+    per = gathered_bytes_per_weight(scn)
+    if scn.mix.method != "qlora":
+        return scn.model.largest_layer_params() * per
+    fused = scn.mix.fused_experts
+    out = 0.0
+    for layer, _ in scn.model.layer_groups:
+        quantized = sum(lin.params for lin in layer.linears
+                        if lin.group != "router" and not (fused and lin.group == "experts"))
+        out = max(out, quantized * per + (layer.params - quantized) * dense_gathered_bytes(scn))
+    return out
 
 
 def fp32_lora_base(scn: Scenario) -> bool:
@@ -122,27 +171,29 @@ def forward_transients(scn: Scenario) -> tuple[float, float]:
         # ZeRO-3/FSDP gather the current block and prefetch the next (MoE blocks are gathered whole), each into a
         # buffer of the whole unit beside the rank's shard, which stays (FSDP1's padded unsharded flat parameter,
         # FSDP2's all-gather output, DeepSpeed's all_gather_coalesced flat tensor): the full unit, not (n - 1) / n
-        per_param = gathered_bytes_per_weight(scn)
-        gathered = 2 * m.largest_layer_params() * per_param
+        unit = gathered_unit_bytes(scn)
+        gathered = 2 * unit
         if deepspeed:
-            gathered = max(gathered, zero3_reuse_kept(scn, per_param))
+            gathered = max(gathered, zero3_reuse_kept(scn, unit))
         transient += gathered
         if scn.recipe.fsdp_root_gathered and fsdp:
             root = m.embedding_params + m.lm_head_params + m.final_norm_params
             transient += root * (4.0 if mix.precision == "fp32" else 2.0)
-    elif fsdp and mix.method == "full":
-        transient += m.total_params * 2.0       # shard_grad_op keeps the unsharded bf16 weights until backward ends
+    elif fsdp:
+        # shard_grad_op "unshards before the forward, does not reshard them after the forward, and only reshards
+        # them after the backward" (torch/distributed/fsdp/api.py, ShardingStrategy): every unit, frozen or not
+        transient += gathered_weight_bytes(scn)
     return transient, block
 
 
-def zero3_reuse_kept(scn: Scenario, per_param: float) -> float:
-    """Bytes DeepSpeed's ZeRO-3 keeps gathered where forward turns into backward: the LM head and the last blocks,
-    whose next use (their backward, under checkpointing their recompute) comes within ZERO3_MAX_REUSE_DISTANCE
-    elements of the trace. The block j from the end stays while the j blocks after it and the head hold fewer
-    elements; a 4-bit weight counts the 2-byte elements of its bf16 quant storage (a Llama-2-70B NF4 block: 214M)."""
+def zero3_reuse_kept(scn: Scenario, unit_bytes: float) -> float:
+    """Bytes DeepSpeed's ZeRO-3 keeps gathered where forward turns into backward: the LM head and the last blocks
+    (`unit_bytes` each), whose next use (their backward, under checkpointing their recompute) comes within
+    ZERO3_MAX_REUSE_DISTANCE elements of the trace. The block j from the end stays while the j blocks after it and
+    the head hold fewer elements; every element is 2 bytes: bf16 weights, or the bf16 quant storage 4-bit data is
+    packed into (a Llama-2-70B NF4 block: 214M)."""
     m = scn.model
-    layer = m.largest_layer_params()
-    elements = layer * (per_param / 2.0 if scn.mix.method == "qlora" else 1.0)
+    elements = unit_bytes / 2.0
     head = m.lm_head_params + m.final_norm_params
     kept = 0 if head >= ZERO3_MAX_REUSE_DISTANCE else int((ZERO3_MAX_REUSE_DISTANCE - head) // elements) + 1
-    return min(kept, m.num_layers) * layer * per_param + head * 2.0
+    return min(kept, m.num_layers) * unit_bytes + head * 2.0

@@ -16,8 +16,10 @@ from typing import Any, Callable, Sequence
 from .. import catalog
 from ..errors import FtscopeError
 from ..estimate import estimate, unsupported_reason
+from ..estimate.comm import gather_passes
 from ..estimate.efficiency import Calibration, load_calibration
-from ..estimate.memory import kbit_bytes_per_weight, memory_model
+from ..estimate.memory import memory_model
+from ..estimate.weight_memory import gathered_weight_bytes
 from ..estimate.result import Estimate
 from ..spec.hardware import GpuSpec, gpu_from_catalog
 from ..spec.scenario import Scenario
@@ -203,13 +205,14 @@ def differences(base: Scenario, other: Scenario) -> list[str]:
 
 
 def gathered_gb_per_step(scn: Scenario) -> float:
-    """Weight bytes ZeRO-3/FSDP all-gather per step on each GPU (forward, recompute, backward)."""
-    if scn.mix.shard_stage != 3 or scn.cluster.world_size == 1:
+    """Weight bytes ZeRO-3/FSDP all-gather per step on each GPU (full_shard / ZeRO-3: forward, backward, DeepSpeed's
+    recompute, every micro-batch; shard_grad_op: once a step): what comm.data_parallel times, from the same
+    functions."""
+    mix, n = scn.mix, scn.cluster.world_size
+    if n == 1 or mix.shard_stage < 2 or (mix.shard_stage == 2 and not mix.fsdp):
         return 0.0
-    per_param = kbit_bytes_per_weight(scn) if scn.mix.method == "qlora" else 2.0
-    passes = 3 if scn.mix.gradient_checkpointing else 2
-    n = scn.cluster.world_size
-    return scn.model.total_params * per_param * (n - 1) / n * passes * scn.workload.gradient_accumulation / 1e9
+    passes = gather_passes(scn) * scn.workload.gradient_accumulation if mix.shard_stage == 3 else 1
+    return gathered_weight_bytes(scn) * (n - 1) / n * passes / 1e9
 
 
 def _why(win: Estimate, other: Estimate) -> str:

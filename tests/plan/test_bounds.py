@@ -289,3 +289,50 @@ def test_op_rates_per_gpu_are_op_rates_on_each_gpu():
             assert np.array_equal(op_rates_per_gpu(np, work, scns, effs, each, tables),
                                   op_rates_per_gpu(np, work, scns, effs, each)), (model, mix)
     assert 0 < len(tables) < 10
+
+
+def test_the_work_at_one_length_is_the_fit_read_there():
+    """sequence_work(one_length=True), what a packed workload's bounds read (every micro-batch pads to one length):
+    at that length each op's FLOPs and bytes equal the three-length fit's wherever the fit has its form, for dense
+    and MoE, LoRA, QLoRA and full, eager and fused attention, with and without a layout."""
+    from ftscope.plan.bounds import sequence_work
+    seen = 0
+    for model, mix in itertools.product(
+            ("llama-3.2-1b", "olmoe-1b-7b", "mixtral-8x7b"),
+            (dict(), dict(method="qlora"), dict(method="full", attention="eager"),
+             dict(tensor_parallel=2, sequence_parallel=True, pipeline_parallel=2, context_parallel=2))):
+        scn = _scn(model).with_(gpus_per_node=8).with_(**mix)
+        for seq in (512.0, 4096.0):
+            one, fit = sequence_work(scn, seq, one_length=True), sequence_work(scn, seq)
+            assert len(one) == len(fit) > 5
+            for a, b in zip(one, fit):
+                assert a.flops[1] == a.bytes[1] == 0.0 and a.passes == b.passes
+                for x, y in ((a.flops, b.flops), (a.bytes, b.bytes)):
+                    if y != (0.0, 0.0):
+                        assert x[0] * seq == pytest.approx(y[0] * seq + y[1] * seq * seq, rel=1e-9), (model, mix)
+                        seen += 1
+    assert seen > 100
+
+
+@pytest.mark.parametrize("model,batch", [("llama-2-7b", 8), ("olmoe-1b-7b", "max"), ("mixtral-8x7b", 4)])
+def test_packed_candidates_respect_their_one_length_bounds(model, batch):
+    """A packed workload's time bounds read the work at its one padded length (sequence_work's one_length): every
+    fitting candidate's bound stays at most its estimate, with layouts, expert parallelism and QLoRA."""
+    from ftscope.plan.recommend import _targets
+    scn = ftscope.load_scenario({"model": model, "hardware": {"gpu": "h100-80gb", "gpus_per_node": 8},
+                                 "mix": {"method": "lora"},
+                                 "workload": {"micro_batch_size": batch, "gradient_accumulation": 2, "seq_len": 2048,
+                                              "padding": "packed", "num_samples": 4000}})
+    space = Space(scn, _targets(scn, ["h100-80gb:16", "a100-40gb:4"], False),
+                  replace(LAYOUT_SPACE, methods=("lora", "qlora", "full")))
+    cal = load_calibration()
+    gb = None if batch == "max" else 64
+    cls, _ = classify(np, space, "time", cal, {"top": None}, gb, None, None)
+    evaluate = evaluator(gb, cal, None, None)
+    fits = np.flatnonzero(cls.status.ravel() == FITS)
+    assert len(fits) > 20
+    for idx in fits.tolist()[::4]:
+        cand = space.candidate(cls.index(idx))
+        c = evaluate(cand)
+        assert c.feasible, c.reason
+        assert 0 < cls.hours.flat[idx] <= c.estimate.run.hours, cand.mix.label()

@@ -121,36 +121,50 @@ def ops_mix(mix):
                         attention="eager" if mix.attention == "eager" else "sdpa")
 
 
-def _op_slopes(scn: Scenario, seq: float) -> list[tuple[Op, tuple[float, float], tuple[float, float]]]:
-    """Per op but dispatch and dequantization: (op, FLOPs fit, bytes fit) of sequence_work, before the passes."""
+def _at(v: float, seq: float) -> tuple[float, float] | None:
+    """(c1, 0) with c1 x seq = v: the work at the one length `seq` (None when negative)."""
+    return (v / seq, 0.0) if v >= 0 else None
+
+
+def _op_slopes(scn: Scenario, seq: float, one_length: bool = False
+               ) -> list[tuple[Op, tuple[float, float], tuple[float, float]]]:
+    """Per op but dispatch and dequantization: (op, FLOPs fit, bytes fit) of sequence_work, before the passes.
+    `one_length`: the work at `seq` alone (two op lists instead of six; see sequence_work)."""
     try:
-        points = [_slopes(scn, seq * m) for m in (1.0, 2.0, 3.0)]
+        points = [_slopes(scn, seq * m) for m in ((1.0,) if one_length else (1.0, 2.0, 3.0))]
     except ValueError:
         return []
     checks = _at_least_linear(scn, seq, points[0])
     out = []
-    for (op, f1, b1), (_, f2, b2), (_, f3, b3), (f_ok, b_ok) in zip(*points, checks):
+    for (op, f1, b1), *more, (f_ok, b_ok) in zip(*points, checks):
         if op.kind in ("dispatch", "dequant"):
             continue
-        flops = _fit(f1, f2, f3, seq) if f_ok else None
-        bytes_ = _fit(b1, b2, b3, seq) if b_ok else None
+        if one_length:
+            flops, bytes_ = (_at(f1, seq) if f_ok else None), (_at(b1, seq) if b_ok else None)
+        else:
+            (_, f2, b2), (_, f3, b3) = more
+            flops = _fit(f1, f2, f3, seq) if f_ok else None
+            bytes_ = _fit(b1, b2, b3, seq) if b_ok else None
         out.append((op, flops or (0.0, 0.0), bytes_ or (0.0, 0.0)))
     return out
 
 
-def sequence_work(scn: Scenario, seq: float, memo: dict | None = None) -> list[SequenceWork]:
+def sequence_work(scn: Scenario, seq: float, memo: dict | None = None, one_length: bool = False) -> list[SequenceWork]:
     """Per op (launch-bound dispatch and weight-bound dequantization left out), the FLOPs and bytes one more
     sequence adds as functions of the padded length, read at `seq`, 2 and 3 x `seq`; an op that does not have
     that form, or whose small micro-batches fall below it, contributes nothing (the bound stays valid).
+    `one_length`: the work is read only at `seq` (a workload whose every micro-batch pads to one length, such as a
+    packed one), so it is the slope at `seq` alone, written c1 x s with c1 = slope / seq: valid at s = seq only,
+    from two op lists instead of six (tests/plan/test_bounds.py checks it against the fit there).
     `memo`: a dict shared by calls on one model, workload and cluster, whose mixes differ (the fits are kept per
     ops_mix; the passes are the mix's own)."""
     if memo is None:
-        slopes = _op_slopes(scn, seq)
+        slopes = _op_slopes(scn, seq, one_length)
     else:
-        key = (ops_mix(scn.mix), seq)
+        key = (ops_mix(scn.mix), seq, one_length)
         slopes = memo.get(key)
         if slopes is None:
-            slopes = memo[key] = _op_slopes(fast_replace(scn, mix=key[0]), seq)
+            slopes = memo[key] = _op_slopes(fast_replace(scn, mix=key[0]), seq, one_length)
     return [SequenceWork(op.kind, op.grouped, op.fp8, op.fusible, flops, bytes_,
                          1.0 + op.backward + recomputed(op, scn.mix)) for op, flops, bytes_ in slopes]
 

@@ -238,7 +238,9 @@ def _time_bounds(np, space: Space, cal: Calibration, on_gpu: Sequence[Any], g_of
             for s in list(representative)[n:]:
                 unbounded[by_sig[starts[s]:starts[s + 1]]] = True
             break
-        work = sequence_work(with_mix(on_gpu[0], mix), shortest, memo)
+        # one padded length (packed): the work at that length alone, two op lists per fit instead of six
+        work = (sequence_work(with_mix(on_gpu[0], mix), float(seqs[0]), memo, one_length=True) if len(seqs) == 1
+                else sequence_work(with_mix(on_gpu[0], mix), shortest, memo))
         columns = by_sig[starts[s]:starts[s + 1]]
         fitting = fit_by_sig[fit_starts[s]:fit_starts[s + 1]]
         if not work or not len(columns):

@@ -82,3 +82,31 @@ def test_the_peak_at_micro_batch_one_keeps_the_allocator_floor():
         many = Probes(1024)
         many.add(scn, mem)
         assert many.peaks_at_one(np).tolist() == [mem.peak_bytes(1, 1024)]
+
+
+@pytest.mark.parametrize("model, framework", [("llama-3.2-1b", "hf-trainer"), ("olmoe-1b-7b", "hf-trainer"),
+                                              ("mixtral-8x7b", "peft-kbit"), ("llama-3.2-1b", "peft-sft-2024")])
+def test_a_mix_that_does_not_read_the_accumulation_has_one_model(model, framework):
+    """reads_accumulation: a ZeRO mix's memory model is the same with and without accumulation (the probes then
+    read its peaks for either), for every method (a trained head included), offload, optimizer, checkpointing and
+    layout on 1 to 64 GPUs; a mix without ZeRO reads it (the test would pass vacuously otherwise)."""
+    from ftscope.plan.memory_probe import reads_accumulation
+    base = _scn(model, framework)
+    equal = differ = 0
+    for method, (zero, fsdp), offload, optimizer, ckpt, layout in itertools.product(
+            ("full", "lora", "qlora"), SHARDING, ("none", "optimizer", "optimizer+params"),
+            ("adamw", "paged_adamw_8bit"), (False, True),
+            (dict(), dict(tensor_parallel=2, sequence_parallel=True, pipeline_parallel=2))):
+        mix = replace(base.mix, method=method, zero_stage=zero, fsdp=fsdp, offload=offload, optimizer=optimizer,
+                      gradient_checkpointing=ckpt, **layout)
+        for world, gpu in WORLDS:
+            if world % mix.model_parallel:
+                continue
+            one, four = (memory_model(_on(replace(base.with_(gradient_accumulation=ga), mix=mix), world, gpu))
+                         for ga in (1, 4))
+            if not reads_accumulation(mix):
+                assert one == four, (method, zero, offload, optimizer, ckpt, layout, world)
+                equal += 1
+            else:
+                differ += one != four
+    assert equal > 300 and differ > 100

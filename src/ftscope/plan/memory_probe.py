@@ -192,7 +192,8 @@ class Probes:
         if capped.any():  # keep_global_batch's layout at the capped micro-batch, the same for every such capacity
             mb = np.maximum(1, np.minimum(cap, global_batch // (reps * stages)))
             ga = np.maximum(1, np.ceil(global_batch / (mb * reps)))
-            same = (ga > 1) == accumulating
+            ignores = np.array([not reads_accumulation(s.mix) for s in scns], bool)
+            same = ((ga > 1) == accumulating) | ignores  # equal models: this one's peaks
             kept = np.where(same, _peaks(np, arrays, mb, self.seq), np.nan)
             other = np.flatnonzero(~same & capped.any(axis=1))
             if len(other):  # another accumulation: its own model (built together per mix and accumulation)
@@ -223,6 +224,14 @@ class Probes:
         out = np.empty(len(scns))
         out[order] = ModelArrays(np, models).peaks(mb[order], self.seq)
         return out
+
+
+def reads_accumulation(mix) -> bool:
+    """Whether a mix's memory model reads the gradient accumulation at all: DeepSpeed's ZeRO keeps its gradient
+    partitions from the start of a step (build_memory_models' gradients in forward, head_gradient's early
+    gradient) whether it accumulates or not, so its models with and without accumulation are equal
+    (tests/plan/test_memory_probe.py compares them field for field)."""
+    return mix.zero_stage == 0
 
 
 def _accumulating(scn: Scenario, ga: int) -> Scenario:

@@ -336,3 +336,27 @@ def test_packed_candidates_respect_their_one_length_bounds(model, batch):
         c = evaluate(cand)
         assert c.feasible, c.reason
         assert 0 < cls.hours.flat[idx] <= c.estimate.run.hours, cand.mix.label()
+
+
+def test_a_pipelines_work_is_its_stage_share_of_the_work_without_it():
+    """sequence_work with a memo fits a pipelined mix's ops once without the pipeline and gives each block op 1 /
+    stages of it (the head whole): the fits a fresh call makes, to rounding, for dense and MoE, every method, eager
+    and fused attention, with tensor, context and expert parallelism beside, at one length and three."""
+    from ftscope.plan.bounds import sequence_work
+    checked = 0
+    for model, mix, pp in itertools.product(
+            ("llama-3.2-1b", "olmoe-1b-7b", "mixtral-8x7b"),
+            (dict(), dict(method="qlora", attention="eager"), dict(method="full", gradient_checkpointing=True),
+             dict(tensor_parallel=2, sequence_parallel=True, context_parallel=2)), (2, 4)):
+        layout = dict(mix, pipeline_parallel=pp, **({"expert_parallel": 2} if model != "llama-3.2-1b" else {}))
+        scn = _scn(model).with_(gpus_per_node=8, nodes=2).with_(**layout)
+        for one_length in (True, False):
+            memo: dict = {}
+            shared, fresh = sequence_work(scn, 1024.0, memo, one_length), sequence_work(scn, 1024.0, None, one_length)
+            assert len(memo) == 2 and len(shared) == len(fresh) > 5
+            for a, b in zip(shared, fresh):
+                assert (a.kind, a.passes) == (b.kind, b.passes)
+                for x, y in zip(a.flops + a.bytes, b.flops + b.bytes):
+                    assert x == pytest.approx(y, rel=1e-12, abs=0.0), (model, layout, one_length)
+                    checked += y > 0
+    assert checked > 500

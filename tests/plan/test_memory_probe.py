@@ -89,10 +89,11 @@ def test_the_peak_at_micro_batch_one_keeps_the_allocator_floor():
 def test_a_mix_that_does_not_read_the_accumulation_has_one_model(model, framework):
     """reads_accumulation: a ZeRO mix's memory model is the same with and without accumulation (the probes then
     read its peaks for either), for every method (a trained head included), offload, optimizer, checkpointing and
-    layout on 1 to 64 GPUs; a mix without ZeRO reads it (the test would pass vacuously otherwise)."""
-    from ftscope.plan.memory_probe import reads_accumulation
+    layout on 1 to 64 GPUs; a mix without ZeRO reads it (the test would pass vacuously otherwise), and where
+    only_forward_gradients says so, only as its gradients in forward."""
+    from ftscope.plan.memory_probe import only_forward_gradients, reads_accumulation
     base = _scn(model, framework)
-    equal = differ = 0
+    equal = differ = dropped = 0
     for method, (zero, fsdp), offload, optimizer, ckpt, layout in itertools.product(
             ("full", "lora", "qlora"), SHARDING, ("none", "optimizer", "optimizer+params"),
             ("adamw", "paged_adamw_8bit"), (False, True),
@@ -109,4 +110,7 @@ def test_a_mix_that_does_not_read_the_accumulation_has_one_model(model, framewor
                 equal += 1
             else:
                 differ += one != four
-    assert equal > 300 and differ > 100
+            if only_forward_gradients(mix):
+                assert one == replace(four, gradients_in_forward=0.0), (method, zero, offload, optimizer, layout, world)
+                dropped += four.gradients_in_forward > 0
+    assert equal > 300 and differ > 100 and dropped > 100

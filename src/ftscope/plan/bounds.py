@@ -164,9 +164,28 @@ def sequence_work(scn: Scenario, seq: float, memo: dict | None = None, one_lengt
         key = (ops_mix(scn.mix), seq, one_length)
         slopes = memo.get(key)
         if slopes is None:
-            slopes = memo[key] = _op_slopes(fast_replace(scn, mix=key[0]), seq, one_length)
+            slopes = memo[key] = _staged_slopes(fast_replace(scn, mix=key[0]), seq, one_length, memo)
     return [SequenceWork(op.kind, op.grouped, op.fp8, op.fusible, flops, bytes_,
                          1.0 + op.backward + recomputed(op, scn.mix)) for op, flops, bytes_ in slopes]
+
+
+def _staged_slopes(scn: Scenario, seq: float, one_length: bool, memo: dict
+                   ) -> list[tuple[Op, tuple[float, float], tuple[float, float]]]:
+    """_op_slopes of an ops_mix scenario; with a pipeline, those of the same mix without it (kept in `memo`), a
+    block op's work times 1 / stages: micro_batch_ops gives each stage its share of the blocks (count / pp of each
+    layer group) and the head to every one, and reads the stages nowhere else (tests/plan/test_bounds.py checks
+    the scaled fits against fresh ones; a few ulps apart, inside SAFETY)."""
+    pp = scn.mix.pipeline_parallel
+    if pp == 1:
+        return _op_slopes(scn, seq, one_length)
+    flat = fast_replace(scn.mix, pipeline_parallel=1)
+    key = (flat, seq, one_length)
+    slopes = memo.get(key)
+    if slopes is None:
+        slopes = memo[key] = _op_slopes(fast_replace(scn, mix=flat), seq, one_length)
+    share = 1.0 / pp
+    return [(op, f, b) if op.head else (op, (f[0] * share, f[1] * share), (b[0] * share, b[1] * share))
+            for op, f, b in slopes]
 
 
 def _best_rate(w: SequenceWork, r: Rates) -> float:

@@ -196,6 +196,13 @@ class Probes:
             same = ((ga > 1) == accumulating) | ignores  # equal models: this one's peaks
             kept = np.where(same, _peaks(np, arrays, mb, self.seq), np.nan)
             other = np.flatnonzero(~same & capped.any(axis=1))
+            if accumulating and len(other):  # without accumulation, a mix that only drops its gradients in forward
+                drops = np.array([only_forward_gradients(scns[p].mix) for p in other.tolist()], bool)
+                plain, other = other[drops], other[~drops]
+                if len(plain):
+                    sub = arrays.subset(plain)
+                    sub.gradients_in_forward = np.zeros(len(plain))
+                    kept[plain] = sub.peaks(mb[plain], self.seq)
             if len(other):  # another accumulation: its own model (built together per mix and accumulation)
                 kept[other] = self._other_accumulation(np, [scns[p] for p in other.tolist()], ga[other], mb[other])
             out = np.where(capped, kept[:, None], out)
@@ -232,6 +239,14 @@ def reads_accumulation(mix) -> bool:
     gradient) whether it accumulates or not, so its models with and without accumulation are equal
     (tests/plan/test_memory_probe.py compares them field for field)."""
     return mix.zero_stage == 0
+
+
+def only_forward_gradients(mix) -> bool:
+    """Whether accumulating or not changes only a mix's gradients alive in forward (all of its gradients with,
+    none without): without ZeRO (reads_accumulation) and without a trained LM head's gradient (head_gradient's
+    early gradient: full fine-tuning without the fused linear loss), so its model without accumulation is the one
+    with, gradients_in_forward set to 0 (tests/plan/test_memory_probe.py compares them field for field)."""
+    return mix.zero_stage == 0 and (mix.method != "full" or mix.loss == "fused_linear")
 
 
 def _accumulating(scn: Scenario, ga: int) -> Scenario:

@@ -36,7 +36,8 @@ class Classification:
     status: Any
     """int8 status codes (UNSUPPORTED ... OVER_DEADLINE; UNSEARCHED where the clock stopped the settling)."""
     primary: Any
-    """Lower bound of the ranking's primary value (hours, dollars or peak bytes); inf unless FITS."""
+    """Lower bound of the ranking's primary value (hours, dollars or peak bytes); inf unless FITS. It and the four
+    below are AtFits: kept only at the candidates that fit."""
     hours: Any
     usd: Any
     """Lower bounds of hours and dollars (NaN without a price); 0 unless FITS."""
@@ -73,6 +74,7 @@ class Classification:
         """One of the arrays over every block and mix (status: UNSUPPORTED for dead mixes, UNSEARCHED for unseen
         ones; bounds: NaN outside the columns): for tests and small spaces."""
         values = getattr(self, name)
+        values = values.dense() if isinstance(values, AtFits) else values
         fill = UNSEARCHED if name == "status" else (0 if values.dtype.kind in "iu" else np.nan)
         out = np.full((values.shape[0], self.mixes_per_block), fill, values.dtype)
         out[:, self.columns] = values
@@ -155,19 +157,44 @@ def classify(np, space: Space, by: str, cal: Calibration, accepts: dict[str, Cal
                    np.where(tier_at == 0, safe_fixed_peak[rows, at_col], fixed_peak[rows, at_col]))
     else:
         primary = hours if by == "time" else np.where(np.isnan(usd), np.inf, usd)
-    primary, hours, usd, batch, batch_max = (_dense(np, status.shape, at, v)
-                                             for v in (primary, hours, usd, batch, batch_max))
-    primary[status != FITS] = np.inf  # the clock's unsearched ones too
+    primary = np.where(status.ravel()[at] == FITS, primary, np.inf)  # the clock's unsearched ones too
+    primary, hours, usd, batch, batch_max = (AtFits(np, status.shape, at, v, fill) for v, fill in (
+        (primary, np.inf), (hours, 0.0), (usd, 0.0), (batch, 0.0), (batch_max, 0.0)))
     return Classification(status, primary, hours, usd, batch, batch_max, scan.complexity, scan.accept, tier, cols,
                           nm, dead), cut
 
 
-def _dense(np, shape, at, values):
-    """An array of this shape with `values` at the flat positions `at` and zeros elsewhere (pages the writes do not
-    touch are never written)."""
-    out = np.zeros(shape)
-    out.ravel()[at] = values
-    return out
+class AtFits:
+    """A float per candidate, kept only at the flat positions of the candidates that fit (`at`, ascending) and
+    `fill` at every other: a few in a hundred of a large space fit, so five dense arrays would be most of a search's
+    memory and their page faults seconds. Read as a flat array: `.flat[pos]` or `.ravel()[positions]` (a number or
+    positions), `dense()` for the whole, and compared with a number into a dense bool array."""
+
+    def __init__(self, np, shape: tuple, at: Any, values: Any, fill: float) -> None:
+        self.np, self.shape, self.at, self.values, self.fill = np, shape, at, values, fill
+        self.dtype = values.dtype
+
+    @property
+    def flat(self) -> "AtFits":
+        return self
+
+    def ravel(self) -> "AtFits":
+        return self
+
+    def __getitem__(self, pos):
+        np = self.np
+        j = np.minimum(np.searchsorted(self.at, pos), max(len(self.at) - 1, 0))
+        if not len(self.at):
+            return np.full(np.shape(pos), self.fill)[()]
+        return np.where(self.at[j] == pos, self.values[j], self.fill)[()]
+
+    def dense(self):
+        out = self.np.full(self.shape, self.fill)
+        out.ravel()[self.at] = self.values
+        return out
+
+    def __gt__(self, x):
+        return self.dense() > x
 
 def _micro_batch_bounds(np, terms, w_of, caps, rows, cols, per_replica):
     """Bounds on the micro-batch of each fitting candidate (its block in `rows`, its column in `cols`, block by

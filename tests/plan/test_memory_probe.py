@@ -53,8 +53,9 @@ def test_memory_models_are_memory_models_on_every_gpu_count(model, framework):
         scn = base.with_(gradient_accumulation=ga)
         scns = [_on(replace(scn, mix=mix), world, gpu) for world, gpu in WORLDS
                 if world % mix.model_parallel == 0]
-        assert memory_models(scns) == [memory_model(s) for s in scns], (method, zero, fsdp, offload, optimizer,
-                                                                         ckpt, layout, ga)
+        built = memory_models(scns)
+        assert built == [memory_model(s) for s in scns], (method, zero, fsdp, offload, optimizer, ckpt, layout, ga)
+        assert all(replace(m) == m for m in built)  # every field set (built without the dataclass's __init__)
         checked += len(scns)
     assert checked > 1000
 

@@ -327,6 +327,9 @@ def step_allocator(scn: Scenario, allocator: AllocatorModel = DEFAULT_ALLOCATOR)
     return allocator
 
 
+_BLANK = object.__new__(MemoryModel)  # no field: build_memory_models gives every one (test_memory_probe checks)
+
+
 def build_memory_models(scns: Sequence[Scenario], allocator: AllocatorModel) -> list[MemoryModel]:
     """The memory model of each scenario, for scenarios that differ only in their cluster (GPU count and type: one
     mix on every GPU count a search probes): what does not read the GPU count is computed once."""
@@ -381,7 +384,7 @@ def build_memory_models(scns: Sequence[Scenario], allocator: AllocatorModel) -> 
             floor = weights + init_cache
         small = small_pool_step_bytes(s, per.gradient, per.optimizer, shard_w) if floor else 0.0
         paged = 0.0 if paged_share is None else optimizer * paged_share
-        model = split_states(MemoryModel(
+        model = split_states(fast_replace(_BLANK,  # MemoryModel(...) without its frozen field-by-field __init__
             weights=weights, gradients=grads, gradients_in_forward=grads_fwd, optimizer=optimizer,
             optimizer_transient=opt_transient, weight_transient=transient, block_transient=block, acts=acts,
             checkpointing=checkpointing, cpu_bytes=cpu, capacity_bytes=usable_bytes(s.cluster.gpu, allocator),

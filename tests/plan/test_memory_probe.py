@@ -42,6 +42,7 @@ def test_memory_models_are_memory_models_on_every_gpu_count(model, framework):
     tensor x pipeline (x expert) layout, accumulating or not, on 1 to 64 GPUs of five types."""
     base = _scn(model, framework)
     checked = 0
+    policies: dict = {}  # shared by every mix, as a search shares it
     for method, (zero, fsdp), offload, optimizer, ckpt, layout, ga in itertools.product(
             ("full", "lora", "qlora"), SHARDING, ("none", "optimizer", "optimizer+params"),
             ("adamw", "paged_adamw_8bit"), (False, True),
@@ -53,7 +54,8 @@ def test_memory_models_are_memory_models_on_every_gpu_count(model, framework):
         scn = base.with_(gradient_accumulation=ga)
         scns = [_on(replace(scn, mix=mix), world, gpu) for world, gpu in WORLDS
                 if world % mix.model_parallel == 0]
-        built = memory_models(scns)
+        built = memory_models(scns, policies)
+        assert built == memory_models(scns)
         assert built == [memory_model(s) for s in scns], (method, zero, fsdp, offload, optimizer, ckpt, layout, ga)
         assert all(replace(m) == m for m in built)  # every field set (built without the dataclass's __init__)
         checked += len(scns)
@@ -115,3 +117,35 @@ def test_a_mix_that_does_not_read_the_accumulation_has_one_model(model, framewor
                 assert one == replace(four, gradients_in_forward=0.0), (method, zero, offload, optimizer, layout, world)
                 dropped += four.gradients_in_forward > 0
     assert equal > 300 and differ > 100 and dropped > 100
+
+
+def test_the_activation_policy_reads_only_the_policy_fields():
+    """memory_models keeps one activation policy per POLICY_FIELDS value: changing any other Mix field (offload,
+    optimizer, tensor-parallel overlap, pipeline schedule, context-parallel implementation, expert parallelism)
+    leaves a policy unchanged, on dense and MoE models, with and without a layout and checkpointing."""
+    from ftscope.estimate.activations import activation_coefficients, activation_mix
+    from ftscope.estimate.memory_layout import activation_policy
+    from ftscope.plan.memory_probe import POLICY_FIELDS
+    from ftscope.spec.mix import Mix
+    others = dict(offload="optimizer", optimizer="adamw_8bit", tp_comm_overlap=True, pipeline_schedule="interleaved",
+                  context_parallel_impl="all-to-all", expert_parallel=2)
+    assert set(others) | set(POLICY_FIELDS) == {f.name for f in __import__("dataclasses").fields(Mix)}
+    changed = 0
+    for model in ("llama-3.2-1b", "olmoe-1b-7b"):
+        base = _scn(model, "hf-trainer")
+        for extra in (dict(), dict(gradient_checkpointing=True), dict(compile=True),
+                      dict(tensor_parallel=2, sequence_parallel=True, pipeline_parallel=2, virtual_stages=2,
+                           context_parallel=2)):
+            scn = replace(base, mix=replace(base.mix, **extra))
+            want = activation_policy(activation_coefficients(scn.model, activation_mix(scn.mix), scn.top_k,
+                                                             scn.recipe), scn)
+            for name, value in others.items():
+                other = replace(scn, mix=replace(scn.mix, **{name: value}))
+                assert activation_policy(activation_coefficients(other.model, activation_mix(other.mix), other.top_k,
+                                                                 other.recipe), other) == want, (model, extra, name)
+            for name in ("gradient_checkpointing", "tensor_parallel", "context_parallel"):  # a policy field moves it
+                flip = {"gradient_checkpointing": not scn.mix.gradient_checkpointing}.get(name, 4)
+                moved = replace(scn, mix=replace(scn.mix, **{name: flip}))
+                changed += activation_policy(activation_coefficients(moved.model, activation_mix(moved.mix),
+                                                                     moved.top_k, moved.recipe), moved) != want
+    assert changed > 10

@@ -21,7 +21,6 @@ from .weight_memory import (NF4_BYTES, forward_transients, fp32_lora_base,  # no
                             frozen_weight_bytes, gathered_bytes_per_weight, kbit_bytes_per_weight, kbit_state_bytes)
 
 
-
 @dataclass(frozen=True)
 class AllocatorModel:
     """Bytes outside tensors: what turns allocated into reserved and reserved into nvidia-smi."""
@@ -330,9 +329,11 @@ def step_allocator(scn: Scenario, allocator: AllocatorModel = DEFAULT_ALLOCATOR)
 _BLANK = object.__new__(MemoryModel)  # no field: build_memory_models gives every one (test_memory_probe checks)
 
 
-def build_memory_models(scns: Sequence[Scenario], allocator: AllocatorModel) -> list[MemoryModel]:
+def build_memory_models(scns: Sequence[Scenario], allocator: AllocatorModel, policy: tuple | None = None
+                        ) -> list[MemoryModel]:
     """The memory model of each scenario, for scenarios that differ only in their cluster (GPU count and type: one
-    mix on every GPU count a search probes): what does not read the GPU count is computed once."""
+    mix on every GPU count a search probes): what does not read the GPU count is computed once (`policy`: the
+    activation_policy below when the caller has it)."""
     if not scns:
         return []
     scn = scns[0]
@@ -346,8 +347,8 @@ def build_memory_models(scns: Sequence[Scenario], allocator: AllocatorModel) -> 
     # gradients already allocated during forward
     in_forward = scn.workload.gradient_accumulation > 1 or deepspeed
     transient, block = forward_transients(scn)  # reads no shard count: a gathered unit is whole
-    acts, checkpointing = activation_policy(activation_coefficients(m, activation_mix(mix), scn.top_k, scn.recipe),
-                                            scn)
+    acts, checkpointing = policy or activation_policy(activation_coefficients(m, activation_mix(mix), scn.top_k,
+                                                                              scn.recipe), scn)
     head = head_gradient(scn, per.gradient)
     per_weight = gathered_bytes_per_weight(scn)
     paged_share = (min(paged_state_params(scn) / max(trainable, 1), 1.0) if mix.optimizer.startswith("paged_")

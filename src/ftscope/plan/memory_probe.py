@@ -6,13 +6,17 @@ together (`Probes`).
 from __future__ import annotations
 
 import math
+from dataclasses import fields
+from operator import attrgetter
 from typing import Sequence
 
+from ..estimate.activations import activation_coefficients, activation_mix
 from ..estimate.memory import (MemoryModel, build_memory_models, frozen_weight_bytes, kbit_state_bytes, memory_model,
                                step_allocator, trainable_params)
-from ..estimate.memory_layout import state_split
+from ..estimate.memory_layout import activation_policy, state_split
 from ..estimate.solvers import BATCH_CAP, BatchSolver, phase_totals
 from ..estimate.state_memory import sharded_states, state_bytes
+from ..spec.mix import Mix
 from ..spec.scenario import Scenario, fast_replace
 from .layouts import keep_global_batch, replicas
 
@@ -128,11 +132,30 @@ class StateFloor:
         return (weights * self.split + optimizer * self.split) * SAFETY
 
 
-def memory_models(scns: Sequence[Scenario]) -> list[MemoryModel]:
+def memory_models(scns: Sequence[Scenario], memo: dict | None = None) -> list[MemoryModel]:
     """memory_model of each scenario, for scenarios that differ only in their cluster (one mix on several GPU counts
     and GPU types: the search's probes of one mix), built together (estimate/memory.py's build_memory_models: what
-    does not read the GPU count computed once) and not memoized one by one."""
-    return build_memory_models(scns, step_allocator(scns[0])) if scns else []
+    does not read the GPU count computed once) and not memoized one by one. `memo`: a dict shared by the calls of one
+    search, keeping the activation policy per distinct POLICY_FIELDS value."""
+    if not scns:
+        return []
+    scn = scns[0]
+    policy = None
+    if memo is not None:
+        key = (scn.model, scn.top_k, scn.recipe, _policy_key(scn.mix))
+        policy = memo.get(key)
+        if policy is None:  # build_memory_models' own expression
+            policy = memo[key] = activation_policy(activation_coefficients(
+                scn.model, activation_mix(scn.mix), scn.top_k, scn.recipe), scn)
+    return build_memory_models(scns, step_allocator(scn), policy)
+
+
+POLICY_FIELDS = tuple(f.name for f in fields(Mix) if f.name not in (
+    "offload", "optimizer", "tp_comm_overlap", "pipeline_schedule", "context_parallel_impl", "expert_parallel"))
+"""The Mix fields a memory model's activations read (activation_coefficients reads the mix as activation_mix, which
+sets ACTIVATION_FREE; activation_policy reads the checkpointing, compile and tensor, sequence, context and pipeline
+fields of those): every field but the six left out (tests/plan/test_memory_probe.py varies them)."""
+_policy_key = attrgetter(*POLICY_FIELDS)
 
 
 

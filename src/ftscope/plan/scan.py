@@ -66,6 +66,7 @@ class Scan:
         self.compute_key = _fields_of([f for d in space.dimensions if d.affects_compute for f in d.mix_fields])
         self.gpu_key, self.layout_key = _fields_of(GPU_FIELDS), _fields_of(LAYOUT_FIELDS)
         self.probes = Probes(self.seq)  # every probe, evaluated together when the scan is done (settle)
+        self.policies: dict = {}  # memory_models' activation policies per distinct POLICY_FIELDS value
         self.probed: dict[tuple[int, int], int] = {}  # (slot, GPU count index) -> the probe's model row
         self.pending: list[tuple[int, int, int]] = []  # per probe not settled yet: slot, GPU count index, support id
         self.on_of: Any = []  # per support id: supported per GPU type (an array once the scan is done)
@@ -121,7 +122,7 @@ class Scan:
             else:
                 probe.append(w)
         scns = [with_mix(self.at_world[w], mix) for w in probe]
-        for w, scn, model in zip(probe, scns, memory_models(scns)):  # the models built together: one mix
+        for w, scn, model in zip(probe, scns, memory_models(scns, self.policies)):  # built together: one mix
             self._probe(k, w, scn, model, support)
 
     def _take_slot(self, k: int) -> int:

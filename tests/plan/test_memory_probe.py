@@ -13,7 +13,7 @@ import pytest
 
 import ftscope
 from ftscope.estimate.memory import memory_model
-from ftscope.plan.memory_probe import MemoryProbe, memory_models
+from ftscope.plan.memory_probe import FLOOR_FREE, MemoryProbe, StateFloor, memory_models
 from ftscope.plan.space import SHARDING
 from ftscope.spec.hardware import gpu_from_catalog
 
@@ -56,6 +56,10 @@ def test_memory_models_are_memory_models_on_every_gpu_count(model, framework):
                 if world % mix.model_parallel == 0]
         built = memory_models(scns, policies)
         assert built == memory_models(scns)
+        # a state floor shared with a mix that differs in FLOOR_FREE fields, made on another GPU count
+        floor = StateFloor(replace(_on(base, 2, "t4"), mix=replace(mix, attention="eager", loss="chunked",
+                                                                   gradient_checkpointing=not ckpt)))
+        assert memory_models(scns, policies, floor) == built
         assert built == [memory_model(s) for s in scns], (method, zero, fsdp, offload, optimizer, ckpt, layout, ga)
         assert all(replace(m) == m for m in built)  # every field set (built without the dataclass's __init__)
         checked += len(scns)
@@ -128,7 +132,7 @@ def test_the_activation_policy_reads_only_the_policy_fields():
     from ftscope.plan.memory_probe import POLICY_FIELDS
     from ftscope.spec.mix import Mix
     others = dict(offload="optimizer", optimizer="adamw_8bit", tp_comm_overlap=True, pipeline_schedule="interleaved",
-                  context_parallel_impl="all-to-all", expert_parallel=2)
+                  context_parallel_impl="all_to_all", expert_parallel=2)
     assert set(others) | set(POLICY_FIELDS) == {f.name for f in __import__("dataclasses").fields(Mix)}
     changed = 0
     for model in ("llama-3.2-1b", "olmoe-1b-7b"):
@@ -149,3 +153,28 @@ def test_the_activation_policy_reads_only_the_policy_fields():
                 changed += activation_policy(activation_coefficients(moved.model, activation_mix(moved.mix),
                                                                      moved.top_k, moved.recipe), moved) != want
     assert changed > 10
+
+
+@pytest.mark.parametrize("model", ["llama-3.2-1b", "olmoe-1b-7b", "mixtral-8x7b"])
+def test_a_state_floor_reads_no_floor_free_field(model):
+    """The search shares one StateFloor among mixes that differ only in FLOOR_FREE fields: changing any of them
+    changes none of its state bytes nor its floor on 1 to 64 GPUs, for every method, sharding, offload, optimizer
+    and layout; a field it reads (the optimizer) does move it."""
+    changes = dict(attention="eager", gradient_checkpointing=True, checkpointing="selective", checkpoint_every=2,
+                   loss="chunked", fused_elementwise=True, lora_dropout=0.1, sequence_parallel=True,
+                   tp_comm_overlap=True, pipeline_schedule="interleaved", context_parallel_impl="all_to_all")
+    assert set(changes) == set(FLOOR_FREE)
+    base = _scn(model, "hf-trainer")
+    moved = 0
+    for method, (zero, fsdp), offload, optimizer, layout in itertools.product(
+            ("full", "lora", "qlora"), SHARDING, ("none", "optimizer", "optimizer+params"), ("adamw", "adamw_8bit"),
+            (dict(), dict(tensor_parallel=2, pipeline_parallel=2, context_parallel=2))):
+        mix = replace(base.mix, method=method, zero_stage=zero, fsdp=fsdp, offload=offload, optimizer=optimizer,
+                      **layout, **(dict(expert_parallel=2) if base.model.is_moe and layout else {}))
+        want = StateFloor(replace(base, mix=mix))
+        facts = lambda f: (f.frozen, f.trainable, f.per, f.replicated, f.split, [f.at(w) for w in (8, 16, 64)])
+        for name, value in changes.items():
+            got = StateFloor(replace(base, mix=replace(mix, **{name: value})))
+            assert facts(got) == facts(want), (method, zero, fsdp, offload, optimizer, layout, name)
+        moved += facts(StateFloor(replace(base, mix=replace(mix, optimizer="sgd")))) != facts(want)
+    assert moved > 20

@@ -329,11 +329,11 @@ def step_allocator(scn: Scenario, allocator: AllocatorModel = DEFAULT_ALLOCATOR)
 _BLANK = object.__new__(MemoryModel)  # no field: build_memory_models gives every one (test_memory_probe checks)
 
 
-def build_memory_models(scns: Sequence[Scenario], allocator: AllocatorModel, policy: tuple | None = None
-                        ) -> list[MemoryModel]:
+def build_memory_models(scns: Sequence[Scenario], allocator: AllocatorModel, policy: tuple | None = None,
+                        states: tuple | None = None) -> list[MemoryModel]:
     """The memory model of each scenario, for scenarios that differ only in their cluster (GPU count and type: one
-    mix on every GPU count a search probes): what does not read the GPU count is computed once (`policy`: the
-    activation_policy below when the caller has it)."""
+    mix on every GPU count a search probes): what does not read the GPU count is computed once (`policy`, `states`:
+    the activation_policy and the (trainable, state_bytes, frozen, kbit) below when the caller has them)."""
     if not scns:
         return []
     scn = scns[0]
@@ -341,9 +341,8 @@ def build_memory_models(scns: Sequence[Scenario], allocator: AllocatorModel, pol
     stage = mix.shard_stage
     deepspeed = mix.zero_stage > 0
     mixed = mix.precision in ("bf16-mixed", "fp16-mixed")
-    trainable = trainable_params(scn)
-    per = state_bytes(scn)
-    frozen, kbit = frozen_weight_bytes(scn), kbit_state_bytes(scn)
+    trainable, per, frozen, kbit = states or (trainable_params(scn), state_bytes(scn), frozen_weight_bytes(scn),
+                                              kbit_state_bytes(scn))
     # gradients already allocated during forward
     in_forward = scn.workload.gradient_accumulation > 1 or deepspeed
     transient, block = forward_transients(scn)  # reads no shard count: a gathered unit is whole

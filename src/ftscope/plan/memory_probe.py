@@ -125,18 +125,32 @@ class StateFloor:
         self.frozen, self.trainable, self.per = frozen_weight_bytes(scn), trainable_params(scn), state_bytes(scn)
         self.replicated = kbit_state_bytes(scn)
         self.split = state_split(scn)
+        self._at: dict[int, float] = {}
 
     def at(self, world: int) -> float:
-        n = world // self.mix.model_parallel
-        weights, _, optimizer, _ = sharded_states(self.mix, n, self.frozen, self.trainable, self.per, self.replicated)
-        return (weights * self.split + optimizer * self.split) * SAFETY
+        hit = self._at.get(world)
+        if hit is None:
+            n = world // self.mix.model_parallel
+            weights, _, optimizer, _ = sharded_states(self.mix, n, self.frozen, self.trainable, self.per,
+                                                      self.replicated)
+            hit = self._at[world] = (weights * self.split + optimizer * self.split) * SAFETY
+        return hit
 
 
-def memory_models(scns: Sequence[Scenario], memo: dict | None = None) -> list[MemoryModel]:
+FLOOR_FREE = ("attention", "gradient_checkpointing", "checkpointing", "checkpoint_every", "loss", "fused_elementwise",
+              "lora_dropout", "sequence_parallel", "tp_comm_overlap", "pipeline_schedule", "context_parallel_impl")
+"""Mix fields a StateFloor reads nowhere (nor the state bytes it holds: frozen_weight_bytes, trainable_params,
+state_bytes, kbit_state_bytes, state_split, sharded_states): mixes that differ only here share one
+(tests/plan/test_memory_probe.py varies each)."""
+
+
+def memory_models(scns: Sequence[Scenario], memo: dict | None = None, floor: "StateFloor | None" = None
+                  ) -> list[MemoryModel]:
     """memory_model of each scenario, for scenarios that differ only in their cluster (one mix on several GPU counts
     and GPU types: the search's probes of one mix), built together (estimate/memory.py's build_memory_models: what
     does not read the GPU count computed once) and not memoized one by one. `memo`: a dict shared by the calls of one
-    search, keeping the activation policy per distinct POLICY_FIELDS value."""
+    search, keeping the activation policy per distinct POLICY_FIELDS value; `floor`: a StateFloor of their mix,
+    whose state bytes the models take."""
     if not scns:
         return []
     scn = scns[0]
@@ -147,7 +161,8 @@ def memory_models(scns: Sequence[Scenario], memo: dict | None = None) -> list[Me
         if policy is None:  # build_memory_models' own expression
             policy = memo[key] = activation_policy(activation_coefficients(
                 scn.model, activation_mix(scn.mix), scn.top_k, scn.recipe), scn)
-    return build_memory_models(scns, step_allocator(scn), policy)
+    states = None if floor is None else (floor.trainable, floor.per, floor.frozen, floor.replicated)
+    return build_memory_models(scns, step_allocator(scn), policy, states)
 
 
 POLICY_FIELDS = tuple(f.name for f in fields(Mix) if f.name not in (

@@ -9,13 +9,15 @@ and no memory model at a GPU count whose state floor (memory_probe.StateFloor) i
 """
 from __future__ import annotations
 
+from dataclasses import fields
 from operator import attrgetter
 from typing import Any, Callable, Sequence
 
 from ..estimate.memory import FUSED_ATTENTION, memory_mix, usable_bytes
 from ..spec.rules import GPU_FIELDS, gpu_problem
+from ..spec.mix import Mix
 from ..spec.scenario import fast_replace
-from .memory_probe import Probes, StateFloor, memory_models
+from .memory_probe import FLOOR_FREE, Probes, StateFloor, memory_models
 from .layouts import LAYOUT_FIELDS, layout_reason
 from .ranking import mix_complexity, refusal
 from .space import MIX_DIMENSIONS, Space, with_mix
@@ -67,6 +69,8 @@ class Scan:
         self.gpu_key, self.layout_key = _fields_of(GPU_FIELDS), _fields_of(LAYOUT_FIELDS)
         self.probes = Probes(self.seq)  # every probe, evaluated together when the scan is done (settle)
         self.policies: dict = {}  # memory_models' activation policies per distinct POLICY_FIELDS value
+        self.floors: dict = {}  # StateFloor per distinct value of the fields it reads (all but FLOOR_FREE)
+        self.floor_key = _fields_of([f.name for f in fields(Mix) if f.name not in FLOOR_FREE])
         self.probed: dict[tuple[int, int], int] = {}  # (slot, GPU count index) -> the probe's model row
         self.pending: list[tuple[int, int, int]] = []  # per probe not settled yet: slot, GPU count index, support id
         self.on_of: Any = []  # per support id: supported per GPU type (an array once the scan is done)
@@ -112,7 +116,10 @@ class Scan:
         self.layout_ok[runs, mix_k] = True
         if not runs:
             return
-        floor = StateFloor(with_mix(self.at_world[0], mix))
+        floor_key = self.floor_key(mix)
+        floor = self.floors.get(floor_key)
+        if floor is None:  # shared by the mixes that differ only in FLOOR_FREE fields
+            floor = self.floors[floor_key] = StateFloor(with_mix(self.at_world[0], mix))
         probe = []
         for w in runs:
             if floor.at(self.worlds[w]) > room[w]:
@@ -122,7 +129,7 @@ class Scan:
             else:
                 probe.append(w)
         scns = [with_mix(self.at_world[w], mix) for w in probe]
-        for w, scn, model in zip(probe, scns, memory_models(scns, self.policies)):  # built together: one mix
+        for w, scn, model in zip(probe, scns, memory_models(scns, self.policies, floor)):  # built together: one mix
             self._probe(k, w, scn, model, support)
 
     def _take_slot(self, k: int) -> int:

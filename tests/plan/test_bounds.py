@@ -236,7 +236,8 @@ def test_sequence_work_shared_per_ops_mix_is_each_mixs_own():
         for mix in mixes:
             scn = _scn(model, **mix)
             assert sequence_work(scn, 700.0, memo) == sequence_work(scn, 700.0), (model, mix)
-        assert 0 < len(memo) < len(mixes) / 4
+        fits = [k for k in memo if len(k) == 3]  # (ops_mix, length, one_length); the rest: the passes' lists
+        assert 0 < len(fits) < len(mixes) / 4 and len(memo) - len(fits) < len(mixes)
 
 
 @pytest.mark.parametrize("model", ["llama-3.2-1b", "olmoe-1b-7b", "mixtral-8x7b"])
@@ -353,7 +354,7 @@ def test_a_pipelines_work_is_its_stage_share_of_the_work_without_it():
         for one_length in (True, False):
             memo: dict = {}
             shared, fresh = sequence_work(scn, 1024.0, memo, one_length), sequence_work(scn, 1024.0, None, one_length)
-            assert len(memo) == 2 and len(shared) == len(fresh) > 5
+            assert len([k for k in memo if len(k) == 3]) == 2 and len(shared) == len(fresh) > 5
             for a, b in zip(shared, fresh):
                 assert (a.kind, a.passes) == (b.kind, b.passes)
                 for x, y in zip(a.flops + a.bytes, b.flops + b.bytes):

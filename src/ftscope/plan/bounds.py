@@ -165,8 +165,18 @@ def sequence_work(scn: Scenario, seq: float, memo: dict | None = None, one_lengt
         slopes = memo.get(key)
         if slopes is None:
             slopes = memo[key] = _staged_slopes(fast_replace(scn, mix=key[0]), seq, one_length, memo)
+        mix = scn.mix  # the passes read these of the mix (compute.recomputed): one list per value
+        passes = (key, mix.gradient_checkpointing, mix.checkpointing, mix.checkpoint_every)
+        work = memo.get(passes)
+        if work is None:
+            work = memo[passes] = _work(slopes, mix)
+        return work
+    return _work(slopes, scn.mix)
+
+
+def _work(slopes: list[tuple[Op, tuple[float, float], tuple[float, float]]], mix) -> list[SequenceWork]:
     return [SequenceWork(op.kind, op.grouped, op.fp8, op.fusible, flops, bytes_,
-                         1.0 + op.backward + recomputed(op, scn.mix)) for op, flops, bytes_ in slopes]
+                         1.0 + op.backward + recomputed(op, mix)) for op, flops, bytes_ in slopes]
 
 
 def _staged_slopes(scn: Scenario, seq: float, one_length: bool, memo: dict

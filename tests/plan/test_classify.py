@@ -118,3 +118,22 @@ def test_mixes_that_share_a_memory_model_copy_their_twins_probes_exactly(monkeyp
             assert np.array_equal(shared.full(np, name), fresh.full(np, name), equal_nan=True), name
         assert (shared.full(np) == FITS).sum() > 0
     assert len(copies) > 20
+
+
+def test_bounds_kept_at_the_fitting_candidates_read_as_flat_arrays():
+    """AtFits (the bounds kept only where a candidate fits) answers what the dense array it stands for does: one
+    position or many, the whole array, a comparison; an empty one holds its fill."""
+    from ftscope.plan.classify import AtFits
+    at, values = np.array([1, 4, 5, 11]), np.array([0.5, 2.0, np.nan, 7.0])
+    dense = np.full((3, 4), np.inf)
+    dense.ravel()[at] = values
+    kept = AtFits(np, dense.shape, at, values, np.inf)
+    assert np.array_equal(kept.dense(), dense, equal_nan=True)
+    for pos in range(12):
+        got = kept.flat[pos]
+        assert got == dense.flat[pos] or (np.isnan(got) and np.isnan(dense.flat[pos])), pos
+    some = np.array([0, 4, 11, 3])
+    assert np.array_equal(kept.ravel()[some], dense.ravel()[some])
+    assert np.array_equal(kept > 1.0, dense > 1.0)
+    empty = AtFits(np, (2, 2), np.array([], np.int64), np.array([]), 0.0)
+    assert empty.flat[3] == 0.0 and np.array_equal(empty.ravel()[np.array([0, 1])], [0.0, 0.0])

@@ -70,6 +70,8 @@ class Scan:
         self.probes = Probes(self.seq)  # every probe, evaluated together when the scan is done (settle)
         self.policies: dict = {}  # memory_models' activation policies per distinct POLICY_FIELDS value
         self.floors: dict = {}  # StateFloor per distinct value of the fields it reads (all but FLOOR_FREE)
+        self.refused: dict = {}  # refusal per distinct value of the fields it reads (all but REFUSAL_FREE)
+        self.refusal_key = _fields_of([f.name for f in fields(Mix) if f.name not in REFUSAL_FREE])
         self.floor_key = _fields_of([f.name for f in fields(Mix) if f.name not in FLOOR_FREE])
         self.probed: dict[tuple[int, int], int] = {}  # (slot, GPU count index) -> the probe's model row
         self.pending: list[tuple[int, int, int]] = []  # per probe not settled yet: slot, GPU count index, support id
@@ -88,7 +90,11 @@ class Scan:
     def mix(self, k: int, mix: Any) -> None:
         np = self.np
         self.searched[k] = True
-        if refusal(self.space.scenario.model, mix):
+        key = self.refusal_key(mix)
+        refused = self.refused.get(key)
+        if refused is None:  # once per distinct value of the fields the rules read
+            refused = self.refused[key] = refusal(self.space.scenario.model, mix) is not None
+        if refused:
             return
         self.valid[k] = True
         self.complexity[k] = mix_complexity(mix)
@@ -249,6 +255,14 @@ class Scan:
         for c in np.unique(which).tolist():
             at = np.flatnonzero(which == c)
             get(self.chunks[c])[(*index(at), cols[at])] = values[at]
+
+
+REFUSAL_FREE = ("nested_quant", "lora_rank", "lora_targets", "attention", "loss", "fused_elementwise", "lora_dropout",
+                "context_parallel", "context_parallel_impl", "expert_parallel", "compile", "optimizer_in_backward",
+                "activation_offload")
+"""Mix fields no rule of ranking.refusal reads (spec/rules.py's MIX_RULES and MODEL_RULES): the scan decides refusal
+once per distinct value of the others (tests/plan/test_classify.py changes each of these on refused and accepted
+mixes and checks the answer stays). A new Mix field is read until it is added here."""
 
 
 TERMS = ("fixed", "first", "far")

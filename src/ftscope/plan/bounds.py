@@ -229,9 +229,18 @@ def op_rates_per_gpu(np, work: list[SequenceWork], scns: list[Scenario], effs: l
                      each: list[Rates] | None = None, memo: dict | None = None):
     """op_rates on several GPUs at once: an array GPUs x ops x (a, b, c, d), the same numbers (the same float
     operations, each op's rate looked up per GPU from the few its kind and dtype give). `each`: their rates;
-    `memo`: a dict shared by calls with the same `each` objects, keeping the rate table per op classes and rates."""
-    kinds = {}  # op class -> column of the rate table
-    cls = [kinds.setdefault((w.fusible, w.kind, w.fp8, w.grouped), len(kinds)) for w in work]
+    `memo`: a dict shared by calls with the same `each` objects, keeping the rate table per op classes and rates, and
+    each work list's classes and arrays (signatures that differ only in their rates share one: sdpa and flash)."""
+    parts = None if memo is None else memo.get(("work", id(work)))
+    if parts is None or parts[0] is not work:
+        kinds: dict = {}  # op class -> column of the rate table
+        cls = [kinds.setdefault((w.fusible, w.kind, w.fp8, w.grouped), len(kinds)) for w in work]
+        flops = np.array([[w.flops[0] * w.passes, w.flops[1] * w.passes] for w in work]).reshape(len(work), 2)
+        bytes_ = np.array([[w.bytes[0] * w.passes, w.bytes[1] * w.passes] for w in work]).reshape(len(work), 2)
+        parts = (work, kinds, cls, flops, bytes_, [1 if w.fusible else 0 for w in work])  # work kept: no id reuse
+        if memo is not None:
+            memo[("work", id(work))] = parts
+    _, kinds, cls, flops, bytes_, stream_of = parts
     key = None if memo is None or each is None else (tuple(kinds), id(each))
     hit = None if key is None else memo.get(key)
     if hit is None or hit[0] is not each:
@@ -245,10 +254,8 @@ def op_rates_per_gpu(np, work: list[SequenceWork], scns: list[Scenario], effs: l
         if key is not None:
             memo[key] = hit
     _, rate, stream = hit
-    flops = np.array([[w.flops[0] * w.passes, w.flops[1] * w.passes] for w in work]).reshape(len(work), 2)
-    bytes_ = np.array([[w.bytes[0] * w.passes, w.bytes[1] * w.passes] for w in work]).reshape(len(work), 2)
     op_rate = rate[:, cls][:, :, None]  # GPUs x ops x 1
-    op_stream = stream[:, [1 if w.fusible else 0 for w in work]][:, :, None]
+    op_stream = stream[:, stream_of][:, :, None]
     with np.errstate(divide="ignore", invalid="ignore"):
         f = np.where(op_rate > 0, flops[None] / op_rate, 0.0)
         b = np.where(op_stream > 0, bytes_[None] / op_stream, 0.0)

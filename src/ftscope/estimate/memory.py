@@ -379,7 +379,7 @@ def build_memory_models(scns: Sequence[Scenario], allocator: AllocatorModel, pol
             floor = weights + clone_init_cache(*clone_init_groups(s))
         elif mix.method == "qlora" and shard_w == 1 and s.recipe.init_quantize_bytes_per_weight:  # built on this GPU
             floor = weights + m.largest_linear_params() * s.recipe.init_quantize_bytes_per_weight
-        init_cache, pool, gathered = fsdp1_stream_bytes(s, per_weight, n)
+        init_cache, pool, gathered = fsdp1_stream_bytes(s, per_weight, n) if mix.fsdp is not None else (0.0,) * 3
         if mix.fsdp is not None and init_cache:
             floor = weights + init_cache
         small = small_pool_step_bytes(s, per.gradient, per.optimizer, shard_w) if floor else 0.0

@@ -186,15 +186,19 @@ class Probes:
         self.models: list[MemoryModel] = []
         self.rows: list[int] = []  # per probe: its model's row
         self.scenarios: list[Scenario] = []  # per probe: its mix at its GPU count (on some GPU type)
+        self.first: list[Scenario] = []  # per model: the scenario of the probe that recorded it
         self.arrays = None
 
-    def add(self, scn: Scenario, model: MemoryModel | None = None, row: int | None = None) -> int:
-        """Record a probe of `model` (or of the model at `row`); its row."""
+    def add(self, scn: Scenario | None, model: MemoryModel | None = None, row: int | None = None) -> int:
+        """Record a probe of `model` (or of the model at `row`); its row. `scn` None: the scenario of the probe that
+        recorded that model (a fused attention kernel's twin: it differs only in the kernel, which neither its memory
+        model nor anything else the probes read of the scenario looks at)."""
         if row is None:
             row = len(self.models)
             self.models.append(model)
+            self.first.append(scn)
         self.rows.append(row)
-        self.scenarios.append(scn)
+        self.scenarios.append(self.first[row] if scn is None else scn)
         return row
 
     def peaks_at_one(self, np):

@@ -131,7 +131,7 @@ class Scan:
             if floor.at(self.worlds[w]) > room[w]:
                 continue  # does not fit on any block at this count: no model (peak stays inf, NO_FIT)
             if twin is not None and (twin, w) in self.probed:
-                self._copy(k, twin, w, support, with_mix(self.at_world[w], mix))
+                self._copy(k, twin, w, support)
             else:
                 probe.append(w)
         scns = [with_mix(self.at_world[w], mix) for w in probe]
@@ -200,10 +200,10 @@ class Scan:
             return None
         return int(self.slot[twin])  # the twin has a slot: some GPU type supports it
 
-    def _copy(self, k: int, twin: int, w: int, support: tuple, scn: Any) -> None:
-        """A probe at GPU count w that takes the twin's model (k, twin: their slots; the twin's GPU types include
-        this mix's, so its model is this mix's)."""
-        self.probed[k, w] = self.probes.add(scn, row=self.probed[twin, w])
+    def _copy(self, k: int, twin: int, w: int, support: tuple) -> None:
+        """A probe at GPU count w that takes the twin's model and scenario (k, twin: their slots; the twin's GPU types
+        include this mix's, so its model is this mix's; Probes.add says why its scenario serves)."""
+        self.probed[k, w] = self.probes.add(None, row=self.probed[twin, w])
         self.pending.append((k, w, support[3]))
 
     def _probe(self, k: int, w: int, scn: Any, model: Any, support: tuple) -> None:

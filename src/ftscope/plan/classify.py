@@ -17,7 +17,7 @@ from ..estimate.solvers import BATCH_CAP
 from .bounds import (hours_per_gpu_second, op_rates_per_gpu, seconds_per_sequence, sequence_work,
                      shortest_sequence)
 from .pass_bounds import exposed_seconds_per_sequence, micro_batch_seconds_per_gpu, rates_per_gpu
-from .scan import Scan
+from .scan import REFUSAL_FREE, Scan
 from .space import Space, with_mix
 
 UNSEARCHED, UNSUPPORTED, NO_FIT, FITS, FEASIBLE, OVER_BUDGET, OVER_DEADLINE = range(7)
@@ -96,14 +96,21 @@ def classify(np, space: Space, by: str, cal: Calibration, accepts: dict[str, Cal
     scan = Scan(np, space, accepts, global_batch, margin, share_twins, exact_peaks=by == "memory")
     cut = False
     scan_until = stop_at if scan_until is None else scan_until
-    for k, mix in enumerate(space.mixes()):
-        if k % MIX_CHUNK == 0:
+    check = 0  # the next mix number at which to report progress and read the clock
+    # in runs of mixes that differ only in fields refusal does not read: a refused run is skipped whole
+    for start, n, first, run in space.mix_runs(REFUSAL_FREE):
+        if start >= check:
+            check = start - start % MIX_CHUNK + MIX_CHUNK
             if progress:
-                progress("classify", k * nb, nb * nm)
+                progress("classify", start * nb, nb * nm)
             if scan_until is not None and time.perf_counter() > scan_until:
                 cut = True
                 break
-        scan.mix(k, mix)
+        if scan.refuses(first):
+            scan.searched[start:start + n] = True
+            continue
+        for k, mix in enumerate(run(), start):
+            scan.mix(k, mix)
     if progress:
         progress("classify", int(scan.searched.sum()) * nb, nb * nm)
     g_of, w_of, caps = scan.g_of, scan.w_of, scan.caps

@@ -90,11 +90,7 @@ class Scan:
     def mix(self, k: int, mix: Any) -> None:
         np = self.np
         self.searched[k] = True
-        key = self.refusal_key(mix)
-        refused = self.refused.get(key)
-        if refused is None:  # once per distinct value of the fields the rules read
-            refused = self.refused[key] = refusal(self.space.scenario.model, mix) is not None
-        if refused:
+        if self.refuses(mix):
             return
         self.valid[k] = True
         self.complexity[k] = mix_complexity(mix)
@@ -137,6 +133,14 @@ class Scan:
         scns = [with_mix(self.at_world[w], mix) for w in probe]
         for w, scn, model in zip(probe, scns, memory_models(scns, self.policies, floor)):  # built together: one mix
             self._probe(k, w, scn, model, support)
+
+    def refuses(self, mix: Any) -> bool:
+        """Whether ranking.refusal refuses this mix, decided once per distinct value of the fields its rules read."""
+        key = self.refusal_key(mix)
+        refused = self.refused.get(key)
+        if refused is None:
+            refused = self.refused[key] = refusal(self.space.scenario.model, mix) is not None
+        return refused
 
     def _take_slot(self, k: int) -> int:
         """The next free slot for mix k, a chunk added when the last one is full."""

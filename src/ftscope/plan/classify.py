@@ -94,23 +94,7 @@ def classify(np, space: Space, by: str, cal: Calibration, accepts: dict[str, Cal
     compute signature the clock left without a bound is unsearched."""
     nb, nm = len(space.blocks), space.mixes_per_block
     scan = Scan(np, space, accepts, global_batch, margin, share_twins, exact_peaks=by == "memory")
-    cut = False
-    scan_until = stop_at if scan_until is None else scan_until
-    check = 0  # the next mix number at which to report progress and read the clock
-    # in runs of mixes that differ only in fields refusal does not read: a refused run is skipped whole
-    for start, n, first, run in space.mix_runs(REFUSAL_FREE):
-        if start >= check:
-            check = start - start % MIX_CHUNK + MIX_CHUNK
-            if progress:
-                progress("classify", start * nb, nb * nm)
-            if scan_until is not None and time.perf_counter() > scan_until:
-                cut = True
-                break
-        if scan.refuses(first):
-            scan.searched[start:start + n] = True
-            continue
-        for k, mix in enumerate(run(), start):
-            scan.mix(k, mix)
+    cut = _scan_mixes(space, scan, progress, stop_at if scan_until is None else scan_until)
     if progress:
         progress("classify", int(scan.searched.sum()) * nb, nb * nm)
     g_of, w_of, caps = scan.g_of, scan.w_of, scan.caps
@@ -169,6 +153,27 @@ def classify(np, space: Space, by: str, cal: Calibration, accepts: dict[str, Cal
         (primary, np.inf), (hours, 0.0), (usd, 0.0), (batch, 0.0), (batch_max, 0.0)))
     return Classification(status, primary, hours, usd, batch, batch_max, scan.complexity, scan.accept, tier, cols,
                           nm, dead), cut
+
+
+def _scan_mixes(space: Space, scan: Scan, progress: Callable[[str, int, int | None], None] | None,
+                scan_until: float | None) -> bool:
+    """The pass over every mix (scan.mix), in runs of mixes that differ only in fields refusal does not read, a refused
+    run skipped whole; progress and the clock read about every MIX_CHUNK mixes. True when the clock stopped it."""
+    nb, nm = len(space.blocks), space.mixes_per_block
+    check = 0  # the next mix number at which to report progress and read the clock
+    for start, n, first, run in space.mix_runs(REFUSAL_FREE):
+        if start >= check:
+            check = start - start % MIX_CHUNK + MIX_CHUNK
+            if progress:
+                progress("classify", start * nb, nb * nm)
+            if scan_until is not None and time.perf_counter() > scan_until:
+                return True
+        if scan.refuses(first):
+            scan.searched[start:start + n] = True
+            continue
+        for k, mix in enumerate(run(), start):
+            scan.mix(k, mix)
+    return False
 
 
 class AtFits:

@@ -236,7 +236,8 @@ def test_sequence_work_shared_per_ops_mix_is_each_mixs_own():
         for mix in mixes:
             scn = _scn(model, **mix)
             assert sequence_work(scn, 700.0, memo) == sequence_work(scn, 700.0), (model, mix)
-        assert 0 < len(memo) < len(mixes) / 4
+        fits = [k for k in memo if len(k) == 3]  # (ops_mix, length, one_length); the rest: the passes' lists
+        assert 0 < len(fits) < len(mixes) / 4 and len(memo) - len(fits) < len(mixes)
 
 
 @pytest.mark.parametrize("model", ["llama-3.2-1b", "olmoe-1b-7b", "mixtral-8x7b"])
@@ -288,4 +289,75 @@ def test_op_rates_per_gpu_are_op_rates_on_each_gpu():
         for _ in range(2):
             assert np.array_equal(op_rates_per_gpu(np, work, scns, effs, each, tables),
                                   op_rates_per_gpu(np, work, scns, effs, each)), (model, mix)
-    assert 0 < len(tables) < 10
+    assert 0 < len([k for k in tables if k[0] != "work"]) < 10  # rate tables; the rest: each work list's arrays
+
+
+def test_the_work_at_one_length_is_the_fit_read_there():
+    """sequence_work(one_length=True), what a packed workload's bounds read (every micro-batch pads to one length):
+    at that length each op's FLOPs and bytes equal the three-length fit's wherever the fit has its form, for dense
+    and MoE, LoRA, QLoRA and full, eager and fused attention, with and without a layout."""
+    from ftscope.plan.bounds import sequence_work
+    seen = 0
+    for model, mix in itertools.product(
+            ("llama-3.2-1b", "olmoe-1b-7b", "mixtral-8x7b"),
+            (dict(), dict(method="qlora"), dict(method="full", attention="eager"),
+             dict(tensor_parallel=2, sequence_parallel=True, pipeline_parallel=2, context_parallel=2))):
+        scn = _scn(model).with_(gpus_per_node=8).with_(**mix)
+        for seq in (512.0, 4096.0):
+            one, fit = sequence_work(scn, seq, one_length=True), sequence_work(scn, seq)
+            assert len(one) == len(fit) > 5
+            for a, b in zip(one, fit):
+                assert a.flops[1] == a.bytes[1] == 0.0 and a.passes == b.passes
+                for x, y in ((a.flops, b.flops), (a.bytes, b.bytes)):
+                    if y != (0.0, 0.0):
+                        assert x[0] * seq == pytest.approx(y[0] * seq + y[1] * seq * seq, rel=1e-9), (model, mix)
+                        seen += 1
+    assert seen > 100
+
+
+@pytest.mark.parametrize("model,batch", [("llama-2-7b", 8), ("olmoe-1b-7b", "max"), ("mixtral-8x7b", 4)])
+def test_packed_candidates_respect_their_one_length_bounds(model, batch):
+    """A packed workload's time bounds read the work at its one padded length (sequence_work's one_length): every
+    fitting candidate's bound stays at most its estimate, with layouts, expert parallelism and QLoRA."""
+    from ftscope.plan.recommend import _targets
+    scn = ftscope.load_scenario({"model": model, "hardware": {"gpu": "h100-80gb", "gpus_per_node": 8},
+                                 "mix": {"method": "lora"},
+                                 "workload": {"micro_batch_size": batch, "gradient_accumulation": 2, "seq_len": 2048,
+                                              "padding": "packed", "num_samples": 4000}})
+    space = Space(scn, _targets(scn, ["h100-80gb:16", "a100-40gb:4"], False),
+                  replace(LAYOUT_SPACE, methods=("lora", "qlora", "full")))
+    cal = load_calibration()
+    gb = None if batch == "max" else 64
+    cls, _ = classify(np, space, "time", cal, {"top": None}, gb, None, None)
+    evaluate = evaluator(gb, cal, None, None)
+    fits = np.flatnonzero(cls.status.ravel() == FITS)
+    assert len(fits) > 20
+    for idx in fits.tolist()[::4]:
+        cand = space.candidate(cls.index(idx))
+        c = evaluate(cand)
+        assert c.feasible, c.reason
+        assert 0 < cls.hours.flat[idx] <= c.estimate.run.hours, cand.mix.label()
+
+
+def test_a_pipelines_work_is_its_stage_share_of_the_work_without_it():
+    """sequence_work with a memo fits a pipelined mix's ops once without the pipeline and gives each block op 1 /
+    stages of it (the head whole): the fits a fresh call makes, to rounding, for dense and MoE, every method, eager
+    and fused attention, with tensor, context and expert parallelism beside, at one length and three."""
+    from ftscope.plan.bounds import sequence_work
+    checked = 0
+    for model, mix, pp in itertools.product(
+            ("llama-3.2-1b", "olmoe-1b-7b", "mixtral-8x7b"),
+            (dict(), dict(method="qlora", attention="eager"), dict(method="full", gradient_checkpointing=True),
+             dict(tensor_parallel=2, sequence_parallel=True, context_parallel=2)), (2, 4)):
+        layout = dict(mix, pipeline_parallel=pp, **({"expert_parallel": 2} if model != "llama-3.2-1b" else {}))
+        scn = _scn(model).with_(gpus_per_node=8, nodes=2).with_(**layout)
+        for one_length in (True, False):
+            memo: dict = {}
+            shared, fresh = sequence_work(scn, 1024.0, memo, one_length), sequence_work(scn, 1024.0, None, one_length)
+            assert len([k for k in memo if len(k) == 3]) == 2 and len(shared) == len(fresh) > 5
+            for a, b in zip(shared, fresh):
+                assert (a.kind, a.passes) == (b.kind, b.passes)
+                for x, y in zip(a.flops + a.bytes, b.flops + b.bytes):
+                    assert x == pytest.approx(y, rel=1e-12, abs=0.0), (model, layout, one_length)
+                    checked += y > 0
+    assert checked > 500

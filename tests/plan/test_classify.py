@@ -118,3 +118,54 @@ def test_mixes_that_share_a_memory_model_copy_their_twins_probes_exactly(monkeyp
             assert np.array_equal(shared.full(np, name), fresh.full(np, name), equal_nan=True), name
         assert (shared.full(np) == FITS).sum() > 0
     assert len(copies) > 20
+
+
+def test_bounds_kept_at_the_fitting_candidates_read_as_flat_arrays():
+    """AtFits (the bounds kept only where a candidate fits) answers what the dense array it stands for does: one
+    position or many, the whole array, a comparison; an empty one holds its fill."""
+    from ftscope.plan.classify import AtFits
+    at, values = np.array([1, 4, 5, 11]), np.array([0.5, 2.0, np.nan, 7.0])
+    dense = np.full((3, 4), np.inf)
+    dense.ravel()[at] = values
+    kept = AtFits(np, dense.shape, at, values, np.inf)
+    assert np.array_equal(kept.dense(), dense, equal_nan=True)
+    for pos in range(12):
+        got = kept.flat[pos]
+        assert got == dense.flat[pos] or (np.isnan(got) and np.isnan(dense.flat[pos])), pos
+    some = np.array([0, 4, 11, 3])
+    assert np.array_equal(kept.ravel()[some], dense.ravel()[some])
+    assert np.array_equal(kept > 1.0, dense > 1.0)
+    empty = AtFits(np, (2, 2), np.array([], np.int64), np.array([]), 0.0)
+    assert empty.flat[3] == 0.0 and np.array_equal(empty.ravel()[np.array([0, 1])], [0.0, 0.0])
+
+
+def test_refusal_reads_no_refusal_free_field():
+    """The scan decides refusal once per distinct value of the Mix fields outside scan.REFUSAL_FREE: changing any of
+    those fields never changes the answer, on refused and accepted mixes of a dense and an MoE model."""
+    import itertools
+    from dataclasses import fields, replace
+    from ftscope.plan.ranking import refusal
+    from ftscope.plan.scan import REFUSAL_FREE
+    from ftscope.spec.mix import Mix
+    changes = dict(nested_quant=False, lora_rank=64, lora_targets="attention", attention="eager", loss="chunked",
+                   fused_elementwise=True, lora_dropout=0.1, context_parallel=2, context_parallel_impl="all_to_all",
+                   expert_parallel=4, compile=True, optimizer_in_backward=True, activation_offload=True)
+    assert set(changes) == set(REFUSAL_FREE) and set(REFUSAL_FREE) < {f.name for f in fields(Mix)}
+    refused = accepted = 0
+    for model in ("llama-3.2-1b", "olmoe-1b-7b"):
+        base = ftscope.load_scenario({"model": model, "hardware": {"gpu": "a100-80gb"}, "mix": {"method": "lora"},
+                                      "workload": {"micro_batch_size": 1, "seq_len": 1024, "num_samples": 100}})
+        for method, (zero, fsdp), offload, optimizer, precision, ckpt, tp, pp, backend in itertools.product(
+                ("full", "lora", "qlora"),
+                ((0, None), (1, None), (2, None), (3, None), (0, "full_shard"), (2, "full_shard")),
+                ("none", "optimizer", "optimizer+params"), ("adamw", "adamw_8bit"), ("bf16-mixed", "fp32"),
+                (False, True), (1, 2), (1, 2), ("grouped_mm", "eager")):
+            mix = replace(base.mix, method=method, zero_stage=zero, fsdp=fsdp, offload=offload, optimizer=optimizer,
+                          precision=precision, gradient_checkpointing=ckpt, tensor_parallel=tp, pipeline_parallel=pp,
+                          experts_backend=backend)
+            want = refusal(base.model, mix)
+            refused += want is not None
+            accepted += want is None
+            for name, value in changes.items():
+                assert refusal(base.model, replace(mix, **{name: value})) == want, (model, mix.label(), name)
+    assert refused > 500 and accepted > 100

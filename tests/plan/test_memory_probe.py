@@ -13,7 +13,7 @@ import pytest
 
 import ftscope
 from ftscope.estimate.memory import memory_model
-from ftscope.plan.memory_probe import MemoryProbe, memory_models
+from ftscope.plan.memory_probe import FLOOR_FREE, MemoryProbe, StateFloor, memory_models
 from ftscope.plan.space import SHARDING
 from ftscope.spec.hardware import gpu_from_catalog
 
@@ -42,6 +42,7 @@ def test_memory_models_are_memory_models_on_every_gpu_count(model, framework):
     tensor x pipeline (x expert) layout, accumulating or not, on 1 to 64 GPUs of five types."""
     base = _scn(model, framework)
     checked = 0
+    policies: dict = {}  # shared by every mix, as a search shares it
     for method, (zero, fsdp), offload, optimizer, ckpt, layout, ga in itertools.product(
             ("full", "lora", "qlora"), SHARDING, ("none", "optimizer", "optimizer+params"),
             ("adamw", "paged_adamw_8bit"), (False, True),
@@ -53,8 +54,14 @@ def test_memory_models_are_memory_models_on_every_gpu_count(model, framework):
         scn = base.with_(gradient_accumulation=ga)
         scns = [_on(replace(scn, mix=mix), world, gpu) for world, gpu in WORLDS
                 if world % mix.model_parallel == 0]
-        assert memory_models(scns) == [memory_model(s) for s in scns], (method, zero, fsdp, offload, optimizer,
-                                                                         ckpt, layout, ga)
+        built = memory_models(scns, policies)
+        assert built == memory_models(scns)
+        # a state floor shared with a mix that differs in FLOOR_FREE fields, made on another GPU count
+        floor = StateFloor(replace(_on(base, 2, "t4"), mix=replace(mix, attention="eager", loss="chunked",
+                                                                   gradient_checkpointing=not ckpt)))
+        assert memory_models(scns, policies, floor) == built
+        assert built == [memory_model(s) for s in scns], (method, zero, fsdp, offload, optimizer, ckpt, layout, ga)
+        assert all(replace(m) == m for m in built)  # every field set (built without the dataclass's __init__)
         checked += len(scns)
     assert checked > 1000
 
@@ -82,3 +89,92 @@ def test_the_peak_at_micro_batch_one_keeps_the_allocator_floor():
         many = Probes(1024)
         many.add(scn, mem)
         assert many.peaks_at_one(np).tolist() == [mem.peak_bytes(1, 1024)]
+
+
+@pytest.mark.parametrize("model, framework", [("llama-3.2-1b", "hf-trainer"), ("olmoe-1b-7b", "hf-trainer"),
+                                              ("mixtral-8x7b", "peft-kbit"), ("llama-3.2-1b", "peft-sft-2024")])
+def test_a_mix_that_does_not_read_the_accumulation_has_one_model(model, framework):
+    """reads_accumulation: a ZeRO mix's memory model is the same with and without accumulation (the probes then
+    read its peaks for either), for every method (a trained head included), offload, optimizer, checkpointing and
+    layout on 1 to 64 GPUs; a mix without ZeRO reads it (the test would pass vacuously otherwise), and where
+    only_forward_gradients says so, only as its gradients in forward."""
+    from ftscope.plan.memory_probe import only_forward_gradients, reads_accumulation
+    base = _scn(model, framework)
+    equal = differ = dropped = 0
+    for method, (zero, fsdp), offload, optimizer, ckpt, layout in itertools.product(
+            ("full", "lora", "qlora"), SHARDING, ("none", "optimizer", "optimizer+params"),
+            ("adamw", "paged_adamw_8bit"), (False, True),
+            (dict(), dict(tensor_parallel=2, sequence_parallel=True, pipeline_parallel=2))):
+        mix = replace(base.mix, method=method, zero_stage=zero, fsdp=fsdp, offload=offload, optimizer=optimizer,
+                      gradient_checkpointing=ckpt, **layout)
+        for world, gpu in WORLDS:
+            if world % mix.model_parallel:
+                continue
+            one, four = (memory_model(_on(replace(base.with_(gradient_accumulation=ga), mix=mix), world, gpu))
+                         for ga in (1, 4))
+            if not reads_accumulation(mix):
+                assert one == four, (method, zero, offload, optimizer, ckpt, layout, world)
+                equal += 1
+            else:
+                differ += one != four
+            if only_forward_gradients(mix):
+                assert one == replace(four, gradients_in_forward=0.0), (method, zero, offload, optimizer, layout, world)
+                dropped += four.gradients_in_forward > 0
+    assert equal > 300 and differ > 100 and dropped > 100
+
+
+def test_the_activation_policy_reads_only_the_policy_fields():
+    """memory_models keeps one activation policy per POLICY_FIELDS value: changing any other Mix field (offload,
+    optimizer, tensor-parallel overlap, pipeline schedule, context-parallel implementation, expert parallelism)
+    leaves a policy unchanged, on dense and MoE models, with and without a layout and checkpointing."""
+    from ftscope.estimate.activations import activation_coefficients, activation_mix
+    from ftscope.estimate.memory_layout import activation_policy
+    from ftscope.plan.memory_probe import POLICY_FIELDS
+    from ftscope.spec.mix import Mix
+    others = dict(offload="optimizer", optimizer="adamw_8bit", tp_comm_overlap=True, pipeline_schedule="interleaved",
+                  context_parallel_impl="all_to_all", expert_parallel=2)
+    assert set(others) | set(POLICY_FIELDS) == {f.name for f in __import__("dataclasses").fields(Mix)}
+    changed = 0
+    for model in ("llama-3.2-1b", "olmoe-1b-7b"):
+        base = _scn(model, "hf-trainer")
+        for extra in (dict(), dict(gradient_checkpointing=True), dict(compile=True),
+                      dict(tensor_parallel=2, sequence_parallel=True, pipeline_parallel=2, virtual_stages=2,
+                           context_parallel=2)):
+            scn = replace(base, mix=replace(base.mix, **extra))
+            want = activation_policy(activation_coefficients(scn.model, activation_mix(scn.mix), scn.top_k,
+                                                             scn.recipe), scn)
+            for name, value in others.items():
+                other = replace(scn, mix=replace(scn.mix, **{name: value}))
+                assert activation_policy(activation_coefficients(other.model, activation_mix(other.mix), other.top_k,
+                                                                 other.recipe), other) == want, (model, extra, name)
+            for name in ("gradient_checkpointing", "tensor_parallel", "context_parallel"):  # a policy field moves it
+                flip = {"gradient_checkpointing": not scn.mix.gradient_checkpointing}.get(name, 4)
+                moved = replace(scn, mix=replace(scn.mix, **{name: flip}))
+                changed += activation_policy(activation_coefficients(moved.model, activation_mix(moved.mix),
+                                                                     moved.top_k, moved.recipe), moved) != want
+    assert changed > 10
+
+
+@pytest.mark.parametrize("model", ["llama-3.2-1b", "olmoe-1b-7b", "mixtral-8x7b"])
+def test_a_state_floor_reads_no_floor_free_field(model):
+    """The search shares one StateFloor among mixes that differ only in FLOOR_FREE fields: changing any of them
+    changes none of its state bytes nor its floor on 1 to 64 GPUs, for every method, sharding, offload, optimizer
+    and layout; a field it reads (the optimizer) does move it."""
+    changes = dict(attention="eager", gradient_checkpointing=True, checkpointing="selective", checkpoint_every=2,
+                   loss="chunked", fused_elementwise=True, lora_dropout=0.1, sequence_parallel=True,
+                   tp_comm_overlap=True, pipeline_schedule="interleaved", context_parallel_impl="all_to_all")
+    assert set(changes) == set(FLOOR_FREE)
+    base = _scn(model, "hf-trainer")
+    moved = 0
+    for method, (zero, fsdp), offload, optimizer, layout in itertools.product(
+            ("full", "lora", "qlora"), SHARDING, ("none", "optimizer", "optimizer+params"), ("adamw", "adamw_8bit"),
+            (dict(), dict(tensor_parallel=2, pipeline_parallel=2, context_parallel=2))):
+        mix = replace(base.mix, method=method, zero_stage=zero, fsdp=fsdp, offload=offload, optimizer=optimizer,
+                      **layout, **(dict(expert_parallel=2) if base.model.is_moe and layout else {}))
+        want = StateFloor(replace(base, mix=mix))
+        facts = lambda f: (f.frozen, f.trainable, f.per, f.replicated, f.split, [f.at(w) for w in (8, 16, 64)])
+        for name, value in changes.items():
+            got = StateFloor(replace(base, mix=replace(mix, **{name: value})))
+            assert facts(got) == facts(want), (method, zero, fsdp, offload, optimizer, layout, name)
+        moved += facts(StateFloor(replace(base, mix=replace(mix, optimizer="sgd")))) != facts(want)
+    assert moved > 20

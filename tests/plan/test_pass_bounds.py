@@ -127,3 +127,27 @@ def test_the_rates_read_only_the_rate_fields_and_given_rates_change_nothing():
         got = micro_batch_seconds_per_gpu(np, scns, effs, 2, 700.0, None, rated)
         assert got.tolist() == micro_batch_seconds_per_gpu(np, scns, effs, 2, 700.0).tolist()
     assert len(memo) == 2  # eager has its own rates; qlora with checkpointing shares the first's
+
+
+def test_a_pipeline_stage_takes_its_share_of_the_op_times_without_the_pipeline():
+    """With a memo, a pipelined mix's micro-batch seconds come from the op times of its ops without the pipeline, a
+    block op's at 1 / stages (the head's whole): what its own ops give, to rounding, for dense and MoE, eager and
+    flash attention, checkpointing, QLoRA, tensor and expert parallelism beside, short and long micro-batches."""
+    cal = load_calibration()
+    checked = 0
+    for model, mix, pp, (batch, length) in itertools.product(
+            ("llama-3.2-1b", "olmoe-1b-7b"),
+            (dict(), dict(attention="eager"), dict(attention="flash", gradient_checkpointing=True),
+             dict(method="qlora", gradient_checkpointing=True), dict(tensor_parallel=2, sequence_parallel=True)),
+            (2, 4), ((1, 37.0), (16, 2048.0))):
+        extra = dict(expert_parallel=2) if model == "olmoe-1b-7b" else {}
+        base = _scn(model).with_(gpus_per_node=8, nodes=2).with_(pipeline_parallel=pp, **mix, **extra)
+        scns = [replace(base, cluster=replace(base.cluster, gpu=gpu_from_catalog(g))) for g in GPUS]
+        effs = [cal.for_gpu(g)[0] for g in GPUS]
+        memo: dict = {}
+        staged = micro_batch_seconds_per_gpu(np, scns, effs, batch, length, memo)
+        own = micro_batch_seconds_per_gpu(np, scns, effs, batch, length)
+        assert staged.tolist() == pytest.approx(own.tolist(), rel=1e-12, abs=0), (model, mix, pp, batch)
+        assert len(memo) == 1 and next(iter(memo))[2] == 1 / pp
+        checked += 1
+    assert checked == 40

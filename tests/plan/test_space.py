@@ -84,3 +84,24 @@ def test_an_engine_keeps_only_its_own_sharding_values():
         for_engine(SearchSpace(), "zero3")
     with pytest.raises(FtscopeError, match="no fsdp sharding value"):
         for_engine(SearchSpace(sharding=((2, None),)), "fsdp")
+
+
+def test_mix_runs_list_the_mixes_in_order_in_runs_of_the_free_trailing_dimensions():
+    """Space.mix_runs gives every mix of `mixes`, equal and in order, grouped in runs whose mixes differ only in the
+    trailing dimensions whose fields are free (none free: single mixes; the MoE layout dimensions: their product)."""
+    import ftscope
+    from ftscope.plan.recommend import _targets
+    from ftscope.plan.space import LAYOUTS, SearchSpace, Space
+    for model in ("llama-3.2-1b", "olmoe-1b-7b"):
+        scn = ftscope.load_scenario({"model": model, "hardware": {"gpu": "a100-80gb"}, "mix": {"method": "lora"},
+                                     "workload": {"micro_batch_size": 1, "seq_len": 1024, "num_samples": 100}})
+        space = Space(scn, _targets(scn, ["a100-80gb:8"], False), SearchSpace(**LAYOUTS))
+        every = list(space.mixes())
+        for free, length in ((set(), 1), ({"context_parallel", "expert_parallel"}, 14 if scn.model.is_moe else 2),
+                             ({"expert_parallel", "tensor_parallel"}, 7 if scn.model.is_moe else 1)):
+            listed = []
+            for start, n, first, run in space.mix_runs(free):
+                mixes = list(run())
+                assert start == len(listed) and n == len(mixes) == length and first == mixes[0]
+                listed += mixes
+            assert listed == every, (model, free)

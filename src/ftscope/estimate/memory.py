@@ -21,7 +21,6 @@ from .weight_memory import (NF4_BYTES, forward_transients, fp32_lora_base,  # no
                             frozen_weight_bytes, gathered_bytes_per_weight, kbit_bytes_per_weight, kbit_state_bytes)
 
 
-
 @dataclass(frozen=True)
 class AllocatorModel:
     """Bytes outside tensors: what turns allocated into reserved and reserved into nvidia-smi."""
@@ -327,9 +326,14 @@ def step_allocator(scn: Scenario, allocator: AllocatorModel = DEFAULT_ALLOCATOR)
     return allocator
 
 
-def build_memory_models(scns: Sequence[Scenario], allocator: AllocatorModel) -> list[MemoryModel]:
+_BLANK = object.__new__(MemoryModel)  # no field: build_memory_models gives every one (test_memory_probe checks)
+
+
+def build_memory_models(scns: Sequence[Scenario], allocator: AllocatorModel, policy: tuple | None = None,
+                        states: tuple | None = None) -> list[MemoryModel]:
     """The memory model of each scenario, for scenarios that differ only in their cluster (GPU count and type: one
-    mix on every GPU count a search probes): what does not read the GPU count is computed once."""
+    mix on every GPU count a search probes): what does not read the GPU count is computed once (`policy`, `states`:
+    the activation_policy and the (trainable, state_bytes, frozen, kbit) below when the caller has them)."""
     if not scns:
         return []
     scn = scns[0]
@@ -337,14 +341,13 @@ def build_memory_models(scns: Sequence[Scenario], allocator: AllocatorModel) -> 
     stage = mix.shard_stage
     deepspeed = mix.zero_stage > 0
     mixed = mix.precision in ("bf16-mixed", "fp16-mixed")
-    trainable = trainable_params(scn)
-    per = state_bytes(scn)
-    frozen, kbit = frozen_weight_bytes(scn), kbit_state_bytes(scn)
+    trainable, per, frozen, kbit = states or (trainable_params(scn), state_bytes(scn), frozen_weight_bytes(scn),
+                                              kbit_state_bytes(scn))
     # gradients already allocated during forward
     in_forward = scn.workload.gradient_accumulation > 1 or deepspeed
     transient, block = forward_transients(scn)  # reads no shard count: a gathered unit is whole
-    acts, checkpointing = activation_policy(activation_coefficients(m, activation_mix(mix), scn.top_k, scn.recipe),
-                                            scn)
+    acts, checkpointing = policy or activation_policy(activation_coefficients(m, activation_mix(mix), scn.top_k,
+                                                                              scn.recipe), scn)
     head = head_gradient(scn, per.gradient)
     per_weight = gathered_bytes_per_weight(scn)
     paged_share = (min(paged_state_params(scn) / max(trainable, 1), 1.0) if mix.optimizer.startswith("paged_")
@@ -376,12 +379,12 @@ def build_memory_models(scns: Sequence[Scenario], allocator: AllocatorModel) -> 
             floor = weights + clone_init_cache(*clone_init_groups(s))
         elif mix.method == "qlora" and shard_w == 1 and s.recipe.init_quantize_bytes_per_weight:  # built on this GPU
             floor = weights + m.largest_linear_params() * s.recipe.init_quantize_bytes_per_weight
-        init_cache, pool, gathered = fsdp1_stream_bytes(s, per_weight, n)
+        init_cache, pool, gathered = fsdp1_stream_bytes(s, per_weight, n) if mix.fsdp is not None else (0.0,) * 3
         if mix.fsdp is not None and init_cache:
             floor = weights + init_cache
         small = small_pool_step_bytes(s, per.gradient, per.optimizer, shard_w) if floor else 0.0
         paged = 0.0 if paged_share is None else optimizer * paged_share
-        model = split_states(MemoryModel(
+        model = split_states(fast_replace(_BLANK,  # MemoryModel(...) without its frozen field-by-field __init__
             weights=weights, gradients=grads, gradients_in_forward=grads_fwd, optimizer=optimizer,
             optimizer_transient=opt_transient, weight_transient=transient, block_transient=block, acts=acts,
             checkpointing=checkpointing, cpu_bytes=cpu, capacity_bytes=usable_bytes(s.cluster.gpu, allocator),

@@ -121,38 +121,81 @@ def ops_mix(mix):
                         attention="eager" if mix.attention == "eager" else "sdpa")
 
 
-def _op_slopes(scn: Scenario, seq: float) -> list[tuple[Op, tuple[float, float], tuple[float, float]]]:
-    """Per op but dispatch and dequantization: (op, FLOPs fit, bytes fit) of sequence_work, before the passes."""
+def _at(v: float, seq: float) -> tuple[float, float] | None:
+    """(c1, 0) with c1 x seq = v: the work at the one length `seq` (None when negative)."""
+    return (v / seq, 0.0) if v >= 0 else None
+
+
+def _op_slopes(scn: Scenario, seq: float, one_length: bool = False
+               ) -> list[tuple[Op, tuple[float, float], tuple[float, float]]]:
+    """Per op but dispatch and dequantization: (op, FLOPs fit, bytes fit) of sequence_work, before the passes.
+    `one_length`: the work at `seq` alone (two op lists instead of six; see sequence_work)."""
     try:
-        points = [_slopes(scn, seq * m) for m in (1.0, 2.0, 3.0)]
+        points = [_slopes(scn, seq * m) for m in ((1.0,) if one_length else (1.0, 2.0, 3.0))]
     except ValueError:
         return []
     checks = _at_least_linear(scn, seq, points[0])
     out = []
-    for (op, f1, b1), (_, f2, b2), (_, f3, b3), (f_ok, b_ok) in zip(*points, checks):
+    for (op, f1, b1), *more, (f_ok, b_ok) in zip(*points, checks):
         if op.kind in ("dispatch", "dequant"):
             continue
-        flops = _fit(f1, f2, f3, seq) if f_ok else None
-        bytes_ = _fit(b1, b2, b3, seq) if b_ok else None
+        if one_length:
+            flops, bytes_ = (_at(f1, seq) if f_ok else None), (_at(b1, seq) if b_ok else None)
+        else:
+            (_, f2, b2), (_, f3, b3) = more
+            flops = _fit(f1, f2, f3, seq) if f_ok else None
+            bytes_ = _fit(b1, b2, b3, seq) if b_ok else None
         out.append((op, flops or (0.0, 0.0), bytes_ or (0.0, 0.0)))
     return out
 
 
-def sequence_work(scn: Scenario, seq: float, memo: dict | None = None) -> list[SequenceWork]:
+def sequence_work(scn: Scenario, seq: float, memo: dict | None = None, one_length: bool = False) -> list[SequenceWork]:
     """Per op (launch-bound dispatch and weight-bound dequantization left out), the FLOPs and bytes one more
     sequence adds as functions of the padded length, read at `seq`, 2 and 3 x `seq`; an op that does not have
     that form, or whose small micro-batches fall below it, contributes nothing (the bound stays valid).
+    `one_length`: the work is read only at `seq` (a workload whose every micro-batch pads to one length, such as a
+    packed one), so it is the slope at `seq` alone, written c1 x s with c1 = slope / seq: valid at s = seq only,
+    from two op lists instead of six (tests/plan/test_bounds.py checks it against the fit there).
     `memo`: a dict shared by calls on one model, workload and cluster, whose mixes differ (the fits are kept per
     ops_mix; the passes are the mix's own)."""
     if memo is None:
-        slopes = _op_slopes(scn, seq)
+        slopes = _op_slopes(scn, seq, one_length)
     else:
-        key = (ops_mix(scn.mix), seq)
+        key = (ops_mix(scn.mix), seq, one_length)
         slopes = memo.get(key)
         if slopes is None:
-            slopes = memo[key] = _op_slopes(fast_replace(scn, mix=key[0]), seq)
+            slopes = memo[key] = _staged_slopes(fast_replace(scn, mix=key[0]), seq, one_length, memo)
+        mix = scn.mix  # the passes read these of the mix (compute.recomputed): one list per value
+        passes = (key, mix.gradient_checkpointing, mix.checkpointing, mix.checkpoint_every)
+        work = memo.get(passes)
+        if work is None:
+            work = memo[passes] = _work(slopes, mix)
+        return work
+    return _work(slopes, scn.mix)
+
+
+def _work(slopes: list[tuple[Op, tuple[float, float], tuple[float, float]]], mix) -> list[SequenceWork]:
     return [SequenceWork(op.kind, op.grouped, op.fp8, op.fusible, flops, bytes_,
-                         1.0 + op.backward + recomputed(op, scn.mix)) for op, flops, bytes_ in slopes]
+                         1.0 + op.backward + recomputed(op, mix)) for op, flops, bytes_ in slopes]
+
+
+def _staged_slopes(scn: Scenario, seq: float, one_length: bool, memo: dict
+                   ) -> list[tuple[Op, tuple[float, float], tuple[float, float]]]:
+    """_op_slopes of an ops_mix scenario; with a pipeline, those of the same mix without it (kept in `memo`), a
+    block op's work times 1 / stages: micro_batch_ops gives each stage its share of the blocks (count / pp of each
+    layer group) and the head to every one, and reads the stages nowhere else (tests/plan/test_bounds.py checks
+    the scaled fits against fresh ones; a few ulps apart, inside SAFETY)."""
+    pp = scn.mix.pipeline_parallel
+    if pp == 1:
+        return _op_slopes(scn, seq, one_length)
+    flat = fast_replace(scn.mix, pipeline_parallel=1)
+    key = (flat, seq, one_length)
+    slopes = memo.get(key)
+    if slopes is None:
+        slopes = memo[key] = _op_slopes(fast_replace(scn, mix=flat), seq, one_length)
+    share = 1.0 / pp
+    return [(op, f, b) if op.head else (op, (f[0] * share, f[1] * share), (b[0] * share, b[1] * share))
+            for op, f, b in slopes]
 
 
 def _best_rate(w: SequenceWork, r: Rates) -> float:
@@ -186,9 +229,18 @@ def op_rates_per_gpu(np, work: list[SequenceWork], scns: list[Scenario], effs: l
                      each: list[Rates] | None = None, memo: dict | None = None):
     """op_rates on several GPUs at once: an array GPUs x ops x (a, b, c, d), the same numbers (the same float
     operations, each op's rate looked up per GPU from the few its kind and dtype give). `each`: their rates;
-    `memo`: a dict shared by calls with the same `each` objects, keeping the rate table per op classes and rates."""
-    kinds = {}  # op class -> column of the rate table
-    cls = [kinds.setdefault((w.fusible, w.kind, w.fp8, w.grouped), len(kinds)) for w in work]
+    `memo`: a dict shared by calls with the same `each` objects, keeping the rate table per op classes and rates, and
+    each work list's classes and arrays (signatures that differ only in their rates share one: sdpa and flash)."""
+    parts = None if memo is None else memo.get(("work", id(work)))
+    if parts is None or parts[0] is not work:
+        kinds: dict = {}  # op class -> column of the rate table
+        cls = [kinds.setdefault((w.fusible, w.kind, w.fp8, w.grouped), len(kinds)) for w in work]
+        flops = np.array([[w.flops[0] * w.passes, w.flops[1] * w.passes] for w in work]).reshape(len(work), 2)
+        bytes_ = np.array([[w.bytes[0] * w.passes, w.bytes[1] * w.passes] for w in work]).reshape(len(work), 2)
+        parts = (work, kinds, cls, flops, bytes_, [1 if w.fusible else 0 for w in work])  # work kept: no id reuse
+        if memo is not None:
+            memo[("work", id(work))] = parts
+    _, kinds, cls, flops, bytes_, stream_of = parts
     key = None if memo is None or each is None else (tuple(kinds), id(each))
     hit = None if key is None else memo.get(key)
     if hit is None or hit[0] is not each:
@@ -202,10 +254,8 @@ def op_rates_per_gpu(np, work: list[SequenceWork], scns: list[Scenario], effs: l
         if key is not None:
             memo[key] = hit
     _, rate, stream = hit
-    flops = np.array([[w.flops[0] * w.passes, w.flops[1] * w.passes] for w in work]).reshape(len(work), 2)
-    bytes_ = np.array([[w.bytes[0] * w.passes, w.bytes[1] * w.passes] for w in work]).reshape(len(work), 2)
     op_rate = rate[:, cls][:, :, None]  # GPUs x ops x 1
-    op_stream = stream[:, [1 if w.fusible else 0 for w in work]][:, :, None]
+    op_stream = stream[:, stream_of][:, :, None]
     with np.errstate(divide="ignore", invalid="ignore"):
         f = np.where(op_rate > 0, flops[None] / op_rate, 0.0)
         b = np.where(op_stream > 0, bytes_[None] / op_stream, 0.0)

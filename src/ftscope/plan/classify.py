@@ -17,7 +17,7 @@ from ..estimate.solvers import BATCH_CAP
 from .bounds import (hours_per_gpu_second, op_rates_per_gpu, seconds_per_sequence, sequence_work,
                      shortest_sequence)
 from .pass_bounds import exposed_seconds_per_sequence, micro_batch_seconds_per_gpu, rates_per_gpu
-from .scan import Scan
+from .scan import REFUSAL_FREE, Scan
 from .space import Space, with_mix
 
 UNSEARCHED, UNSUPPORTED, NO_FIT, FITS, FEASIBLE, OVER_BUDGET, OVER_DEADLINE = range(7)
@@ -36,7 +36,8 @@ class Classification:
     status: Any
     """int8 status codes (UNSUPPORTED ... OVER_DEADLINE; UNSEARCHED where the clock stopped the settling)."""
     primary: Any
-    """Lower bound of the ranking's primary value (hours, dollars or peak bytes); inf unless FITS."""
+    """Lower bound of the ranking's primary value (hours, dollars or peak bytes); inf unless FITS. It and the four
+    below are AtFits: kept only at the candidates that fit."""
     hours: Any
     usd: Any
     """Lower bounds of hours and dollars (NaN without a price); 0 unless FITS."""
@@ -73,6 +74,7 @@ class Classification:
         """One of the arrays over every block and mix (status: UNSUPPORTED for dead mixes, UNSEARCHED for unseen
         ones; bounds: NaN outside the columns): for tests and small spaces."""
         values = getattr(self, name)
+        values = values.dense() if isinstance(values, AtFits) else values
         fill = UNSEARCHED if name == "status" else (0 if values.dtype.kind in "iu" else np.nan)
         out = np.full((values.shape[0], self.mixes_per_block), fill, values.dtype)
         out[:, self.columns] = values
@@ -92,16 +94,7 @@ def classify(np, space: Space, by: str, cal: Calibration, accepts: dict[str, Cal
     compute signature the clock left without a bound is unsearched."""
     nb, nm = len(space.blocks), space.mixes_per_block
     scan = Scan(np, space, accepts, global_batch, margin, share_twins, exact_peaks=by == "memory")
-    cut = False
-    scan_until = stop_at if scan_until is None else scan_until
-    for k, mix in enumerate(space.mixes()):
-        if k % MIX_CHUNK == 0:
-            if progress:
-                progress("classify", k * nb, nb * nm)
-            if scan_until is not None and time.perf_counter() > scan_until:
-                cut = True
-                break
-        scan.mix(k, mix)
+    cut = _scan_mixes(space, scan, progress, stop_at if scan_until is None else scan_until)
     if progress:
         progress("classify", int(scan.searched.sum()) * nb, nb * nm)
     g_of, w_of, caps = scan.g_of, scan.w_of, scan.caps
@@ -155,19 +148,65 @@ def classify(np, space: Space, by: str, cal: Calibration, accepts: dict[str, Cal
                    np.where(tier_at == 0, safe_fixed_peak[rows, at_col], fixed_peak[rows, at_col]))
     else:
         primary = hours if by == "time" else np.where(np.isnan(usd), np.inf, usd)
-    primary, hours, usd, batch, batch_max = (_dense(np, status.shape, at, v)
-                                             for v in (primary, hours, usd, batch, batch_max))
-    primary[status != FITS] = np.inf  # the clock's unsearched ones too
+    primary = np.where(status.ravel()[at] == FITS, primary, np.inf)  # the clock's unsearched ones too
+    primary, hours, usd, batch, batch_max = (AtFits(np, status.shape, at, v, fill) for v, fill in (
+        (primary, np.inf), (hours, 0.0), (usd, 0.0), (batch, 0.0), (batch_max, 0.0)))
     return Classification(status, primary, hours, usd, batch, batch_max, scan.complexity, scan.accept, tier, cols,
                           nm, dead), cut
 
 
-def _dense(np, shape, at, values):
-    """An array of this shape with `values` at the flat positions `at` and zeros elsewhere (pages the writes do not
-    touch are never written)."""
-    out = np.zeros(shape)
-    out.ravel()[at] = values
-    return out
+def _scan_mixes(space: Space, scan: Scan, progress: Callable[[str, int, int | None], None] | None,
+                scan_until: float | None) -> bool:
+    """The pass over every mix (scan.mix), in runs of mixes that differ only in fields refusal does not read, a refused
+    run skipped whole; progress and the clock read about every MIX_CHUNK mixes. True when the clock stopped it."""
+    nb, nm = len(space.blocks), space.mixes_per_block
+    check = 0  # the next mix number at which to report progress and read the clock
+    for start, n, first, run in space.mix_runs(REFUSAL_FREE):
+        if start >= check:
+            check = start - start % MIX_CHUNK + MIX_CHUNK
+            if progress:
+                progress("classify", start * nb, nb * nm)
+            if scan_until is not None and time.perf_counter() > scan_until:
+                return True
+        if scan.refuses(first):
+            scan.searched[start:start + n] = True
+            continue
+        for k, mix in enumerate(run(), start):
+            scan.mix(k, mix)
+    return False
+
+
+class AtFits:
+    """A float per candidate, kept only at the flat positions of the candidates that fit (`at`, ascending) and
+    `fill` at every other: a few in a hundred of a large space fit, so five dense arrays would be most of a search's
+    memory and their page faults seconds. Read as a flat array: `.flat[pos]` or `.ravel()[positions]` (a number or
+    positions), `dense()` for the whole, and compared with a number into a dense bool array."""
+
+    def __init__(self, np, shape: tuple, at: Any, values: Any, fill: float) -> None:
+        self.np, self.shape, self.at, self.values, self.fill = np, shape, at, values, fill
+        self.dtype = values.dtype
+
+    @property
+    def flat(self) -> "AtFits":
+        return self
+
+    def ravel(self) -> "AtFits":
+        return self
+
+    def __getitem__(self, pos):
+        np = self.np
+        j = np.minimum(np.searchsorted(self.at, pos), max(len(self.at) - 1, 0))
+        if not len(self.at):
+            return np.full(np.shape(pos), self.fill)[()]
+        return np.where(self.at[j] == pos, self.values[j], self.fill)[()]
+
+    def dense(self):
+        out = self.np.full(self.shape, self.fill)
+        out.ravel()[self.at] = self.values
+        return out
+
+    def __gt__(self, x):
+        return self.dense() > x
 
 def _micro_batch_bounds(np, terms, w_of, caps, rows, cols, per_replica):
     """Bounds on the micro-batch of each fitting candidate (its block in `rows`, its column in `cols`, block by
@@ -238,7 +277,9 @@ def _time_bounds(np, space: Space, cal: Calibration, on_gpu: Sequence[Any], g_of
             for s in list(representative)[n:]:
                 unbounded[by_sig[starts[s]:starts[s + 1]]] = True
             break
-        work = sequence_work(with_mix(on_gpu[0], mix), shortest, memo)
+        # one padded length (packed): the work at that length alone, two op lists per fit instead of six
+        work = (sequence_work(with_mix(on_gpu[0], mix), float(seqs[0]), memo, one_length=True) if len(seqs) == 1
+                else sequence_work(with_mix(on_gpu[0], mix), shortest, memo))
         columns = by_sig[starts[s]:starts[s + 1]]
         fitting = fit_by_sig[fit_starts[s]:fit_starts[s + 1]]
         if not work or not len(columns):

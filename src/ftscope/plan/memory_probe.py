@@ -6,13 +6,17 @@ together (`Probes`).
 from __future__ import annotations
 
 import math
+from dataclasses import fields
+from operator import attrgetter
 from typing import Sequence
 
+from ..estimate.activations import activation_coefficients, activation_mix
 from ..estimate.memory import (MemoryModel, build_memory_models, frozen_weight_bytes, kbit_state_bytes, memory_model,
                                step_allocator, trainable_params)
-from ..estimate.memory_layout import state_split
+from ..estimate.memory_layout import activation_policy, state_split
 from ..estimate.solvers import BATCH_CAP, BatchSolver, phase_totals
 from ..estimate.state_memory import sharded_states, state_bytes
+from ..spec.mix import Mix
 from ..spec.scenario import Scenario, fast_replace
 from .layouts import keep_global_batch, replicas
 
@@ -121,18 +125,52 @@ class StateFloor:
         self.frozen, self.trainable, self.per = frozen_weight_bytes(scn), trainable_params(scn), state_bytes(scn)
         self.replicated = kbit_state_bytes(scn)
         self.split = state_split(scn)
+        self._at: dict[int, float] = {}
 
     def at(self, world: int) -> float:
-        n = world // self.mix.model_parallel
-        weights, _, optimizer, _ = sharded_states(self.mix, n, self.frozen, self.trainable, self.per, self.replicated)
-        return (weights * self.split + optimizer * self.split) * SAFETY
+        hit = self._at.get(world)
+        if hit is None:
+            n = world // self.mix.model_parallel
+            weights, _, optimizer, _ = sharded_states(self.mix, n, self.frozen, self.trainable, self.per,
+                                                      self.replicated)
+            hit = self._at[world] = (weights * self.split + optimizer * self.split) * SAFETY
+        return hit
 
 
-def memory_models(scns: Sequence[Scenario]) -> list[MemoryModel]:
+FLOOR_FREE = ("attention", "gradient_checkpointing", "checkpointing", "checkpoint_every", "loss", "fused_elementwise",
+              "lora_dropout", "sequence_parallel", "tp_comm_overlap", "pipeline_schedule", "context_parallel_impl")
+"""Mix fields a StateFloor reads nowhere (nor the state bytes it holds: frozen_weight_bytes, trainable_params,
+state_bytes, kbit_state_bytes, state_split, sharded_states): mixes that differ only here share one
+(tests/plan/test_memory_probe.py varies each)."""
+
+
+def memory_models(scns: Sequence[Scenario], memo: dict | None = None, floor: "StateFloor | None" = None
+                  ) -> list[MemoryModel]:
     """memory_model of each scenario, for scenarios that differ only in their cluster (one mix on several GPU counts
     and GPU types: the search's probes of one mix), built together (estimate/memory.py's build_memory_models: what
-    does not read the GPU count computed once) and not memoized one by one."""
-    return build_memory_models(scns, step_allocator(scns[0])) if scns else []
+    does not read the GPU count computed once) and not memoized one by one. `memo`: a dict shared by the calls of one
+    search, keeping the activation policy per distinct POLICY_FIELDS value; `floor`: a StateFloor of their mix,
+    whose state bytes the models take."""
+    if not scns:
+        return []
+    scn = scns[0]
+    policy = None
+    if memo is not None:
+        key = (scn.model, scn.top_k, scn.recipe, _policy_key(scn.mix))
+        policy = memo.get(key)
+        if policy is None:  # build_memory_models' own expression
+            policy = memo[key] = activation_policy(activation_coefficients(
+                scn.model, activation_mix(scn.mix), scn.top_k, scn.recipe), scn)
+    states = None if floor is None else (floor.trainable, floor.per, floor.frozen, floor.replicated)
+    return build_memory_models(scns, step_allocator(scn), policy, states)
+
+
+POLICY_FIELDS = tuple(f.name for f in fields(Mix) if f.name not in (
+    "offload", "optimizer", "tp_comm_overlap", "pipeline_schedule", "context_parallel_impl", "expert_parallel"))
+"""The Mix fields a memory model's activations read (activation_coefficients reads the mix as activation_mix, which
+sets ACTIVATION_FREE; activation_policy reads the checkpointing, compile and tensor, sequence, context and pipeline
+fields of those): every field but the six left out (tests/plan/test_memory_probe.py varies them)."""
+_policy_key = attrgetter(*POLICY_FIELDS)
 
 
 
@@ -148,15 +186,19 @@ class Probes:
         self.models: list[MemoryModel] = []
         self.rows: list[int] = []  # per probe: its model's row
         self.scenarios: list[Scenario] = []  # per probe: its mix at its GPU count (on some GPU type)
+        self.first: list[Scenario] = []  # per model: the scenario of the probe that recorded it
         self.arrays = None
 
-    def add(self, scn: Scenario, model: MemoryModel | None = None, row: int | None = None) -> int:
-        """Record a probe of `model` (or of the model at `row`); its row."""
+    def add(self, scn: Scenario | None, model: MemoryModel | None = None, row: int | None = None) -> int:
+        """Record a probe of `model` (or of the model at `row`); its row. `scn` None: the scenario of the probe that
+        recorded that model (a fused attention kernel's twin: it differs only in the kernel, which neither its memory
+        model nor anything else the probes read of the scenario looks at)."""
         if row is None:
             row = len(self.models)
             self.models.append(model)
+            self.first.append(scn)
         self.rows.append(row)
-        self.scenarios.append(scn)
+        self.scenarios.append(self.first[row] if scn is None else scn)
         return row
 
     def peaks_at_one(self, np):
@@ -192,9 +234,17 @@ class Probes:
         if capped.any():  # keep_global_batch's layout at the capped micro-batch, the same for every such capacity
             mb = np.maximum(1, np.minimum(cap, global_batch // (reps * stages)))
             ga = np.maximum(1, np.ceil(global_batch / (mb * reps)))
-            same = (ga > 1) == accumulating
+            ignores = np.array([not reads_accumulation(s.mix) for s in scns], bool)
+            same = ((ga > 1) == accumulating) | ignores  # equal models: this one's peaks
             kept = np.where(same, _peaks(np, arrays, mb, self.seq), np.nan)
             other = np.flatnonzero(~same & capped.any(axis=1))
+            if accumulating and len(other):  # without accumulation, a mix that only drops its gradients in forward
+                drops = np.array([only_forward_gradients(scns[p].mix) for p in other.tolist()], bool)
+                plain, other = other[drops], other[~drops]
+                if len(plain):
+                    sub = arrays.subset(plain)
+                    sub.gradients_in_forward = np.zeros(len(plain))
+                    kept[plain] = sub.peaks(mb[plain], self.seq)
             if len(other):  # another accumulation: its own model (built together per mix and accumulation)
                 kept[other] = self._other_accumulation(np, [scns[p] for p in other.tolist()], ga[other], mb[other])
             out = np.where(capped, kept[:, None], out)
@@ -223,6 +273,22 @@ class Probes:
         out = np.empty(len(scns))
         out[order] = ModelArrays(np, models).peaks(mb[order], self.seq)
         return out
+
+
+def reads_accumulation(mix) -> bool:
+    """Whether a mix's memory model reads the gradient accumulation at all: DeepSpeed's ZeRO keeps its gradient
+    partitions from the start of a step (build_memory_models' gradients in forward, head_gradient's early
+    gradient) whether it accumulates or not, so its models with and without accumulation are equal
+    (tests/plan/test_memory_probe.py compares them field for field)."""
+    return mix.zero_stage == 0
+
+
+def only_forward_gradients(mix) -> bool:
+    """Whether accumulating or not changes only a mix's gradients alive in forward (all of its gradients with,
+    none without): without ZeRO (reads_accumulation) and without a trained LM head's gradient (head_gradient's
+    early gradient: full fine-tuning without the fused linear loss), so its model without accumulation is the one
+    with, gradients_in_forward set to 0 (tests/plan/test_memory_probe.py compares them field for field)."""
+    return mix.zero_stage == 0 and (mix.method != "full" or mix.loss == "fused_linear")
 
 
 def _accumulating(scn: Scenario, ga: int) -> Scenario:

@@ -111,6 +111,17 @@ def _op_matrices(np, ops: Sequence[Op], r: dict[str, Any]):
     return times, kernels, dispatch, dequant, launches
 
 
+def _staged(np, ops: Sequence[Op], matrices: tuple, share: float) -> tuple:
+    """_op_matrices of a pipeline stage from those of the whole model's ops: micro_batch_ops gives a stage `share` of
+    each layer group's count (a block op's FLOPs, bytes and kernels scale with it, so its op_time does: the GEMM
+    shape reads the rows and widths, not the count) and the head whole (tests/plan/test_pass_bounds.py)."""
+    if share == 1.0:
+        return matrices
+    times, kernels, dispatch, dequant, launches = matrices
+    part = np.array([1.0 if op.head else share for op in ops])
+    return times * part[:, None], kernels * part[:, None], dispatch, dequant, launches * part
+
+
 RATE_MIX_FIELDS = ("precision", "attention", "compile")
 """The Mix fields time.rates reads (with the GPU and the efficiency; tests/plan/test_pass_bounds.py varies the
 others)."""
@@ -134,16 +145,20 @@ def micro_batch_seconds_per_gpu(np, scns: Sequence[Scenario], effs: Sequence[Eff
     pass stretched when its kernel launches outlast its GPU work. `memo`: a dict shared by the calls of one search
     (same GPU types), keeping each op list's times per rates (_op_matrices); the passes are summed as one matrix
     product, the same terms in another order (a few ulps, inside the bounds' SAFETY). `rated`: rates_per_gpu's
-    answer for `scns`, when known (the rates do not read the workload)."""
+    answer for `scns`, when known (the rates do not read the workload). With a memo, a pipeline's op times are
+    those of its ops without the pipeline, a block op's times 1 / stages (_staged: a few ulps from its own)."""
     fixed = scns[0].with_(padding="max_length", seq_len=max(1, math.floor(length)))
     seq = fixed.workload.mean_padded_len(batch)
     mix = fixed.mix  # the ops depend neither on the GPU nor on what ops_mix leaves out (checkpointing)
-    ops = cached_ops(fast_replace(fixed, mix=ops_mix(mix)), batch, seq)
+    flat, share = ops_mix(mix), 1.0
+    if memo is not None and flat.pipeline_parallel > 1:
+        flat, share = fast_replace(flat, pipeline_parallel=1), 1.0 / flat.pipeline_parallel
+    ops = cached_ops(fast_replace(fixed, mix=flat), batch, seq)
     each, r = rated if rated is not None else rates_per_gpu(np, scns, effs, {})
-    key = (id(ops), tuple(each))
+    key = (id(ops), tuple(each), share)
     hit = None if memo is None else memo.get(key)
     if hit is None or hit[0] is not ops:
-        hit = (ops, _op_matrices(np, ops, r))  # the ops stay alive with their key: no id is reused
+        hit = (ops, _staged(np, ops, _op_matrices(np, ops, r), share))  # the ops stay alive with their key
         if memo is not None:
             memo[key] = hit
     times, kernels, dispatch, dequant, launches = hit[1]

@@ -9,13 +9,15 @@ and no memory model at a GPU count whose state floor (memory_probe.StateFloor) i
 """
 from __future__ import annotations
 
+from dataclasses import fields
 from operator import attrgetter
 from typing import Any, Callable, Sequence
 
 from ..estimate.memory import FUSED_ATTENTION, memory_mix, usable_bytes
 from ..spec.rules import GPU_FIELDS, gpu_problem
+from ..spec.mix import Mix
 from ..spec.scenario import fast_replace
-from .memory_probe import Probes, StateFloor, memory_models
+from .memory_probe import FLOOR_FREE, Probes, StateFloor, memory_models
 from .layouts import LAYOUT_FIELDS, layout_reason
 from .ranking import mix_complexity, refusal
 from .space import MIX_DIMENSIONS, Space, with_mix
@@ -66,6 +68,11 @@ class Scan:
         self.compute_key = _fields_of([f for d in space.dimensions if d.affects_compute for f in d.mix_fields])
         self.gpu_key, self.layout_key = _fields_of(GPU_FIELDS), _fields_of(LAYOUT_FIELDS)
         self.probes = Probes(self.seq)  # every probe, evaluated together when the scan is done (settle)
+        self.policies: dict = {}  # memory_models' activation policies per distinct POLICY_FIELDS value
+        self.floors: dict = {}  # StateFloor per distinct value of the fields it reads (all but FLOOR_FREE)
+        self.refused: dict = {}  # refusal per distinct value of the fields it reads (all but REFUSAL_FREE)
+        self.refusal_key = _fields_of([f.name for f in fields(Mix) if f.name not in REFUSAL_FREE])
+        self.floor_key = _fields_of([f.name for f in fields(Mix) if f.name not in FLOOR_FREE])
         self.probed: dict[tuple[int, int], int] = {}  # (slot, GPU count index) -> the probe's model row
         self.pending: list[tuple[int, int, int]] = []  # per probe not settled yet: slot, GPU count index, support id
         self.on_of: Any = []  # per support id: supported per GPU type (an array once the scan is done)
@@ -83,7 +90,7 @@ class Scan:
     def mix(self, k: int, mix: Any) -> None:
         np = self.np
         self.searched[k] = True
-        if refusal(self.space.scenario.model, mix):
+        if self.refuses(mix):
             return
         self.valid[k] = True
         self.complexity[k] = mix_complexity(mix)
@@ -111,18 +118,29 @@ class Scan:
         self.layout_ok[runs, mix_k] = True
         if not runs:
             return
-        floor = StateFloor(with_mix(self.at_world[0], mix))
+        floor_key = self.floor_key(mix)
+        floor = self.floors.get(floor_key)
+        if floor is None:  # shared by the mixes that differ only in FLOOR_FREE fields
+            floor = self.floors[floor_key] = StateFloor(with_mix(self.at_world[0], mix))
         probe = []
         for w in runs:
             if floor.at(self.worlds[w]) > room[w]:
                 continue  # does not fit on any block at this count: no model (peak stays inf, NO_FIT)
             if twin is not None and (twin, w) in self.probed:
-                self._copy(k, twin, w, support, with_mix(self.at_world[w], mix))
+                self._copy(k, twin, w, support)
             else:
                 probe.append(w)
         scns = [with_mix(self.at_world[w], mix) for w in probe]
-        for w, scn, model in zip(probe, scns, memory_models(scns)):  # the models built together: one mix
+        for w, scn, model in zip(probe, scns, memory_models(scns, self.policies, floor)):  # built together: one mix
             self._probe(k, w, scn, model, support)
+
+    def refuses(self, mix: Any) -> bool:
+        """Whether ranking.refusal refuses this mix, decided once per distinct value of the fields its rules read."""
+        key = self.refusal_key(mix)
+        refused = self.refused.get(key)
+        if refused is None:
+            refused = self.refused[key] = refusal(self.space.scenario.model, mix) is not None
+        return refused
 
     def _take_slot(self, k: int) -> int:
         """The next free slot for mix k, a chunk added when the last one is full."""
@@ -186,10 +204,10 @@ class Scan:
             return None
         return int(self.slot[twin])  # the twin has a slot: some GPU type supports it
 
-    def _copy(self, k: int, twin: int, w: int, support: tuple, scn: Any) -> None:
-        """A probe at GPU count w that takes the twin's model (k, twin: their slots; the twin's GPU types include
-        this mix's, so its model is this mix's)."""
-        self.probed[k, w] = self.probes.add(scn, row=self.probed[twin, w])
+    def _copy(self, k: int, twin: int, w: int, support: tuple) -> None:
+        """A probe at GPU count w that takes the twin's model and scenario (k, twin: their slots; the twin's GPU types
+        include this mix's, so its model is this mix's; Probes.add says why its scenario serves)."""
+        self.probed[k, w] = self.probes.add(None, row=self.probed[twin, w])
         self.pending.append((k, w, support[3]))
 
     def _probe(self, k: int, w: int, scn: Any, model: Any, support: tuple) -> None:
@@ -241,6 +259,14 @@ class Scan:
         for c in np.unique(which).tolist():
             at = np.flatnonzero(which == c)
             get(self.chunks[c])[(*index(at), cols[at])] = values[at]
+
+
+REFUSAL_FREE = ("nested_quant", "lora_rank", "lora_targets", "attention", "loss", "fused_elementwise", "lora_dropout",
+                "context_parallel", "context_parallel_impl", "expert_parallel", "compile", "optimizer_in_backward",
+                "activation_offload")
+"""Mix fields no rule of ranking.refusal reads (spec/rules.py's MIX_RULES and MODEL_RULES): the scan decides refusal
+once per distinct value of the others (tests/plan/test_classify.py changes each of these on refused and accepted
+mixes and checks the answer stays). A new Mix field is read until it is added here."""
 
 
 TERMS = ("fixed", "first", "far")

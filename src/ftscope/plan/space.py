@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, fields, replace
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Collection, Iterator, Sequence
 
 from ..errors import FtscopeError
 from ..spec.hardware import GpuSpec
@@ -215,6 +215,30 @@ class Space:
                 new.__dict__.update(prefix)
                 new.__dict__.update(last)
                 yield new
+
+    def mix_runs(self, free: Collection[str]) -> Iterator[tuple[int, int, Mix, Callable[[], Iterator[Mix]]]]:
+        """The mixes of `mixes`, in order, in runs that differ only in the trailing dimensions whose Mix fields are
+        all in `free`: per run (number of its first mix, its length, its first mix, a function listing its mixes), so
+        that what reads none of those fields is decided once per run (the runs are single mixes when the last
+        dimension reads some field outside `free`)."""
+        base = self.scenario.mix.__dict__
+        assigned = [[d.assign(v) for v in values] for d, values in zip(MIX_DIMENSIONS, self.values)]
+        cut = len(MIX_DIMENSIONS)
+        while cut > 1 and all(f in free for f in MIX_DIMENSIONS[cut - 1].mix_fields):
+            cut -= 1
+        suffixes = [{k: v for part in combo for k, v in part.items()} for combo in itertools.product(*assigned[cut:])]
+        for k, combo in enumerate(itertools.product(*assigned[:cut])):
+            prefix = dict(base)
+            for fields_ in combo:
+                prefix.update(fields_)
+
+            def run(prefix=prefix) -> Iterator[Mix]:
+                for last in suffixes:
+                    new = object.__new__(Mix)
+                    new.__dict__.update(prefix)
+                    new.__dict__.update(last)
+                    yield new
+            yield k * len(suffixes), len(suffixes), next(run()), run
 
     def coords(self, idx: int) -> tuple[int, int]:
         """(block, mix) of a candidate number."""

@@ -524,12 +524,6 @@ def test_overhead_is_workspace_plus_the_step_kinds_fraction_of_the_churn(checkpo
         assert c["overhead"] == pytest.approx(al.workspace_gib * GIB + frac * (c["activations"] + c["temporary"]))
 
 
-def test_checkpointed_steps_fragment_more_by_default():
-    from ftscope.estimate.memory import DEFAULT_ALLOCATOR
-
-    assert DEFAULT_ALLOCATOR.fragmentation_checkpointed > DEFAULT_ALLOCATOR.fragmentation
-
-
 def test_a_recipe_with_a_replayed_fraction_sets_the_checkpointed_one():
     from ftscope.estimate.memory import DEFAULT_ALLOCATOR
     from ftscope.spec.recipe import load_recipe

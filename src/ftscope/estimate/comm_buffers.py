@@ -28,7 +28,6 @@ from dataclasses import dataclass
 
 from ..spec.hardware import GpuSpec
 from ..spec.scenario import Scenario
-from .shared import KeyMemo
 
 MIB = 2**20
 
@@ -253,18 +252,35 @@ def communicators(scn: Scenario) -> list[Communicator]:
     return out
 
 
-def _comm_bytes(key: tuple[Scenario, str]) -> float:
-    scn, version = key
-    build = nccl_build(version)
+def comm_key(scn: Scenario) -> tuple:
+    """What comm_buffer_bytes reads of a scenario: the GPU type, GPUs per node and in all, the mix's parallel layout
+    and sharding stage (DeepSpeed's extra communicator), FP8 (its amax group) and the NCCL version."""
+    cl, mix = scn.cluster, scn.mix
+    return (cl.gpu, cl.world_size, cl.gpus_per_node, mix.tensor_parallel, mix.pipeline_parallel,
+            mix.context_parallel, mix.expert_parallel, mix.zero_stage, mix.context_parallel_impl,
+            getattr(mix, "fp8", False), scn.recipe.nccl_version)
+
+
+def _comm_bytes(scn: Scenario) -> float:
+    build = nccl_build(scn.recipe.nccl_version)
     return sum(communicator_bytes(c, scn.cluster.gpu, build) for c in communicators(scn))
-
-
-_MEMO = KeyMemo(_comm_bytes)
 
 
 def comm_buffer_bytes(scn: Scenario) -> float:
     """Bytes NCCL holds on each GPU of this run (the largest stage's view: a middle pipeline stage), outside the
-    caching allocator: in what nvidia-smi counts, not in memory_reserved. 0 on one GPU."""
+    caching allocator: in what nvidia-smi counts, not in memory_reserved, and out of what torch can reserve. 0 on
+    one GPU (no communicator)."""
     if scn.cluster.world_size <= 1:
         return 0.0
-    return _MEMO[(scn, scn.recipe.nccl_version)]
+    key = comm_key(scn)
+    value = _BYTES.get(key)
+    if value is None:
+        if len(_BYTES) >= 4096:
+            _BYTES.clear()
+        value = _BYTES[key] = _comm_bytes(scn)
+    return value
+
+
+_BYTES: dict[tuple, float] = {}
+"""comm_buffer_bytes per comm_key (a bounded memo: KeyMemo makes a value from its key, and this one needs the
+scenario; the key hashes a few fields where a Scenario hashes every one)."""

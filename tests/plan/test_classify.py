@@ -169,3 +169,37 @@ def test_refusal_reads_no_refusal_free_field():
             for name, value in changes.items():
                 assert refusal(base.model, replace(mix, **{name: value})) == want, (model, mix.label(), name)
     assert refused > 500 and accepted > 100
+
+
+def test_each_candidates_capacity_is_its_estimates():
+    """The scan's capacity per block and mix (usable memory less NCCL's buffers, which read the GPU count, the node
+    layout and the mix's parallel groups) is the one the estimate of that candidate decides its fit with."""
+    from ftscope.estimate.memory import memory_model, usable_bytes
+    from ftscope.plan.recommend import _targets
+    from ftscope.estimate.comm_buffers import comm_key
+    from ftscope.plan.scan import COMM_FIELDS, Scan
+    scn = ftscope.load_scenario({"model": "olmoe-1b-7b", "hardware": {"gpu": "h100-80gb"}, "mix": {"method": "lora"},
+                                 "workload": {"micro_batch_size": 1, "seq_len": 2048, "num_samples": 1000}})
+    space = Space(scn, _targets(scn, ["h100-80gb:16", "a100-80gb:4"], False),
+                  SearchSpace(methods=("lora",), sharding=((0, None), (3, None)), offload=("none",),
+                              attention=("flash",), optimizer=("adamw",), experts_backend=("grouped_mm",),
+                              tensor_parallel=((1, False), (2, True)), pipeline_parallel=(1, 2),
+                              expert_parallel=(1, 2)))
+    scan = Scan(np, space, {}, None)
+    for k in range(space.mixes_per_block):
+        scan.mix(k, space.mix(k))
+    cols = np.flatnonzero(scan.slot >= 0)
+    caps, _ = scan.caps(cols)
+    seen = set()
+    for b, block in enumerate(space.blocks):
+        for j, k in enumerate(cols.tolist()):
+            if not scan.layout_ok[scan.w_of[b], k]:  # the layout does not run on this count: no estimate
+                continue
+            cand = space.candidate(b * space.mixes_per_block + k)
+            assert space.coords(b * space.mixes_per_block + k) == (b, k)
+            cap = memory_model(cand).capacity_bytes
+            assert comm_key(cand)[3:-1] == tuple(getattr(cand.mix, f) for f in COMM_FIELDS)  # what the scan keys
+            assert caps[b, j] == cap, (block.world, cand.mix.label())
+            assert cap == usable_bytes(block.gpu) or block.world > 1
+            seen.add(cap)
+    assert len(seen) > 2 * len({b.gpu.key for b in space.blocks})  # counts and mixes move it

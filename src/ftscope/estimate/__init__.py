@@ -105,7 +105,9 @@ def memory_stage(scn: Scenario, margin: float, strict: bool, tight_margin: float
     if reason and strict:
         raise FtscopeError(reason)
     world = scn.cluster.world_size
-    mem = sh.per_gpu(("memory", world), scn, lambda: memory_model(scn)) if sh else memory_model(scn)
+    # per GPU type and node layout: the capacity reads both (NCCL's buffers)
+    mem = (sh.per_gpu(("memory", world, scn.cluster.gpus_per_node), scn, lambda: memory_model(scn)) if sh
+           else memory_model(scn))
     if not mem.capacity_bytes > 0:
         raise FtscopeError(f"{scn.cluster.gpu.key} has {scn.cluster.gpu.memory_gib:.2f} GiB: nothing is left after the "
                            f"CUDA context ({mem.allocator.cuda_context_gib} GiB); give hardware.gpu more memory")

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..spec.hardware import GIB, GpuSpec
+from ..spec.scenario import Scenario
+from .comm_buffers import comm_buffer_bytes
 
 
 @dataclass(frozen=True)
@@ -43,3 +45,10 @@ DEFAULT_ALLOCATOR = AllocatorModel()
 def usable_bytes(gpu: GpuSpec, allocator: AllocatorModel = DEFAULT_ALLOCATOR) -> float:
     """Device memory the caching allocator can reserve on this GPU (total minus the CUDA context)."""
     return gpu.memory_bytes - allocator.cuda_context_gib * GIB
+
+
+def device_capacity(scn: Scenario, allocator: AllocatorModel = DEFAULT_ALLOCATOR) -> float:
+    """What the caching allocator can reserve on each GPU of this run, which every fit decision reads: the usable
+    memory less NCCL's communicator buffers, which NCCL allocates outside the allocator (comm_buffers.py; 0 on one
+    GPU)."""
+    return usable_bytes(scn.cluster.gpu, allocator) - comm_buffer_bytes(scn)

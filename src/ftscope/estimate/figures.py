@@ -14,7 +14,7 @@ from ..spec.scenario import Scenario, fast_replace
 from . import memory_stage, unsupported_reason
 from .cost import price_of, run_steps
 from .efficiency import Calibration
-from .memory import MemoryModel, memory_model, usable_bytes
+from .memory import MemoryModel, device_capacity, memory_model
 from .shared import Shared, shared_for
 from .solvers import BatchSolver
 from .time import step_parts
@@ -133,7 +133,8 @@ def grid_figures(sh: Shared, sites: Sequence[tuple], margin: float, cal: Calibra
 
 
 class _Site(NamedTuple):
-    """What a plan's candidate on `world` GPUs of one type reads but its network (_site), kept per GPU count and type."""
+    """What a plan's candidate on `world` GPUs of one type reads but its network (_site), kept per GPU count, GPUs per
+    node and type."""
 
     gpu: object
     """The GPU type (its id keys the memo: kept alive here, so no id is reused)."""
@@ -144,7 +145,7 @@ class _Site(NamedTuple):
     """The mix's unsupported reason on this GPU."""
     peak: float
     cap: float
-    """Usable bytes."""
+    """The capacity (device_capacity: usable bytes less NCCL's, which read the GPU count and node layout)."""
     batch: int
     trainable: int
     row: tuple | None
@@ -159,8 +160,8 @@ def _grid(sh: Shared, sites: Sequence[tuple], which: Sequence[int], margin: floa
     from .grid_time import SMALLEST, hours_of, takes  # numpy: imported by the first plan, not at start-up
     base = sh.scenario
     timing = takes(base)
-    # per (GPU count, GPU type): what a site's figures read but its network (_site); per site, its hours and
-    # dollars: a repeated or neighbouring plan reads them here
+    # per (GPU count, GPUs per node, GPU type): what a site's figures read but its network (_site); per site, its
+    # hours and dollars: a repeated or neighbouring plan reads them here
     placed = sh.get(("grid_site", id(cal), margin), dict, cal)
     timed = sh.get(("grid_run", id(cal), margin), dict, cal)  # (GPU id, per node, nodes, network) -> (gpu, run)
     memos = None  # _site's per-GPU-type memos, fetched on the first site not yet placed
@@ -172,11 +173,11 @@ def _grid(sh: Shared, sites: Sequence[tuple], which: Sequence[int], margin: floa
     for i in which:
         gpu, gpn, nodes, inter = sites[i]
         world = gpn * nodes
-        site = placed.get((world, id(gpu)))
+        site = placed.get((world, gpn, id(gpu)))
         if site is None or site.gpu is not gpu:
             if memos is None:
                 memos = (sh.get(("grid_gpu", id(cal)), dict, cal), sh.get(("grid_micro", id(cal)), dict, cal), {})
-            site = placed[world, id(gpu)] = _site(sh, gpu, world, i, margin, cal, timing, scenario_of, *memos)
+            site = placed[world, gpn, id(gpu)] = _site(sh, gpu, world, i, margin, cal, timing, scenario_of, *memos)
         if not site.fits:  # a misfit's figures, or None where a number is not finite
             out.append(site.figures)
             continue
@@ -225,7 +226,7 @@ def _site(sh: Shared, gpu, world: int, i: int, margin: float, cal: Calibration, 
         info = per_gpu[id(gpu)] = (gpu, *_gpu_info(sh, scenario_of(i), cal, timing))
     _, reason, eff, row = info
     mem = at.mem
-    cap = usable_bytes(gpu, mem.allocator)  # memory_model's capacity for this GPU
+    cap = device_capacity(scenario_of(i), mem.allocator)  # memory_model's capacity at this site
     if not cap > 0:  # the estimate says why
         return _Site(gpu, False, None, reason, 0.0, cap, 0, 0, row, ())
     limit = cap * (1.0 - margin)

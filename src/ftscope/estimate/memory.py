@@ -11,7 +11,8 @@ from typing import NamedTuple, Sequence
 
 from ..spec.hardware import GIB
 from ..spec.scenario import Scenario, fast_replace
-from .allocator_model import DEFAULT_ALLOCATOR, AllocatorModel, usable_bytes  # noqa: F401 (re-exported)
+from .allocator_model import (DEFAULT_ALLOCATOR, AllocatorModel, device_capacity,  # noqa: F401 (re-exported)
+                              usable_bytes)
 from .activations import ActivationCoefficients, activation_coefficients, activation_mix
 from .shared import KeyMemo
 from .head_gradient import NO_HEAD_GRADIENT, HeadGradient, head_gradient  # noqa: F401 (re-exported)
@@ -72,7 +73,8 @@ class MemoryModel:
     cpu_bytes: float
     """Host RAM the run needs for offloaded optimizer/parameters."""
     capacity_bytes: float
-    """Device memory the caching allocator can reserve (total minus CUDA context)."""
+    """Device memory the caching allocator can reserve: total less the CUDA context and NCCL's buffers
+    (allocator_model.device_capacity)."""
     trainable_params: int
     allocator: AllocatorModel = field(default=DEFAULT_ALLOCATOR)
     block_transient: float = 0.0
@@ -266,8 +268,8 @@ def memory_mix(mix):
 
 def memory_model(scn: Scenario, allocator: AllocatorModel = DEFAULT_ALLOCATOR) -> MemoryModel:
     """The per-GPU memory model of a scenario. It reads the GPU only for its capacity, so one model is built per
-    model, mix (as memory_mix), accumulation, recipe and GPU count, and shared across GPU types with the capacity
-    replaced."""
+    model, mix (as memory_mix), accumulation, recipe and GPU count, and shared across GPU types and node layouts with
+    the capacity (device_capacity) replaced."""
     allocator = step_allocator(scn, allocator)
     key = (scn.model, memory_mix(scn.mix), scn.workload.gradient_accumulation > 1, scn.recipe,
            scn.cluster.world_size, allocator)
@@ -276,7 +278,7 @@ def memory_model(scn: Scenario, allocator: AllocatorModel = DEFAULT_ALLOCATOR) -
         if len(_MODELS) >= 4096:
             _MODELS.clear()
         mm = _MODELS[key] = build_memory_models([scn], allocator)[0]
-    capacity = usable_bytes(scn.cluster.gpu, allocator)
+    capacity = device_capacity(scn, allocator)
     if mm.capacity_bytes == capacity:
         return mm
     return fast_replace(mm, capacity_bytes=capacity)
@@ -351,7 +353,7 @@ def build_memory_models(scns: Sequence[Scenario], allocator: AllocatorModel, pol
         model = split_states(fast_replace(_BLANK,  # MemoryModel(...) without its frozen field-by-field __init__
             weights=weights, gradients=grads, gradients_in_forward=grads_fwd, optimizer=optimizer,
             optimizer_transient=opt_transient, weight_transient=transient, block_transient=block, acts=acts,
-            checkpointing=checkpointing, cpu_bytes=cpu, capacity_bytes=usable_bytes(s.cluster.gpu, allocator),
+            checkpointing=checkpointing, cpu_bytes=cpu, capacity_bytes=device_capacity(s, allocator),
             trainable_params=trainable, allocator=allocator, offload_activations=mix.activation_offload,
             paged_optimizer=paged, reserved_floor=floor, small_pool_step=small,
             stream_pool=pool if mix.fsdp is not None else 0.0, stream_gathered=gathered if mix.fsdp is not None else 0.0,

@@ -97,8 +97,7 @@ def classify(np, space: Space, by: str, cal: Calibration, accepts: dict[str, Cal
     cut = _scan_mixes(space, scan, progress, stop_at if scan_until is None else scan_until)
     if progress:
         progress("classify", int(scan.searched.sum()) * nb, nb * nm)
-    g_of, w_of, caps = scan.g_of, scan.w_of, scan.caps
-    safe_caps = scan.safe_caps
+    g_of, w_of = scan.g_of, scan.w_of
     # only the mixes some block can run get a column: the others' candidates are all unsupported (or unseen)
     live = scan.valid & scan.searched
     pairs = sorted(set(zip(g_of.tolist(), w_of.tolist())))  # the (GPU type, GPU count) of some block
@@ -114,8 +113,9 @@ def classify(np, space: Space, by: str, cal: Calibration, accepts: dict[str, Cal
     sig = scan.sig[cols]
     ok = scan.supported[:, cols][g_of] & scan.layout_ok[:, cols][w_of]
     world = np.array([b.world for b in space.blocks])
-    fits = (peak[w_of] <= caps[:, None]) if fixed_peak is None else (fixed_peak <= caps[:, None])
-    safe = (peak[w_of] <= safe_caps[:, None]) if fixed_peak is None else (safe_fixed_peak <= safe_caps[:, None])
+    caps, safe_caps = scan.caps(cols)  # blocks x columns: the capacity reads the mix (NCCL's communicators)
+    fits = (peak[w_of] <= caps) if fixed_peak is None else (fixed_peak <= caps)
+    safe = (peak[w_of] <= safe_caps) if fixed_peak is None else (safe_fixed_peak <= safe_caps)
     status = np.full((nb, len(cols)), UNSUPPORTED, np.int8)
     status[ok & ~fits] = NO_FIT
     status[ok & fits] = FITS
@@ -214,7 +214,7 @@ def _micro_batch_bounds(np, terms, w_of, caps, rows, cols, per_replica):
     first sequence's slope for the lower bound and the slope at the cap for the upper; 1e-6 either side covers
     rounding (the engine checks the solver's answer against both). Clipped to [1, the solver's cap]; with a fixed
     global batch, to the global batch per replica (and pipeline stage), as recommend picks it (`per_replica`: that
-    cap per candidate, None without one)."""
+    cap per candidate, None without one). `caps`: blocks x columns, each candidate's capacity (Scan.caps)."""
     low, high = np.ones(len(rows)), np.ones(len(rows))
     if not terms:
         return low, high
@@ -231,8 +231,9 @@ def _micro_batch_bounds(np, terms, w_of, caps, rows, cols, per_replica):
         if (at < 0).any():
             raise AssertionError("a fitting candidate without batch terms")
         fixed = terms["fixed"][:, at]
-        lo = np.clip(np.floor(largest(fixed, terms["first"][:, at], caps[b]) * (1 - 1e-6)), 1, BATCH_CAP)
-        hi = np.clip(np.floor(largest(fixed, terms["far"][:, at], caps[b]) * (1 + 1e-6)), 1, BATCH_CAP)
+        cap = caps[b, cols[span]]  # each candidate's capacity
+        lo = np.clip(np.floor(largest(fixed, terms["first"][:, at], cap) * (1 - 1e-6)), 1, BATCH_CAP)
+        hi = np.clip(np.floor(largest(fixed, terms["far"][:, at], cap) * (1 + 1e-6)), 1, BATCH_CAP)
         if per_replica is not None:
             lo, hi = np.minimum(lo, per_replica[span]), np.minimum(hi, per_replica[span])
         low[span], high[span] = lo, hi

@@ -13,7 +13,7 @@ from dataclasses import fields
 from operator import attrgetter
 from typing import Any, Callable, Sequence
 
-from ..estimate.memory import FUSED_ATTENTION, memory_mix, usable_bytes
+from ..estimate.memory import FUSED_ATTENTION, device_capacity, memory_mix, usable_bytes
 from ..spec.rules import GPU_FIELDS, gpu_problem
 from ..spec.mix import Mix
 from ..spec.scenario import fast_replace
@@ -42,9 +42,14 @@ class Scan:
         self.w_of = np.array([worlds.index(b.world) for b in space.blocks])
         self.on_gpu = [next(b.base for b in space.blocks if b.gpu.key == g) for g in gpus]
         self.at_world = [next(b.base for b in space.blocks if b.world == w) for w in worlds]
-        self.caps = np.array([usable_bytes(b.gpu) for b in space.blocks], float)
-        self.safe_caps = self.caps * (1.0 - margin)  # the same product max_micro_batch's limit computes
-        self.cap_lists = self.caps.tolist(), self.safe_caps.tolist()
+        # usable bytes per block: the most any mix can reserve there (a bound: the pruning reads it); each mix's
+        # capacity (device_capacity) is this less NCCL's buffers, which read COMM_FIELDS: one column per value met
+        self.usable = np.array([usable_bytes(b.gpu) for b in space.blocks], float)
+        self.comm_of = np.zeros(nm, np.int64)  # per mix: its column of `cap_columns`
+        self.slot_comm: list[int] = []  # the same per slot
+        self.comm_ids: dict[tuple, int] = {}
+        self.cap_columns: list[Any] = []
+        self.comm_key = _fields_of(COMM_FIELDS)
         self.seq = space.scenario.workload.peak_seq_len()
         self.searched, self.valid = np.zeros(nm, bool), np.zeros(nm, bool)
         self.supported = np.zeros((len(gpus), nm), bool)
@@ -85,7 +90,24 @@ class Scan:
         self.room = np.full((len(worlds), len(gpus)), -np.inf)  # largest capacity per GPU count and type
         for b in range(nb):
             w, g = self.w_of[b], self.g_of[b]
-            self.room[w, g] = max(self.room[w, g], self.caps[b])
+            self.room[w, g] = max(self.room[w, g], self.usable[b])
+
+    def caps(self, mixes: Any) -> tuple[Any, Any]:
+        """The capacity (device_capacity) of every block (rows) for these mixes (columns), and the same less the
+        margin (the same product max_micro_batch's limit computes)."""
+        caps = self.np.stack(self.cap_columns, axis=1)[:, self.comm_of[mixes]] if self.cap_columns else \
+            self.np.zeros((len(self.usable), len(mixes)))
+        return caps, caps * (1.0 - self.margin)
+
+    def _comm(self, mix: Any) -> int:
+        """The column of this mix's capacities, made (a scenario per block) the first time its COMM_FIELDS are met."""
+        key = self.comm_key(mix)
+        c = self.comm_ids.get(key)
+        if c is None:
+            c = self.comm_ids[key] = len(self.cap_columns)
+            self.cap_columns.append(self.np.array([device_capacity(with_mix(b.base, mix))
+                                                   for b in self.space.blocks], float))
+        return c
 
     def mix(self, k: int, mix: Any) -> None:
         np = self.np
@@ -113,6 +135,8 @@ class Scan:
         if room is None:
             return
         mix_k, k = k, self._take_slot(k)  # from here on, k is the mix's slot
+        self.comm_of[mix_k] = self._comm(mix)
+        self.slot_comm.append(int(self.comm_of[mix_k]))
         twin = self._twin(mix_k, mix, on)
         runs = self._layout_runs(mix)
         self.layout_ok[runs, mix_k] = True
@@ -241,10 +265,13 @@ class Scan:
                 table[x, :len(blocks)] = blocks
             blocks = table[w[fit]]
             runs = (blocks >= 0) & np.take_along_axis(self.on_of[sid[fit]], self.g_of[blocks], axis=1)
-            for caps, get in ((self.caps, lambda ch: ch.fixed_peak), (self.safe_caps, lambda ch: ch.safe_fixed_peak)):
-                if caps is self.safe_caps and not self.margin:
+            comm = np.array(self.slot_comm, np.int64)[slot[fit]][:, None]  # each probe's capacity column
+            full = np.stack(self.cap_columns, axis=1)  # blocks x columns
+            for caps, get in ((full, lambda ch: ch.fixed_peak), (full * (1.0 - self.margin) if self.margin else None,
+                                                                 lambda ch: ch.safe_fixed_peak)):
+                if caps is None:
                     continue
-                cells = np.where(runs, caps[blocks], np.nan)
+                cells = np.where(runs, caps[blocks, comm], np.nan)
                 value = self.probes.fixed_batch_peaks(np, fit, cells, self.global_batch, self.exact_peaks)
                 p, j = np.nonzero(runs)
                 self._scatter(get, slot[fit][p], lambda at: (blocks[p[at], j[at]],), value[p, j])
@@ -259,6 +286,11 @@ class Scan:
         for c in np.unique(which).tolist():
             at = np.flatnonzero(which == c)
             get(self.chunks[c])[(*index(at), cols[at])] = values[at]
+
+
+COMM_FIELDS = ("tensor_parallel", "pipeline_parallel", "context_parallel", "expert_parallel", "zero_stage",
+               "context_parallel_impl", "fp8")
+"""The Mix fields comm_buffers.comm_key reads (NCCL's buffers, so the capacity, depend on them)."""
 
 
 REFUSAL_FREE = ("nested_quant", "lora_rank", "lora_targets", "attention", "loss", "fused_elementwise", "lora_dropout",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +18,7 @@ from ftscope.plan.scan import Scan
 from ftscope.plan.recommend import SearchSpace, explain, recommend
 from ftscope.plan.ranking import rank_key
 
+ROOT = Path(__file__).resolve().parents[2]
 SPACE = SearchSpace(methods=("full", "lora", "qlora"), attention=("sdpa", "flash"), offload=("none", "optimizer"),
                     optimizer=("adamw", "adamw_8bit"), experts_backend=("grouped_mm", "modules"))
 
@@ -181,3 +183,15 @@ def test_moe_layouts_with_a_fixed_global_batch_and_a_margin_return_what_the_exha
     ranked = [c.scenario.mix for c in full.rows if c.feasible]
     assert any(m.expert_parallel > 1 for m in ranked), "no expert-parallel layout in the top-10 tests little"
     assert pruned.summary.reasons["does not fit"] > 0 and max(floors) > 80e9  # some counts pruned on every GPU
+
+
+def test_a_margin_layout_that_fits_where_the_full_capacitys_accumulation_does_not_is_counted_as_fitting():
+    """Eager attention at 4,096 tokens on Llama-2-70B QLoRA, a global batch of 32 (8 x 4) kept on 1-8 GPUs: the full
+    capacity's solve (micro-batch 2) keeps it with accumulation, whose model holds more and no longer fits, while
+    the margin's micro-batch 1, which recommend._estimate runs, fits. The classification read the full capacity's
+    layout and counted such candidates as not fitting (302 of 304 feasible on examples/llama2-70b-lora-zero3.yaml)."""
+    scn = ftscope.load_scenario(ROOT / "examples" / "llama2-70b-lora-zero3.yaml")
+    space = SearchSpace(methods=("qlora",), gradient_checkpointing=(True,), sharding=((0, None), (3, None)),
+                        offload=("none",), attention=("eager",), optimizer=("adamw",))
+    pruned, full = _pruned_and_exhaustive(scn, space, dict(gpus=["h100-80gb:8"], margin=0.05))
+    assert full.summary.feasible >= 4

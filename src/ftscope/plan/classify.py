@@ -114,8 +114,12 @@ def classify(np, space: Space, by: str, cal: Calibration, accepts: dict[str, Cal
     ok = scan.supported[:, cols][g_of] & scan.layout_ok[:, cols][w_of]
     world = np.array([b.world for b in space.blocks])
     caps, safe_caps = scan.caps(cols)  # blocks x columns: the capacity reads the mix (NCCL's communicators)
-    fits = (peak[w_of] <= caps) if fixed_peak is None else (fixed_peak <= caps)
-    safe = (peak[w_of] <= safe_caps) if fixed_peak is None else (safe_fixed_peak <= safe_caps)
+    # recommend._estimate runs the micro-batch the margin leaves whenever one does (micro-batch 1 within it), and
+    # keeping a global batch can switch that layout to accumulation, which holds more: there the margin's layout,
+    # not the full capacity's, decides whether the candidate fits
+    on_safe = peak[w_of] <= safe_caps
+    kept = peak[w_of] if fixed_peak is None else np.where(on_safe, safe_fixed_peak, fixed_peak)
+    fits, safe = kept <= caps, kept <= safe_caps
     status = np.full((nb, len(cols)), UNSUPPORTED, np.int8)
     status[ok & ~fits] = NO_FIT
     status[ok & fits] = FITS
@@ -129,7 +133,7 @@ def classify(np, space: Space, by: str, cal: Calibration, accepts: dict[str, Cal
     batch, batch_max = _micro_batch_bounds(np, terms, w_of, caps, rows, at_col, per_replica)
     tier_at = tier.ravel()[at]
     if margin:  # a safe candidate runs the batch that leaves the margin free, a tight one the full capacity's
-        safe_at = np.flatnonzero(tier_at == 0)
+        safe_at = np.flatnonzero(on_safe.ravel()[at])
         low, high = _micro_batch_bounds(np, terms, w_of, safe_caps, rows[safe_at], at_col[safe_at],
                                         None if per_replica is None else per_replica[safe_at])
         batch[safe_at], batch_max[safe_at] = low, high

@@ -195,3 +195,11 @@ def test_a_margin_layout_that_fits_where_the_full_capacitys_accumulation_does_no
                         offload=("none",), attention=("eager",), optimizer=("adamw",))
     pruned, full = _pruned_and_exhaustive(scn, space, dict(gpus=["h100-80gb:8"], margin=0.05))
     assert full.summary.feasible >= 4
+
+
+@pytest.mark.parametrize("margin", [0.0, 0.05])
+@pytest.mark.parametrize("example", sorted(p.name for p in (ROOT / "examples").glob("*.yaml")))
+def test_every_bundled_example_searches_exactly_what_the_exhaustive_one_does(example, margin):
+    """The full default space (every mix, the scenario's GPU, counts up to its own), as `ftscope recommend` runs it:
+    rows, counts per reason, best and explanation equal, character for character."""
+    _pruned_and_exhaustive(ftscope.load_scenario(ROOT / "examples" / example), SearchSpace(), dict(margin=margin))

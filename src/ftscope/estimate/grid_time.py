@@ -195,7 +195,7 @@ def _collectives(base: Scenario, ga: int, g: dict, n, gbs, trainable, live: bool
     if stage == 2 and mix.fsdp:
         out.append((_ring(gathered_weight_bytes(base) / 1, n, gbs, eff_comm, 1.0, live), "fwd_bwd", 0.0))
     if stage == 3:
-        passes = 3.0 if mix.gradient_checkpointing and not mix.fsdp else 2.0
+        passes = gather_passes(base)
         units = sum(k for _, k in m.layer_groups) / 1 + 1
         gathers = ga * passes * _ring(gathered_weight_bytes(base) / 1, n, gbs, eff_comm, 1.0, live)
         if mix.fsdp:

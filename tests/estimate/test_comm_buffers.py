@@ -54,6 +54,20 @@ def test_h100_node_by_hand():
     assert old / 2**30 == pytest.approx(3.05, abs=0.01)
 
 
+def test_nvls_buffer_of_an_h200_node_against_a_public_nccl_log(monkeypatch):
+    """vllm-project/vllm#9699 (2024-10-25, 8 x H200, torch 2.4's NCCL 2.20.5) logs the NVLS buffer NCCL binds per GPU:
+    "NVLS comm ... nHeads 8 buffSize 4194304 memSize 2097152 nvlsPerRankSize 301989888 nvlsTotalSize 2415919104".
+    The model's NVLS part (with NVLS minus without) is that total plus one 2 MiB peer
+    table per channel, 24 channels (nvlsPerRankSize / (2 x (buffSize + memSize)))."""
+    h200, build = gpu_from_catalog("h200"), cb.nccl_build("2.20")
+    assert cb.nvls_capable(h200) and cb.ring_channels(h200, 1, 8) == 301989888 // (2 * (4194304 + 2097152))
+    comm = cb.Communicator("world", 8, 8)
+    with_nvls = cb.communicator_bytes(comm, h200, build)
+    monkeypatch.setattr(cb, "nvls_capable", lambda gpu: False)
+    nvls = with_nvls - cb.communicator_bytes(comm, h200, build)
+    assert nvls == 2415919104 + 24 * 2 * MIB
+
+
 def test_no_nvls_without_nvswitch_or_on_two_gpus():
     build = cb.nccl_build("2.27")
     two = cb.communicator_bytes(cb.Communicator("world", 2, 2), H100, build)

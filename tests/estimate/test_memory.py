@@ -419,7 +419,7 @@ def test_an_init_that_keeps_its_cache_is_a_floor_under_reserved_only():
     """torchtune 0.1 quantizes on the GPU at init (torchao 0.1: 68 B per weight of the matrix in flight; one layer
     built, cloned per layer, every weight quantized again by load_state_dict: replayed) and never empties the cache:
     the reserved peak reads at least that, the allocated peak does not."""
-    from ftscope.estimate.memory_layout import clone_init_cache, clone_init_groups
+    from ftscope.estimate.reserved_floor import clone_init_cache, clone_init_groups
     d = {"model": "llama-2-7b", "framework": "torchtune-0.1", "hardware": {"gpu": "a100-80gb"},
          "mix": {"method": "qlora", "lora_targets": "all-linear"}, "workload": {"micro_batch_size": 1, "seq_len": 256}}
     s = ftscope.load_scenario(d)

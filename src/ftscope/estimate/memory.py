@@ -16,8 +16,8 @@ from .allocator_model import (DEFAULT_ALLOCATOR, AllocatorModel, device_capacity
 from .activations import ActivationCoefficients, activation_coefficients, activation_mix
 from .shared import KeyMemo
 from .head_gradient import NO_HEAD_GRADIENT, HeadGradient, head_gradient  # noqa: F401 (re-exported)
-from .memory_layout import (activation_policy, clone_init_cache, clone_init_groups, fsdp1_stream_bytes,
-                            paged_state_params, small_pool_step_bytes, split_states)
+from .memory_layout import activation_policy, paged_state_params, split_states
+from .reserved_floor import clone_init_cache, clone_init_groups, fsdp1_stream_bytes, small_pool_step_bytes
 from .state_memory import OPTIMIZER_STATE_BYTES, StateBytes, sharded_states, state_bytes  # noqa: F401 (re-exported)
 from .weight_memory import (NF4_BYTES, forward_transients, fp32_lora_base,  # noqa: F401 (re-exported)
                             frozen_weight_bytes, gathered_bytes_per_weight, kbit_bytes_per_weight, kbit_state_bytes)
@@ -87,7 +87,7 @@ class MemoryModel:
     emptying its cache: the step's reserved peak never reads below it (its allocated peak does)."""
     small_pool_step: float = 0.0
     """The step's requests of at most 1 MiB (adapters' gradients and optimizer states) on top of such a floor: the
-    caching allocator's small pool cannot use the large blocks init left cached (memory_layout.small_pool_step_bytes)."""
+    caching allocator's small pool cannot use the large blocks init left cached (reserved_floor.small_pool_step_bytes)."""
     paged_optimizer: float = 0.0
     """The part of `optimizer` a paged optimizer keeps in CUDA managed memory: on the GPU while there is room (and
     in nvidia-smi), paged to host RAM under pressure, never in torch's max_memory_allocated / reserved."""

@@ -131,7 +131,7 @@ class Recipe:
     """QLoRA on one GPU: the model builder builds one decoder layer and deep-copies it for every layer (torchtune 0.1's
     TransformerDecoder `_get_clones`), a 4-bit weight's clone dequantizes it and quantizes it again, and
     load_state_dict moves each checkpoint weight to the GPU and quantizes it there (torchtune 0.1's aten.clone and
-    aten.copy_ for NF4): the init is replayed through the caching-allocator model (memory_layout.clone_init_cache)
+    aten.copy_ for NF4): the init is replayed through the caching-allocator model (reserved_floor.clone_init_cache)
     instead of the one-matrix closed form of `init_quantize_bytes_per_weight` (dense models: torchtune 0.1 built no
     MoE, which keeps the closed form)."""
     compiled_dequant_saved: bool = False

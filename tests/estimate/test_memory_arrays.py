@@ -2,7 +2,7 @@
 
 The models cover every branch of memory.py's phase points: checkpointing or not, activation offload, eager
 attention's quadratic scores, a frozen, trained, tied or chunked LM head, fused and chunked losses, FSDP's
-gathered stream, accumulation, paged optimizers and init floors, on one to 64 GPUs; at batch shapes from empty to
+gathered stream, post-backward gradient pool, accumulation, paged optimizers and init floors, on one to 64 GPUs; at batch shapes from empty to
 twice the solver's cap, one for all models or one per model.
 """
 from __future__ import annotations
@@ -57,6 +57,7 @@ def test_the_models_cover_every_branch(models):
     assert any(m.head_grad.weight and m.head_grad.chunks == 1 for m in models)
     assert any(m.head_grad.at_embedding for m in models) and any(not m.head_grad.weight for m in models)
     assert any(m.stream_gathered for m in models) and any(m.reserved_floor for m in models)
+    assert any(m.gradient_pool and not m.gradients_in_forward for m in models)
     assert any(m.acts.loss_tile_tokens for m in models) and any(m.acts.saved_per_token_quadratic for m in models)
 
 

@@ -138,10 +138,31 @@ def test_small_pool_step_bytes_sit_on_top_of_an_init_floor():
     one = small_pool_step_bytes(s, 4.0, 8.0, 1)
     assert 0 < one < lora * 12
     mm = memory_model(s)
-    assert mm.small_pool_step == pytest.approx(small_pool_step_bytes(s, 2.0, 4.0, 2), rel=1e-6)
-    assert mm.least_reserved == pytest.approx(mm.reserved_floor + mm.small_pool_step + mm.stream_pool)
+    # fsdp_qlora's gradients live on FSDP1's post-backward stream (gradient_pool): the small pool keeps the states
+    assert mm.small_pool_step == pytest.approx(small_pool_step_bytes(s, 0.0, 4.0, 2), rel=1e-6)
+    assert mm.gradient_pool == pytest.approx(mm.gradients)
+    assert mm.least_reserved == pytest.approx(mm.reserved_floor + mm.small_pool_step + mm.stream_pool + mm.gradient_pool)
     full = memory_model(ftscope.load_scenario({**d, "mix": {"method": "full"}}))
     assert full.small_pool_step == 0.0
     hf = memory_model(ftscope.load_scenario({**d, "framework": "hf-trainer", "mix": {"method": "qlora", "fsdp": "full_shard"}}))
     assert hf.reserved_floor == 0.0 and hf.small_pool_step == 0.0  # no init floor: the step's own reserved counts them
 
+
+
+def test_fsdp1_post_backward_pool_keeps_the_sharded_gradients_reserved_through_forward():
+    """torchtune 0.1 (FSDP1): the sharded gradients are blocks of the post-backward stream, which the next forward's
+    activations cannot reuse: every phase point before backward adds them; points holding them already do not."""
+    d = {"model": "llama-2-7b", "framework": "torchtune-0.1", "hardware": {"gpu": "rtx-4090", "gpus_per_node": 4},
+         "mix": {"method": "full", "precision": "bf16", "fsdp": "full_shard", "gradient_checkpointing": True},
+         "workload": {"micro_batch_size": 2, "seq_len": 512}}
+    s = ftscope.load_scenario(d)
+    mm = memory_model(s)
+    off = memory_model(dataclasses.replace(s, recipe=dataclasses.replace(s.recipe, fsdp1_post_backward_stream=False)))
+    assert mm.gradient_pool == pytest.approx(s.model.total_params * 2 / 4, rel=1e-3)  # bf16, four shards
+    plain = dataclasses.replace(mm, gradient_pool=0.0)
+    with_pool, without = mm.phase_points(2, 512), plain.phase_points(2, 512)
+    for p, r_pool, r_plain in zip(with_pool, mm._reserved_of(with_pool), plain._reserved_of(without)):
+        assert r_pool - r_plain == pytest.approx(mm.gradient_pool - min(p.gradients, mm.gradient_pool))
+    assert mm._reserved_of(with_pool)[0] - plain._reserved_of(without)[0] == pytest.approx(mm.gradient_pool)
+    assert mm.least_reserved - plain.least_reserved == pytest.approx(mm.gradient_pool)
+    assert off.gradient_pool == 0.0 and off.gradients == mm.gradients

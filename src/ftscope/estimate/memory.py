@@ -17,7 +17,8 @@ from .activations import ActivationCoefficients, activation_coefficients, activa
 from .shared import KeyMemo
 from .head_gradient import NO_HEAD_GRADIENT, HeadGradient, head_gradient  # noqa: F401 (re-exported)
 from .memory_layout import activation_policy, paged_state_params, split_states
-from .reserved_floor import clone_init_cache, clone_init_groups, fsdp1_stream_bytes, small_pool_step_bytes
+from .reserved_floor import (clone_init_cache, clone_init_groups, fsdp1_gradient_pool, fsdp1_stream_bytes,
+                             small_pool_step_bytes)
 from .state_memory import OPTIMIZER_STATE_BYTES, StateBytes, sharded_states, state_bytes  # noqa: F401 (re-exported)
 from .weight_memory import (NF4_BYTES, forward_transients, fp32_lora_base,  # noqa: F401 (re-exported)
                             frozen_weight_bytes, gathered_bytes_per_weight, kbit_bytes_per_weight, kbit_state_bytes)
@@ -95,6 +96,9 @@ class MemoryModel:
     """Bytes a separate allocator stream keeps reserved (FSDP1's unshard stream: the gathered units)."""
     stream_gathered: float = 0.0
     """The part of weight_transient gathered on that stream (alive in forward and backward, inside stream_pool)."""
+    gradient_pool: float = 0.0
+    """Bytes of sharded gradients allocated on another stream (FSDP1's post-backward stream): reserved at every phase
+    point, the compute stream's part counting only the gradients beyond them (reserved_floor.fsdp1_gradient_pool)."""
     head_grad: HeadGradient = field(default_factory=lambda: NO_HEAD_GRADIENT)
     """A trained LM head's weight gradient during backward, beyond what `gradients` counts there."""
 
@@ -225,19 +229,20 @@ class MemoryModel:
         its workspace and a fragmentation share of the churning activations and temporaries; gathered units moved to
         the other stream's pool outside the optimizer step) plus that pool. `held`: only the share that releasing
         the cache leaves (AllocatorModel.pinned)."""
-        al, g, pool = self.allocator, self.stream_gathered, self.stream_pool
+        al, g, pool, gp = self.allocator, self.stream_gathered, self.stream_pool, self.gradient_pool
         ws = al.workspace_gib * GIB
         fr = al.fragmentation_checkpointed if self.checkpointing else al.fragmentation
         if held:
             fr = min(fr, al.pinned)
         owns = [g if p[0] != "optimizer" else 0.0 for p in points]
-        return [p[4] - own + ws + fr * (p[2] + p[3] - own) + pool for p, own in zip(points, owns)]
+        return [p[4] - own - min(p[1], gp) + ws + fr * (p[2] + p[3] - own) + pool + gp
+                for p, own in zip(points, owns)]
 
     @property
     def least_reserved(self) -> float:
         """Reserved bytes no batch shape reads below: what init left cached (and the step's small-pool segments beside
-        it) plus another stream's pool."""
-        return self.reserved_floor + self.small_pool_step + self.stream_pool
+        it) plus other streams' pools."""
+        return self.reserved_floor + self.small_pool_step + self.stream_pool + self.gradient_pool
 
     def fits(self, batch: float, seq: float, margin: float = 0.0) -> bool:
         return self.peak_bytes(batch, seq) <= self.capacity_bytes * (1.0 - margin)
@@ -346,9 +351,11 @@ def build_memory_models(scns: Sequence[Scenario], allocator: AllocatorModel, pol
         elif mix.method == "qlora" and shard_w == 1 and s.recipe.init_quantize_bytes_per_weight:  # built on this GPU
             floor = weights + m.largest_linear_params() * s.recipe.init_quantize_bytes_per_weight
         init_cache, pool, gathered = fsdp1_stream_bytes(s, per_weight, n) if mix.fsdp is not None else (0.0,) * 3
+        grad_pool = fsdp1_gradient_pool(s, grads, n) if mix.fsdp is not None else 0.0
         if mix.fsdp is not None and init_cache:
             floor = weights + init_cache
-        small = small_pool_step_bytes(s, per.gradient, per.optimizer, shard_w) if floor else 0.0
+        # gradients on FSDP1's post-backward stream sit in that stream's pool (gradient_pool), not the small pool
+        small = small_pool_step_bytes(s, 0.0 if grad_pool else per.gradient, per.optimizer, shard_w) if floor else 0.0
         paged = 0.0 if paged_share is None else optimizer * paged_share
         model = split_states(fast_replace(_BLANK,  # MemoryModel(...) without its frozen field-by-field __init__
             weights=weights, gradients=grads, gradients_in_forward=grads_fwd, optimizer=optimizer,
@@ -357,6 +364,7 @@ def build_memory_models(scns: Sequence[Scenario], allocator: AllocatorModel, pol
             trainable_params=trainable, allocator=allocator, offload_activations=mix.activation_offload,
             paged_optimizer=paged, reserved_floor=floor, small_pool_step=small,
             stream_pool=pool if mix.fsdp is not None else 0.0, stream_gathered=gathered if mix.fsdp is not None else 0.0,
+            gradient_pool=grad_pool,
             head_grad=head,
         ), s)
         model.__dict__["_curves"] = []  # solvers.reserved_curves fills it once for every copy: it ignores the capacity

@@ -22,7 +22,8 @@ ACTS = ("saved_per_token", "saved_per_token_quadratic", "layer_per_token", "laye
         "logits_held_per_token", "loss_tile_per_token", "loss_tile_tokens", "checkpoint_layer_per_token")
 """The ActivationCoefficients fields _points reads."""
 MODEL = ("weights", "optimizer", "weight_transient", "gradients_in_forward", "gradients", "block_transient",
-         "optimizer_transient", "stream_gathered", "stream_pool", "reserved_floor", "small_pool_step")
+         "optimizer_transient", "stream_gathered", "stream_pool", "reserved_floor", "small_pool_step",
+         "gradient_pool")
 HEAD = ("weight", "chunks", "logits_grad_per_token", "in_blocks", "at_last_block", "at_embedding")
 
 
@@ -52,7 +53,7 @@ class ModelArrays:
         self.workspace = workspace * GIB
         fr = np.where(self.checkpointing, frag_ckpt, frag)
         self.fragmentation = fr, np.minimum(fr, pinned)  # (reserved, held): _reserved_of's fr
-        self.least_reserved = self.reserved_floor + self.small_pool_step + self.stream_pool
+        self.least_reserved = self.reserved_floor + self.small_pool_step + self.stream_pool + self.gradient_pool
 
     def subset(self, rows) -> "ModelArrays":
         """The arrays of these rows (indices into the models), in that order."""
@@ -66,9 +67,9 @@ class ModelArrays:
         out.n = len(rows)
         return out
 
-    def points(self, batch, seq) -> list[tuple[Any, Any, Any]]:
-        """memory.py's _points as (activations, temporary, allocated) arrays per point (`batch`: a number or one per
-        model), the ten points in order; the last is the optimizer step's."""
+    def points(self, batch, seq) -> list[tuple[Any, Any, Any, Any]]:
+        """memory.py's _points as (activations, temporary, allocated, gradients) arrays per point (`batch`: a number
+        or one per model), the ten points in order; the last is the optimizer step's."""
         np, a = self.np, self
         t = batch * seq
         head = a.head_per_token * t + a.logits_saved_per_token * t
@@ -94,17 +95,17 @@ class ModelArrays:
         bt = wt + self.block_transient
         in_block = after_head - held - a.head_per_token * t + a.forward_transient_per_token * t
         g_rec, g_last = g_fwd + a.hg_in_blocks, g_end + a.hg_at_last_block
-        loss_start = (bwd_act, wt, static + g_fwd + bwd_act + wt)
+        loss_start = (bwd_act, wt, static + g_fwd + bwd_act + wt, g_fwd)
         heads = self._head_points(t, saved, held, static, g_fwd, g_end, wt, loss_start)
         zero = np.zeros(self.n)
-        return [(fwd_act, wt, static + g_fwd + fwd_act + wt),
-                (in_block, bt, static + g_fwd + in_block + bt),
+        return [(fwd_act, wt, static + g_fwd + fwd_act + wt, g_fwd),
+                (in_block, bt, static + g_fwd + in_block + bt, g_fwd),
                 loss_start, *heads,
-                (rec_act, bt, static + g_rec + rec_act + bt),
-                (end_act, bt, static + g_last + end_act + bt),
-                (zero, self.optimizer_transient, static + self.gradients + self.optimizer_transient)]
+                (rec_act, bt, static + g_rec + rec_act + bt, g_rec),
+                (end_act, bt, static + g_last + end_act + bt, g_last),
+                (zero, self.optimizer_transient, static + self.gradients + self.optimizer_transient, self.gradients)]
 
-    def _head_points(self, t, saved, held, static, g_fwd, g_end, wt, loss_start) -> list[tuple[Any, Any, Any]]:
+    def _head_points(self, t, saved, held, static, g_fwd, g_end, wt, loss_start) -> list[tuple[Any, Any, Any, Any]]:
         """_points' four head points: a frozen head's repeated start of backward, or a trained head's moments (three
         for a chunked loss, one otherwise) and a tied embedding's gradient, padded with the first moment."""
         np, a = self.np, self
@@ -116,10 +117,11 @@ class ModelArrays:
         trained = []
         for kept, gh in moments:
             act = saved - logits + kept + held
-            trained.append((act, wt, static + g_fwd + gh + act + wt))
+            trained.append((act, wt, static + g_fwd + gh + act + wt, g_fwd + gh))
         g_emb = g_end + a.hg_at_embedding
-        tied = np.where(a.hg_at_embedding != 0, 0.0, loss_start[0]), wt, np.where(
-            a.hg_at_embedding != 0, static + g_emb + wt, loss_start[2])
+        emb = a.hg_at_embedding != 0
+        tied = (np.where(emb, 0.0, loss_start[0]), wt, np.where(emb, static + g_emb + wt, loss_start[2]),
+                np.where(emb, g_emb, loss_start[3]))
         chunked = n > 1
         first = trained[0]
         order = [first, _pick(np, chunked, trained[1], tied), _pick(np, chunked, trained[2], first),
@@ -132,12 +134,12 @@ class ModelArrays:
         points x models."""
         np = self.np
         fr = self.fragmentation[1 if held else 0]
-        g, pool, ws = self.stream_gathered, self.stream_pool, self.workspace
+        g, pool, ws, gp = self.stream_gathered, self.stream_pool, self.workspace, self.gradient_pool
         out = []
         pts = self.points(batch, seq)
-        for i, (act, temp, allocated) in enumerate(pts):
+        for i, (act, temp, allocated, grads) in enumerate(pts):
             own = 0.0 if i == len(pts) - 1 else g  # the optimizer step gathers nothing on the other stream
-            out.append(allocated - own + ws + fr * (act + temp - own) + pool)
+            out.append(allocated - own - np.minimum(grads, gp) + ws + fr * (act + temp - own) + pool + gp)
         return np.array(out).reshape(len(pts), self.n)
 
     def peaks(self, batch, seq):

@@ -141,4 +141,4 @@ def split_states(mm, scn: Scenario):
                    reserved_floor=mm.reserved_floor * f, small_pool_step=mm.small_pool_step * f, optimizer=mm.optimizer * f, paged_optimizer=mm.paged_optimizer * f,
                    optimizer_transient=opt_transient, head_grad=split_head(mm.head_grad, f),
                    weight_transient=mm.weight_transient * f, block_transient=mm.block_transient * f,
-                   cpu_bytes=mm.cpu_bytes * f)
+                   cpu_bytes=mm.cpu_bytes * f, gradient_pool=min(mm.gradient_pool * f, grads))

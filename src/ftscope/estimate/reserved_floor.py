@@ -1,8 +1,9 @@
 """What the caching allocator keeps reserved beside the step's own tensors, replayed through its model
 (caching_allocator.CachingAllocator): the blocks a model's init leaves cached (FSDP1's sync_module_states
 broadcast and flatten, torchtune 0.1's per-layer clone-and-quantize of QLoRA weights), FSDP1's unshard-stream
-pool of gathered units, and the small-pool segments LoRA's tiny gradients and states need on top of an init
-floor. memory.build_memory_models reads them as the model's reserved_floor, stream_pool and small_pool_step."""
+pool of gathered units and its post-backward stream's sharded gradients, and the small-pool segments LoRA's tiny
+gradients and states need on top of an init floor. memory.build_memory_models reads them as the model's
+reserved_floor, stream_pool, gradient_pool and small_pool_step."""
 from __future__ import annotations
 
 import itertools
@@ -103,6 +104,15 @@ def fsdp1_stream_bytes(scn: Scenario, per_param: float, shards: int) -> tuple[fl
         elif root_fp32 or blocks_fp32:
             pool += max(root_bytes * root_fp32, 2 * block_bytes * blocks_fp32) / shards
     return init, pool, gathered
+
+
+def fsdp1_gradient_pool(scn: Scenario, sharded_gradient_bytes: float, shards: int) -> float:
+    """Bytes of FSDP1's post-backward-stream pool: every unit's sharded gradient (Recipe.fsdp1_post_backward_stream),
+    for a recipe that says so and a sharded run. Not counted: a reduce-dtype copy FSDP1 casts there when the
+    gradient's dtype differs from the parameter's (no recipe here runs one)."""
+    if not scn.recipe.fsdp1_post_backward_stream or shards <= 1:
+        return 0.0
+    return sharded_gradient_bytes
 
 
 def _to_nf4(alloc: CachingAllocator, keys: "itertools.count[int]", n: int) -> list[int]:

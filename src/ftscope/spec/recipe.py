@@ -98,6 +98,12 @@ class Recipe:
     """FSDP1 all-gathers each unit's full flat parameter on its own unshard stream; the caching allocator reuses a
     block only on the stream it was allocated on, so the gathered units (the root kept gathered, two blocks in
     flight under limit_all_gathers) form a pool the compute stream's tensors never use."""
+    fsdp1_post_backward_stream: bool = False
+    """FSDP1 reduce-scatters each unit's gradient on its post-backward stream into a sharded tensor it allocates
+    there (torch/distributed/fsdp/_runtime_utils.py, _post_backward_hook: `with ... stream(_post_backward_stream)`,
+    `new_sharded_grad = torch.empty_like(chunks[0])`, kept as `_saved_grad_shard`, then the optimizer's `.grad`; the
+    same in torch 2.0-2.13). Freed at zero_grad, those blocks stay in that stream's pool: from the second step on the
+    next forward's activations cannot use them, so the sharded gradients stay reserved through the whole step."""
     checkpoint_impl: str = "non_reentrant"
     """How gradient checkpointing runs: non_reentrant (torch.utils.checkpoint, use_reentrant=False: stops
     recomputing at the block's last saved tensor) | reentrant (recomputes the whole block) | offload (block

@@ -102,6 +102,8 @@ def test_the_arrays_equal_the_scalar_path_number_for_number(model, mix, wl):
             assert [(s[k], w, u if isinstance(u, float) else u[k]) for s, w, u in transfers] == want_transfers
     got = G.hours_of(base, table, cols)
     assert got == [run for _, _, run in want]
+    assert G._floats(base, table, cols) == got  # one candidate at a time in floats: the same numbers
+    assert [run for k in range(0, len(cols), 5) for run in G.hours_of(base, table, cols[k:k + 5])] == got
     assert any(u is None for _, u in got) and len({h for h, _ in got}) > len(got) // 2
     # a plan over more nodes has no one-GPU candidate (step_columns then skips one's communication)
     multi = [k for k, col in enumerate(cols) if col[1] > 1]
@@ -142,6 +144,9 @@ def test_a_figure_that_is_not_a_finite_number_is_left_to_the_scalar_path():
     negative = (0, 2, 2, 1, 25.0, 4, 10**7, *micro[:3], -1.0, micro[4])
     got = G.hours_of(base, [row], [good, nan, negative])
     assert got[0] is not None and got[1:] == [None, None]
+    zero_rate = (row[0] * 0.0, *row[1:])  # no link: the arrays' infinities, the floats' ZeroDivisionError
+    assert G._floats(base, [zero_rate], [good]) == [None]
+    assert G.step_columns(base, [row], [good] * 30)[0] and G.hours_of(base, [row], [good] * 30) == [got[0]] * 30
 
 
 @pytest.mark.parametrize("seed", range(5))

@@ -233,7 +233,7 @@ def _site(sh: Shared, gpu, world: int, i: int, margin: float, cal: Calibration, 
     batch = (at.largest(limit) or 1) if wl.solve_batch else int(wl.micro_batch_size)
     peak = at.peak(batch)
     # _memory_sane of this GPU's breakdown (by count and batch, as there; a pure function of model, capacity, batch)
-    if not sh.get(("sane", world, batch), lambda: at.checked(cap, batch, _sane_at)):
+    if not sh.get(("sane", world, batch), lambda: _sane_on(at, cap, batch)):
         return _Site(gpu, False, None, reason, peak, cap, batch, mem.trainable_params, row, ())
     if not (reason is None and peak <= limit):  # _ranked's misfit
         return _Site(gpu, False, Figures(False, False, None, None, (reason is None and peak > limit)
@@ -251,9 +251,28 @@ def _solver(sh: Shared, mem: MemoryModel, seq: int) -> BatchSolver:
     return sh.get(("solver", fast_replace(mem, capacity_bytes=0.0), seq), lambda: BatchSolver(mem, seq))
 
 
-def _sane_at(mem: MemoryModel, cap: float, batch: int, seq: float) -> bool:
-    """_memory_sane's figures of mem.breakdown(batch, seq) on a device of `cap` usable bytes."""
-    return _values_sane(_breakdown_values(mem, batch, seq, cap))
+def _sane_on(at: BatchSolver, cap: float, batch: int) -> bool:
+    """_memory_sane's figures of at.mem.breakdown(batch, at.seq) on a device of `cap` usable bytes
+    (_breakdown_values' list): only its capacity cut reads the capacity, so the rest is made once per batch."""
+    peak, sane, allocated, grads, act, temp = at.at_batch(batch, _uncut)
+    if peak > cap and cap >= at.peak(batch):  # the cut where what must fit (peak_bytes) does
+        mem = at.mem
+        overhead = cap - allocated
+        return _values_sane([allocated + overhead, allocated, mem.weights, grads, mem.optimizer, act, temp, overhead])
+    return sane
+
+
+def _uncut(mem: MemoryModel, batch: int, seq: float) -> tuple:
+    """(reserved peak, sanity of _breakdown_values' list, allocated, gradients, activations, temporary) of
+    mem.breakdown(batch, seq) where the capacity does not cut its peak."""
+    phases = mem._points(batch, seq)
+    totals = mem._reserved_of(phases)
+    i = max(range(len(phases)), key=totals.__getitem__)
+    peak = max(totals[i], mem.least_reserved)
+    _, grads, act, temp, allocated = phases[i]
+    overhead = peak - allocated
+    return (peak, _values_sane([allocated + overhead, allocated, mem.weights, grads, mem.optimizer, act, temp,
+                                overhead]), allocated, grads, act, temp)
 
 
 def _gpu_info(sh: Shared, scn: Scenario, cal: Calibration, timing: bool) -> tuple:

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from math import copysign
 from typing import NamedTuple, Sequence
 
 from ..spec.hardware import GIB
@@ -230,6 +231,8 @@ class MemoryModel:
         fr = al.fragmentation_checkpointed if self.checkpointing else al.fragmentation
         if held:
             fr = min(fr, al.pinned)
+        if g == 0.0 and copysign(1.0, g) > 0.0:  # nothing on another stream: x - 0.0 is x, bit for bit
+            return [alloc + ws + fr * (act + temp) + pool for _, _, act, temp, alloc in points]
         owns = [g if p[0] != "optimizer" else 0.0 for p in points]
         return [p[4] - own + ws + fr * (p[2] + p[3] - own) + pool for p, own in zip(points, owns)]
 

@@ -107,6 +107,7 @@ class BatchSolver:
         self.curves: list[ReservedCurve] | None = None
         self.slopes: list[tuple[float, float]] | None = None
         self.checks: dict[tuple, object] = {}
+        self.per_batch: dict[int, object] = {}
 
     def checked(self, cap: float, batch: int, check: Callable[[MemoryModel, float, int, float], object]) -> object:
         """check(mem, cap, batch, seq), made once per capacity and micro-batch (`check`: one pure function of them
@@ -115,6 +116,13 @@ class BatchSolver:
         hit = self.checks.get(key, self)
         if hit is self:
             hit = self.checks[key] = check(self.mem, cap, batch, self.seq)
+        return hit
+
+    def at_batch(self, batch: int, make: Callable[[MemoryModel, int, float], object]) -> object:
+        """make(mem, batch, seq), made once per micro-batch (`make`: one pure function of them per solver)."""
+        hit = self.per_batch.get(batch, self)
+        if hit is self:
+            hit = self.per_batch[batch] = make(self.mem, batch, self.seq)
         return hit
 
     def peak(self, batch: int) -> float:
@@ -130,7 +138,8 @@ class BatchSolver:
         if hit is None:
             if self.slopes is None:
                 self.curves = reserved_curves(self.mem)
-                self.slopes = _per_sample(self.curves, self.seq)
+                # a repeated phase point (a frozen head repeats one) changes neither test nor minimum: once each
+                self.slopes = list(dict.fromkeys(_per_sample(self.curves, self.seq)))
             hit = self.solved[limit] = _solve(limit, self.slopes, self.peak, BATCH_CAP, self.mem.least_reserved)
         return hit
 

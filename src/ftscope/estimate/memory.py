@@ -214,7 +214,7 @@ class MemoryModel:
 
     def peak_bytes(self, batch: float, seq: float) -> float:
         """breakdown(batch, seq).fit_bytes without building the breakdown (the solvers' hot path): what must fit."""
-        return max(self.least_reserved, *self.reserved_totals(batch, seq))
+        return max(self.least_reserved, *self._reserved_of(self._points(batch, seq), held=True))  # reserved_totals
 
     def reserved_totals(self, batch: float, seq: float) -> list[float]:
         """What each phase point needs on the device, in order: its reserved bytes less what releasing the cache

@@ -93,7 +93,12 @@ def _solve(limit: float, slopes: list[tuple[float, float]], peak: Callable[[int]
             room = (limit - k) / per_sample
             if room < best:  # min(best, room)
                 best = room
-    return _settle(int(best), lambda b: peak(b) <= limit, cap)
+    n = max(0, min(int(best), cap))  # _settle, its fits(n) being peak(n) <= limit
+    while n > 0 and not peak(n) <= limit:
+        n -= 1
+    while n < cap and peak(n + 1) <= limit:
+        n += 1
+    return n
 
 
 class BatchSolver:
@@ -108,6 +113,7 @@ class BatchSolver:
         self.slopes: list[tuple[float, float]] | None = None
         self.checks: dict[tuple, object] = {}
         self.per_batch: dict[int, object] = {}
+        self.recent: dict[int, tuple] = {}  # the phase points of the last few peaks (a solve's answer among them)
 
     def checked(self, cap: float, batch: int, check: Callable[[MemoryModel, float, int, float], object]) -> object:
         """check(mem, cap, batch, seq), made once per capacity and micro-batch (`check`: one pure function of them
@@ -129,8 +135,18 @@ class BatchSolver:
         """mem.peak_bytes(batch, seq): what must fit, whatever the capacity."""
         hit = self.peaks.get(batch)
         if hit is None:
-            hit = self.peaks[batch] = self.mem.peak_bytes(batch, self.seq)
+            mem, recent = self.mem, self.recent
+            points = mem._points(batch, self.seq)
+            hit = self.peaks[batch] = max(mem.least_reserved, *mem._reserved_of(points, held=True))  # peak_bytes
+            if len(recent) >= 4:
+                recent.clear()
+            recent[batch] = points
         return hit
+
+    def points(self, batch: int) -> tuple:
+        """mem._points(batch, seq), kept from a recent peak where it was one."""
+        hit = self.recent.get(batch)
+        return hit if hit is not None else self.mem._points(batch, self.seq)
 
     def largest(self, limit: float) -> int:
         """max_micro_batch of the model where the capacity x (1 - margin) is `limit` bytes."""

@@ -263,7 +263,7 @@ def _solver(sh: Shared, mem: MemoryModel, seq: int) -> BatchSolver:
 def _sane_on(at: BatchSolver, cap: float, batch: int) -> bool:
     """_memory_sane's figures of at.mem.breakdown(batch, at.seq) on a device of `cap` usable bytes
     (_breakdown_values' list): only its capacity cut reads the capacity, so the rest is made once per batch."""
-    peak, sane, allocated, grads, act, temp = at.at_batch(batch, lambda mem, b, seq: _uncut(mem, at.points(b)))
+    peak, sane, allocated, grads, act, temp = at.at_batch(batch, lambda mem, b, seq: _uncut(mem, at.points(b), at.least))
     if peak > cap and cap >= at.peak(batch):  # the cut where what must fit (peak_bytes) does
         mem = at.mem
         overhead = cap - allocated
@@ -271,12 +271,13 @@ def _sane_on(at: BatchSolver, cap: float, batch: int) -> bool:
     return sane
 
 
-def _uncut(mem: MemoryModel, phases: tuple) -> tuple:
+def _uncut(mem: MemoryModel, phases: tuple, least: float) -> tuple:
     """(reserved peak, sanity of _breakdown_values' list, allocated, gradients, activations, temporary) of
-    mem.breakdown(batch, seq) where the capacity does not cut its peak (`phases`: mem._points(batch, seq))."""
+    mem.breakdown(batch, seq) where the capacity does not cut its peak (`phases`: mem._points(batch, seq); `least`:
+    mem.least_reserved)."""
     totals = mem._reserved_of(phases)
     i = max(range(len(phases)), key=totals.__getitem__)
-    peak = max(totals[i], mem.least_reserved)
+    peak = max(totals[i], least)
     _, grads, act, temp, allocated = phases[i]
     overhead = peak - allocated
     return (peak, _values_sane([allocated + overhead, allocated, mem.weights, grads, mem.optimizer, act, temp,

@@ -79,14 +79,14 @@ def gpu_row(sh: Shared, scn: Scenario, cal: Calibration) -> tuple:
     gpu = scn.cluster.gpu
     eff, _ = cal.for_gpu(gpu.key)
     price = sh.per_gpu("price", scn, lambda: price_of(scn))[0]
-    return (eff.communication, eff.collective_latency_us * 1e-6,
+    return tuple(map(float, (eff.communication, eff.collective_latency_us * 1e-6,
             eff.comm_overlap if gpu.peer_to_peer else eff.comm_overlap_host,  # exposed(host_staged=...)
             gpu.intra_node_gbs * (1.0 if gpu.peer_to_peer else 0.5),  # layout._link
             gpu.memory_bandwidth_gbs * 1e9 * eff.bandwidth,  # optimizer_s: bw * eff.bandwidth
             OPTIMIZER_KERNELS * max(eff.kernel_floor_us, eff.host_us_per_kernel) * 1e-6,
             gpu.host_link_gbs * 1e9 * eff.communication, eff.cpu_adam_params_per_s, eff.zero3_hook_us,
             eff.step_overhead_s + eff.microbatch_overhead_s * scn.workload.gradient_accumulation,
-            np.nan if price is None else price)
+            np.nan if price is None else price)))  # floats, as np.array(..., float64) reads them
 
 
 def micro_row(sh: Shared, cal: Calibration, eff: Efficiency, batch: int, gpu: GpuSpec,
@@ -115,9 +115,7 @@ def hours_of(base: Scenario, table: list[tuple], cols: list[tuple]) -> list[tupl
     if not cols:
         return []
     if len(cols) <= FLOATS_UP_TO:
-        out = _floats(base, table, cols)
-        if out is not None:
-            return out
+        return _floats(base, table, cols)
     parts, _, g, c = step_columns(base, table, cols)
     wl, world, batch = base.workload, c[1], c[5]
     terms = list(parts.values())
@@ -233,11 +231,10 @@ FLOATS_UP_TO = 24
 arrays' ~90 numpy calls then cost more than the floats' arithmetic."""
 
 
-def _floats(base: Scenario, table: list[tuple], cols: list[tuple]) -> list[tuple[float, float | None] | None] | None:
+def _floats(base: Scenario, table: list[tuple], cols: list[tuple]) -> list[tuple[float, float | None] | None]:
     """hours_of one candidate at a time: step_columns' and hours_of's operations on each candidate's floats, in the
     same order (numpy's float64 arithmetic is the interpreter's), `live` read over all of them as there. A
-    candidate whose arithmetic raises (a zero rate) is left to the scalar path, as the arrays' infinities are.
-    None where a value is not a number (the arrays then read it)."""
+    candidate whose arithmetic raises (a zero rate) is left to the scalar path, as the arrays' infinities are."""
     mix, wl = base.mix, base.workload
     ga, stage = wl.gradient_accumulation, mix.shard_stage
     runs = ga + 0.0
@@ -251,15 +248,12 @@ def _floats(base: Scenario, table: list[tuple], cols: list[tuple]) -> list[tuple
     modules = _param_modules(base) / 1 if stage == 3 and not mix.fsdp else 0.0
     work = wl.samples_per_epoch() * wl.epochs
     sps = wl.samples_per_sequence()
-    try:  # as np.array(..., float64) reads them
-        rows = [tuple(map(float, r)) for r in table]
-        cands = [tuple(map(float, c)) for c in cols]
-    except TypeError:  # a None the arrays read as NaN
-        return None
-    live = all(c[6] > 0 for c in cands) and all(_link(rows[int(c[0])][3], *c[1:5]) > 0 for c in cands)
+    # table: gpu_row's floats; cols: ints (counts, micro-batch, parameters: below 2**53, so each operation with them
+    # rounds as with their floats, an int's product or quotient being exact or correctly rounded) and floats
+    live = all(c[6] > 0 for c in cols) and all(_link(table[c[0]][3], *c[1:5]) > 0 for c in cols)
     out: list[tuple[float, float | None] | None] = []
-    for c in cands:
-        g = rows[int(c[0])]
+    for c in cols:
+        g = table[c[0]]
         try:
             out.append(_one(mix, stage, ga, runs, per_grad, sharded, adam, gathered, passes, units, modules, work, sps,
                             live, g, c))

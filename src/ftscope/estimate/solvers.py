@@ -107,6 +107,7 @@ class BatchSolver:
 
     def __init__(self, mem: MemoryModel, seq: float) -> None:
         self.mem, self.seq = mem, seq
+        self.least = mem.least_reserved  # (a property: a sum read by every peak and solve)
         self.peaks: dict[int, float] = {}
         self.solved: dict[float, int] = {}
         self.curves: list[ReservedCurve] | None = None
@@ -137,7 +138,7 @@ class BatchSolver:
         if hit is None:
             mem, recent = self.mem, self.recent
             points = mem._points(batch, self.seq)
-            hit = self.peaks[batch] = max(mem.least_reserved, *mem._reserved_of(points, held=True))  # peak_bytes
+            hit = self.peaks[batch] = max(self.least, *mem._reserved_of(points, held=True))  # peak_bytes
             if len(recent) >= 4:
                 recent.clear()
             recent[batch] = points
@@ -156,7 +157,7 @@ class BatchSolver:
                 self.curves = reserved_curves(self.mem)
                 # a repeated phase point (a frozen head repeats one) changes neither test nor minimum: once each
                 self.slopes = list(dict.fromkeys(_per_sample(self.curves, self.seq)))
-            hit = self.solved[limit] = _solve(limit, self.slopes, self.peak, BATCH_CAP, self.mem.least_reserved)
+            hit = self.solved[limit] = _solve(limit, self.slopes, self.peak, BATCH_CAP, self.least)
         return hit
 
 

@@ -263,7 +263,7 @@ def _solver(sh: Shared, mem: MemoryModel, seq: int) -> BatchSolver:
 def _sane_on(at: BatchSolver, cap: float, batch: int) -> bool:
     """_memory_sane's figures of at.mem.breakdown(batch, at.seq) on a device of `cap` usable bytes
     (_breakdown_values' list): only its capacity cut reads the capacity, so the rest is made once per batch."""
-    peak, sane, allocated, grads, act, temp = at.at_batch(batch, lambda mem, b, seq: _uncut(mem, at.points(b), at.least))
+    peak, sane, allocated, grads, act, temp = at.at_batch(batch, lambda mem, b, _: _uncut(mem, at.points(b), at.least))
     if peak > cap and cap >= at.peak(batch):  # the cut where what must fit (peak_bytes) does
         mem = at.mem
         overhead = cap - allocated

@@ -276,8 +276,9 @@ def _uncut(mem: MemoryModel, phases: tuple, least: float) -> tuple:
     mem.breakdown(batch, seq) where the capacity does not cut its peak (`phases`: mem._points(batch, seq); `least`:
     mem.least_reserved)."""
     totals = mem._reserved_of(phases)
-    i = max(range(len(phases)), key=totals.__getitem__)
-    peak = max(totals[i], least)
+    top = max(totals)
+    i = totals.index(top)  # max(range(...), key=totals.__getitem__): the first of the largest (NaN: by identity)
+    peak = max(top, least)
     _, grads, act, temp, allocated = phases[i]
     overhead = peak - allocated
     return (peak, _values_sane([allocated + overhead, allocated, mem.weights, grads, mem.optimizer, act, temp,

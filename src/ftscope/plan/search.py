@@ -178,7 +178,7 @@ def plan(scn: Scenario, gpus: Sequence[str] | None = None, counts: Sequence[int]
     inter = shared.scenario.cluster.inter_node_gbs
     sites = [(gpu, count, nodes, inter) for gpu in map(_catalog_gpu, candidate_gpus(gpus)) for count in counts]
     cands = _Candidates(shared.scenario, sites)
-    figs = grid_figures(shared, sites, margin, cal, cands.__getitem__)
+    figs = grid_figures(shared, sites, margin, cal, cands.at_site)  # in the listing's order: site i is cands[i]
     for i, f in enumerate(figs):
         if f is None:  # a figure that is not a finite number: the estimate's own checks say which
             figs[i] = _figures_of(estimate_with_margin(cands[i], margin, cal, shared))
@@ -213,7 +213,10 @@ class _Candidates(Sequence[Scenario]):
     def __getitem__(self, i):
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
-        site = self._order[i]
+        return self.at_site(self._order[i])
+
+    def at_site(self, site: int) -> Scenario:
+        """The candidate on sites[site] (the listing's i-th: what grid_figures reads)."""
         scn = self._made.get(site)
         if scn is None:
             gpu, count, nodes, _ = self._sites[site]

@@ -160,3 +160,29 @@ def test_builtin_sum_is_the_interpreters_sum(seed):
     assert got == [sum(r) for r in rows]
     left_to_right = [list(itertools.accumulate(r))[-1] for r in rows]
     assert (got != left_to_right) == G.COMPENSATED_SUM
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_floats_exposure_is_the_arrays_on_every_value(seed):
+    """_fexposed (one candidate) equals _exposed (arrays) bit for bit, NaN, infinities, -0.0 and negatives included:
+    each min picks the side numpy's where does."""
+    import math
+
+    import numpy as np
+    rng = random.Random(seed)
+    special = [float("nan"), float("inf"), -float("inf"), -0.0, 0.0, -1.0, 1.0]
+    pick = lambda: rng.choice(special) if rng.random() < 0.3 else rng.uniform(-1, 10)  # noqa: E731
+    for _ in range(300):
+        win = {"fwd_bwd": pick(), "bwd": pick(), "last_bwd": pick()}
+        overlap = pick()
+        transfers = [(pick(), w, pick()) for w in rng.sample(["bwd", "fwd_bwd", "last_bwd", "none"], rng.randint(1, 4))
+                     for _ in range(rng.randint(1, 2))]
+        transfers.sort(key=lambda t: t[1] == "none")  # the float path takes "none" last, as _collectives orders them
+        want = G._exposed([(np.array([s]), w, np.array([u])) for s, w, u in transfers],
+                          {k: np.array([v]) for k, v in win.items()}, np.array([overlap]))[0]
+        groups: dict[str, list] = {}
+        for s, w, u in transfers:
+            groups.setdefault(w, []).append((s, win.get(w, 0.0), u))
+        none = [(s, u) for s, _, u in groups.pop("none", [])]
+        got = G._fexposed(list(groups.values()), none, overlap, win["fwd_bwd"])
+        assert (math.isnan(got) and math.isnan(want)) or (got == want and math.copysign(1, got) == math.copysign(1, want))

@@ -342,14 +342,14 @@ def _fexposed(windows: list, none: list, overlap: float, fwd_bwd: float) -> floa
     total_all = hidden = 0.0
     for ts in windows:
         total = sum([s for s, _, _ in ts])
-        fixed = sum([u if u < s else s for s, _, u in ts])
+        fixed = sum([s if s < u else u for s, _, u in ts])  # _min(u, s)
         room = overlap * ts[0][1]
         free = total - fixed
         hidden = hidden + (room if room < free else free)
         total_all = total_all + total
     if none:
         total = sum([s for s, _ in none])
-        fixed = sum([u if u < s else s for s, u in none])
+        fixed = sum([s if s < u else u for s, u in none])
         free = total - fixed
         hidden = hidden + (0.0 if 0.0 < free else free)
         total_all = total_all + total

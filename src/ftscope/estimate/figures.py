@@ -160,6 +160,7 @@ _figures = partial(tuple.__new__, Figures)
 
 
 _new_site = partial(tuple.__new__, _Site)
+"""A _Site from a tuple of its fields, the same way."""
 
 
 def _grid(sh: Shared, sites: Sequence[tuple], which: Sequence[int], margin: float, tight_margin: float,

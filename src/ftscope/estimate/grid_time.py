@@ -79,14 +79,15 @@ def gpu_row(sh: Shared, scn: Scenario, cal: Calibration) -> tuple:
     gpu = scn.cluster.gpu
     eff, _ = cal.for_gpu(gpu.key)
     price = sh.per_gpu("price", scn, lambda: price_of(scn))[0]
-    return tuple(map(float, (eff.communication, eff.collective_latency_us * 1e-6,
-            eff.comm_overlap if gpu.peer_to_peer else eff.comm_overlap_host,  # exposed(host_staged=...)
-            gpu.intra_node_gbs * (1.0 if gpu.peer_to_peer else 0.5),  # layout._link
-            gpu.memory_bandwidth_gbs * 1e9 * eff.bandwidth,  # optimizer_s: bw * eff.bandwidth
-            OPTIMIZER_KERNELS * max(eff.kernel_floor_us, eff.host_us_per_kernel) * 1e-6,
-            gpu.host_link_gbs * 1e9 * eff.communication, eff.cpu_adam_params_per_s, eff.zero3_hook_us,
-            eff.step_overhead_s + eff.microbatch_overhead_s * scn.workload.gradient_accumulation,
-            np.nan if price is None else price)))  # floats, as np.array(..., float64) reads them
+    row = (eff.communication, eff.collective_latency_us * 1e-6,
+           eff.comm_overlap if gpu.peer_to_peer else eff.comm_overlap_host,  # exposed(host_staged=...)
+           gpu.intra_node_gbs * (1.0 if gpu.peer_to_peer else 0.5),  # layout._link
+           gpu.memory_bandwidth_gbs * 1e9 * eff.bandwidth,  # optimizer_s: bw * eff.bandwidth
+           OPTIMIZER_KERNELS * max(eff.kernel_floor_us, eff.host_us_per_kernel) * 1e-6,
+           gpu.host_link_gbs * 1e9 * eff.communication, eff.cpu_adam_params_per_s, eff.zero3_hook_us,
+           eff.step_overhead_s + eff.microbatch_overhead_s * scn.workload.gradient_accumulation,
+           np.nan if price is None else price)
+    return tuple(map(float, row))  # as np.array(..., float64) reads them (the float path reads them as they are)
 
 
 def micro_row(sh: Shared, cal: Calibration, eff: Efficiency, batch: int, gpu: GpuSpec,

@@ -99,6 +99,23 @@ def test_the_grids_breakdown_values_are_the_breakdowns(model, mix):
             assert F._breakdown_values(mem, batch, 1024, cap) == values  # the capacity given, not replaced
 
 
+@pytest.mark.parametrize("model,mix", [("llama-2-7b", {"method": "full", "zero_stage": 3}),
+                                       ("mixtral-8x7b", None)])
+def test_the_grids_sanity_check_is_the_breakdowns_on_every_capacity(model, mix):
+    """_sane_on (made once per micro-batch, the capacity cut apart) reads what _breakdown_values' list says."""
+    from ftscope.estimate.memory import memory_model
+    from ftscope.estimate.solvers import BatchSolver
+    mem = memory_model(scn(model, mix).with_(gpu=gpu_from_catalog("h100-80gb")))
+    solver = BatchSolver(mem, 1024)
+    for batch in (1, 4, 64, 2048):
+        bd = mem.breakdown(batch, 1024)
+        solver.peak(batch)
+        for cap in (mem.capacity_bytes, bd.fit_bytes / 2, bd.fit_bytes, (bd.fit_bytes + bd.peak_bytes) / 2,
+                    bd.peak_bytes * 2, -1.0):
+            assert F._sane_on(solver, cap, batch) == F._values_sane(F._breakdown_values(mem, batch, 1024, cap))
+    assert F._sane_on(solver, 1e30, 3) is True  # a batch the solver has not met: its points made anew
+
+
 @pytest.mark.parametrize("zero,shared_above_one", [(0, True), (2, False)])
 def test_equal_memory_models_share_one_solver_and_a_repeat_reads_the_sites(zero, shared_above_one):
     """DDP's memory model is the same at every GPU count above one (ZeRO-2's shards by it): the grid solves it once

@@ -102,6 +102,8 @@ def test_the_arrays_equal_the_scalar_path_number_for_number(model, mix, wl):
             assert [(s[k], w, u if isinstance(u, float) else u[k]) for s, w, u in transfers] == want_transfers
     got = G.hours_of(base, table, cols)
     assert got == [run for _, _, run in want]
+    assert G._floats(base, table, cols) == got  # one candidate at a time in floats: the same numbers
+    assert [run for k in range(0, len(cols), 5) for run in G.hours_of(base, table, cols[k:k + 5])] == got
     assert any(u is None for _, u in got) and len({h for h, _ in got}) > len(got) // 2
     # a plan over more nodes has no one-GPU candidate (step_columns then skips one's communication)
     multi = [k for k, col in enumerate(cols) if col[1] > 1]
@@ -142,6 +144,9 @@ def test_a_figure_that_is_not_a_finite_number_is_left_to_the_scalar_path():
     negative = (0, 2, 2, 1, 25.0, 4, 10**7, *micro[:3], -1.0, micro[4])
     got = G.hours_of(base, [row], [good, nan, negative])
     assert got[0] is not None and got[1:] == [None, None]
+    zero_rate = (row[0] * 0.0, *row[1:])  # no link: the arrays' infinities, the floats' ZeroDivisionError
+    assert G._floats(base, [zero_rate], [good]) == [None]
+    assert G.step_columns(base, [row], [good] * 30)[0] and G.hours_of(base, [row], [good] * 30) == [got[0]] * 30
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -155,3 +160,29 @@ def test_builtin_sum_is_the_interpreters_sum(seed):
     assert got == [sum(r) for r in rows]
     left_to_right = [list(itertools.accumulate(r))[-1] for r in rows]
     assert (got != left_to_right) == G.COMPENSATED_SUM
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_floats_exposure_is_the_arrays_on_every_value(seed):
+    """_fexposed (one candidate) equals _exposed (arrays) bit for bit, NaN, infinities, -0.0 and negatives included:
+    each min picks the side numpy's where does."""
+    import math
+
+    import numpy as np
+    rng = random.Random(seed)
+    special = [float("nan"), float("inf"), -float("inf"), -0.0, 0.0, -1.0, 1.0]
+    pick = lambda: rng.choice(special) if rng.random() < 0.3 else rng.uniform(-1, 10)  # noqa: E731
+    for _ in range(300):
+        win = {"fwd_bwd": pick(), "bwd": pick(), "last_bwd": pick()}
+        overlap = pick()
+        transfers = [(pick(), w, pick()) for w in rng.sample(["bwd", "fwd_bwd", "last_bwd", "none"], rng.randint(1, 4))
+                     for _ in range(rng.randint(1, 2))]
+        transfers.sort(key=lambda t: t[1] == "none")  # the float path takes "none" last, as _collectives orders them
+        want = G._exposed([(np.array([s]), w, np.array([u])) for s, w, u in transfers],
+                          {k: np.array([v]) for k, v in win.items()}, np.array([overlap]))[0]
+        groups: dict[str, list] = {}
+        for s, w, u in transfers:
+            groups.setdefault(w, []).append((s, win.get(w, 0.0), u))
+        none = [(s, u) for s, _, u in groups.pop("none", [])]
+        got = G._fexposed(list(groups.values()), none, overlap, win["fwd_bwd"])
+        assert (math.isnan(got) and math.isnan(want)) or (got == want and math.copysign(1, got) == math.copysign(1, want))

@@ -163,3 +163,17 @@ def test_a_solvers_check_is_made_once_per_capacity_and_batch():
     for cap, batch in ((mem.capacity_bytes, 4), (mem.capacity_bytes, 4), (1.0, 4), (mem.capacity_bytes, 8)):
         assert solver.checked(cap, batch, check) == (mem.peak_bytes(batch, 1024) <= cap)
     assert calls == [(mem.capacity_bytes, 4), (1.0, 4), (mem.capacity_bytes, 8)]
+
+
+def test_a_solvers_points_and_per_batch_values_are_the_models():
+    """points(b): the model's phase points (kept from a recent peak, or made); at_batch: made once per micro-batch."""
+    mem = memory_model(scn())
+    solver = BatchSolver(mem, 1024)
+    assert solver.least == mem.least_reserved
+    for b in (1, 2, 3, 4, 5, 6, 7):
+        assert solver.peak(b) == mem.peak_bytes(b, 1024)
+        assert solver.points(b) == mem._points(b, 1024)
+    assert len(solver.recent) <= 4 and solver.points(1) == mem._points(1, 1024)  # no longer kept: made again
+    calls = []
+    make = lambda m, b, seq: calls.append(b) or b * 2  # noqa: E731
+    assert [solver.at_batch(b, make) for b in (3, 3, 5, 3)] == [6, 6, 10, 6] and calls == [3, 5]

@@ -8,6 +8,7 @@ rows that are read. A candidate that does not fit needs no time at all (it ranks
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import Callable, NamedTuple, Sequence
 
 from ..spec.scenario import Scenario, fast_replace
@@ -154,10 +155,18 @@ class _Site(NamedTuple):
     """grid_time.micro_row at the micro-batch (empty unless it fits and grid_time takes the mix)."""
 
 
+_figures = partial(tuple.__new__, Figures)
+"""Figures from a tuple of its fields without NamedTuple's generated __new__ (a plan makes one per candidate)."""
+
+
+_new_site = partial(tuple.__new__, _Site)
+"""A _Site from a tuple of its fields, the same way."""
+
+
 def _grid(sh: Shared, sites: Sequence[tuple], which: Sequence[int], margin: float, tight_margin: float,
           cal: Calibration, scenario_of: Callable[[int], Scenario]) -> list[Figures | None]:
     """figures(scenario_of(i), margin, cal, tight_margin, sh) of each site i in `which`, in that order."""
-    from .grid_time import SMALLEST, hours_of, takes  # numpy: imported by the first plan, not at start-up
+    from .grid_time import SMALLEST, hours_of, micro_row, takes  # numpy: imported by the first plan, not at start-up
     base = sh.scenario
     timing = takes(base)
     # per (GPU count, GPUs per node, GPU type): what a site's figures read but its network (_site); per site, its
@@ -176,7 +185,8 @@ def _grid(sh: Shared, sites: Sequence[tuple], which: Sequence[int], margin: floa
         site = placed.get((world, gpn, id(gpu)))
         if site is None or site.gpu is not gpu:
             if memos is None:
-                memos = (sh.get(("grid_gpu", id(cal)), dict, cal), sh.get(("grid_micro", id(cal)), dict, cal), {})
+                memos = (sh.get(("grid_gpu", id(cal)), dict, cal), sh.get(("grid_micro", id(cal)), dict, cal), {},
+                         micro_row)
             site = placed[world, gpn, id(gpu)] = _site(sh, gpu, world, i, margin, cal, timing, scenario_of, *memos)
         if not site.fits:  # a misfit's figures, or None where a number is not finite
             out.append(site.figures)
@@ -184,7 +194,7 @@ def _grid(sh: Shared, sites: Sequence[tuple], which: Sequence[int], margin: floa
         key = (id(gpu), gpn, nodes, inter)
         run = timed.get(key)
         if run is not None and run[0] is gpu:  # (gpu, hours, dollars), or (gpu,) where a figure is not finite
-            out.append(Figures(True, site.peak > site.cap * (1.0 - tight_margin), run[1], run[2], False)
+            out.append(_figures((True, site.peak > site.cap * (1.0 - tight_margin), run[1], run[2], False))
                        if len(run) > 1 else None)
             continue
         fitting.append((len(out), i, key, site))
@@ -203,19 +213,19 @@ def _grid(sh: Shared, sites: Sequence[tuple], which: Sequence[int], margin: floa
             if f is None or f.fits:  # (it fits: _site checked what _ranked checks first)
                 timed[key] = (gpu,) if f is None else (gpu, f.hours, f.usd)
         else:
-            out[k] = Figures(True, peak > cap * (1.0 - tight_margin), run[0], run[1], False)
+            out[k] = _figures((True, peak > cap * (1.0 - tight_margin), run[0], run[1], False))
             timed[key] = (gpu, *run)
     return out
 
 
 def _site(sh: Shared, gpu, world: int, i: int, margin: float, cal: Calibration, timing: bool,
-          scenario_of: Callable[[int], Scenario], per_gpu: dict, micro: dict, solvers: dict) -> _Site:
+          scenario_of: Callable[[int], Scenario], per_gpu: dict, micro: dict, solvers: dict,
+          micro_row: Callable) -> _Site:
     """The _Site of the sweep's scenario on `world` GPUs of this type (scenario_of(i) is one): per GPU count one
     memory model solved once per capacity, its peak bytes once per micro-batch (figures builds the breakdown of
     every candidate to read its fit_bytes, which is MemoryModel.peak_bytes: the same sums). `per_gpu`: GPU type
     (id) -> (gpu, reason, efficiency, grid_time row); `micro`: micro_row's memo; `solvers`: the plan's BatchSolver
-    per GPU count, read before the memo's."""
-    from .grid_time import micro_row
+    per GPU count, read before the memo's; `micro_row`: grid_time's (imported with numpy by _grid)."""
     wl = sh.scenario.workload
     at = solvers.get(world)
     if at is None:
@@ -228,21 +238,21 @@ def _site(sh: Shared, gpu, world: int, i: int, margin: float, cal: Calibration, 
     mem = at.mem
     cap = device_capacity(scenario_of(i), mem.allocator)  # memory_model's capacity at this site
     if not cap > 0:  # the estimate says why
-        return _Site(gpu, False, None, reason, 0.0, cap, 0, 0, row, ())
+        return _new_site((gpu, False, None, reason, 0.0, cap, 0, 0, row, ()))
     limit = cap * (1.0 - margin)
     batch = (at.largest(limit) or 1) if wl.solve_batch else int(wl.micro_batch_size)
     peak = at.peak(batch)
     # _memory_sane of this GPU's breakdown (by count and batch, as there; a pure function of model, capacity, batch)
-    if not sh.get(("sane", world, batch), lambda: at.checked(cap, batch, _sane_at)):
-        return _Site(gpu, False, None, reason, peak, cap, batch, mem.trainable_params, row, ())
+    if not sh.get(("sane", world, batch), lambda: _sane_on(at, cap, batch)):
+        return _new_site((gpu, False, None, reason, peak, cap, batch, mem.trainable_params, row, ()))
     if not (reason is None and peak <= limit):  # _ranked's misfit
-        return _Site(gpu, False, Figures(False, False, None, None, (reason is None and peak > limit)
-                                         or (reason is not None and reason.startswith("does not fit"))),
-                     reason, peak, cap, batch, mem.trainable_params, row, ())
+        dnf = (reason is None and peak > limit) or (reason is not None and reason.startswith("does not fit"))
+        return _new_site((gpu, False, _figures((False, False, None, None, dnf)), reason, peak, cap, batch,
+                          mem.trainable_params, row, ()))
     times = micro.get((id(gpu), id(eff), batch)) if timing else ()  # micro_row's memo, read here first
     if times is None:
         times = micro_row(sh, cal, eff, batch, gpu, lambda: scenario_of(i))
-    return _Site(gpu, True, None, reason, peak, cap, batch, mem.trainable_params, row, times)
+    return _new_site((gpu, True, None, reason, peak, cap, batch, mem.trainable_params, row, times))
 
 
 def _solver(sh: Shared, mem: MemoryModel, seq: int) -> BatchSolver:
@@ -251,9 +261,29 @@ def _solver(sh: Shared, mem: MemoryModel, seq: int) -> BatchSolver:
     return sh.get(("solver", fast_replace(mem, capacity_bytes=0.0), seq), lambda: BatchSolver(mem, seq))
 
 
-def _sane_at(mem: MemoryModel, cap: float, batch: int, seq: float) -> bool:
-    """_memory_sane's figures of mem.breakdown(batch, seq) on a device of `cap` usable bytes."""
-    return _values_sane(_breakdown_values(mem, batch, seq, cap))
+def _sane_on(at: BatchSolver, cap: float, batch: int) -> bool:
+    """_memory_sane's figures of at.mem.breakdown(batch, at.seq) on a device of `cap` usable bytes
+    (_breakdown_values' list): only its capacity cut reads the capacity, so the rest is made once per batch."""
+    peak, sane, allocated, grads, act, temp = at.at_batch(batch, lambda mem, b, _: _uncut(mem, at.points(b), at.least))
+    if peak > cap and cap >= at.peak(batch):  # the cut where what must fit (peak_bytes) does
+        mem = at.mem
+        overhead = cap - allocated
+        return _values_sane([allocated + overhead, allocated, mem.weights, grads, mem.optimizer, act, temp, overhead])
+    return sane
+
+
+def _uncut(mem: MemoryModel, phases: tuple, least: float) -> tuple:
+    """(reserved peak, sanity of _breakdown_values' list, allocated, gradients, activations, temporary) of
+    mem.breakdown(batch, seq) where the capacity does not cut its peak (`phases`: mem._points(batch, seq); `least`:
+    mem.least_reserved)."""
+    totals = mem._reserved_of(phases)
+    top = max(totals)
+    i = totals.index(top)  # max(range(...), key=totals.__getitem__): the first of the largest (NaN: by identity)
+    peak = max(top, least)
+    _, grads, act, temp, allocated = phases[i]
+    overhead = peak - allocated
+    return (peak, _values_sane([allocated + overhead, allocated, mem.weights, grads, mem.optimizer, act, temp,
+                                overhead]), allocated, grads, act, temp)
 
 
 def _gpu_info(sh: Shared, scn: Scenario, cal: Calibration, timing: bool) -> tuple:

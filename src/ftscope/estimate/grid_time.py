@@ -1,4 +1,5 @@
-"""Hours and dollars of many candidates at once, as numpy arrays: what estimate/figures.py's `_ranked` computes
+"""Hours and dollars of many candidates at once, as numpy arrays (a dozen or so: one at a time in plain floats, the
+same operations, where numpy's per-call cost is the larger): what estimate/figures.py's `_ranked` computes
 one candidate at a time (time.py's step_parts and its sum, comm.py's data_parallel and exposed, cost.py's
 run_steps), over a plan's candidates (one scenario on many GPU types, counts and nodes).
 
@@ -11,6 +12,7 @@ activation offload (their collectives and copies read the micro-batch's shape).
 """
 from __future__ import annotations
 
+import math
 import sys
 from typing import Callable, Sequence
 
@@ -77,14 +79,15 @@ def gpu_row(sh: Shared, scn: Scenario, cal: Calibration) -> tuple:
     gpu = scn.cluster.gpu
     eff, _ = cal.for_gpu(gpu.key)
     price = sh.per_gpu("price", scn, lambda: price_of(scn))[0]
-    return (eff.communication, eff.collective_latency_us * 1e-6,
-            eff.comm_overlap if gpu.peer_to_peer else eff.comm_overlap_host,  # exposed(host_staged=...)
-            gpu.intra_node_gbs * (1.0 if gpu.peer_to_peer else 0.5),  # layout._link
-            gpu.memory_bandwidth_gbs * 1e9 * eff.bandwidth,  # optimizer_s: bw * eff.bandwidth
-            OPTIMIZER_KERNELS * max(eff.kernel_floor_us, eff.host_us_per_kernel) * 1e-6,
-            gpu.host_link_gbs * 1e9 * eff.communication, eff.cpu_adam_params_per_s, eff.zero3_hook_us,
-            eff.step_overhead_s + eff.microbatch_overhead_s * scn.workload.gradient_accumulation,
-            np.nan if price is None else price)
+    row = (eff.communication, eff.collective_latency_us * 1e-6,
+           eff.comm_overlap if gpu.peer_to_peer else eff.comm_overlap_host,  # exposed(host_staged=...)
+           gpu.intra_node_gbs * (1.0 if gpu.peer_to_peer else 0.5),  # layout._link
+           gpu.memory_bandwidth_gbs * 1e9 * eff.bandwidth,  # optimizer_s: bw * eff.bandwidth
+           OPTIMIZER_KERNELS * max(eff.kernel_floor_us, eff.host_us_per_kernel) * 1e-6,
+           gpu.host_link_gbs * 1e9 * eff.communication, eff.cpu_adam_params_per_s, eff.zero3_hook_us,
+           eff.step_overhead_s + eff.microbatch_overhead_s * scn.workload.gradient_accumulation,
+           np.nan if price is None else price)
+    return tuple(map(float, row))  # as np.array(..., float64) reads them (the float path reads them as they are)
 
 
 def micro_row(sh: Shared, cal: Calibration, eff: Efficiency, batch: int, gpu: GpuSpec,
@@ -101,9 +104,8 @@ def micro_row(sh: Shared, cal: Calibration, eff: Efficiency, batch: int, gpu: Gp
     return hit
 
 
-SMALLEST = 8
-"""Fewer fitting candidates than this take the scalar path: an array's fixed cost (~100 numpy calls) is then the
-larger."""
+SMALLEST = 1
+"""Fewer fitting candidates than this take the scalar path (the floats of a few candidates cost less than it)."""
 
 
 def hours_of(base: Scenario, table: list[tuple], cols: list[tuple]) -> list[tuple[float, float | None] | None]:
@@ -113,6 +115,8 @@ def hours_of(base: Scenario, table: list[tuple], cols: list[tuple]) -> list[tupl
     trainable parameters and micro_row. `base`: a scenario of the sweep (takes(base))."""
     if not cols:
         return []
+    if len(cols) <= FLOATS_UP_TO:
+        return _floats(base, table, cols)
     parts, _, g, c = step_columns(base, table, cols)
     wl, world, batch = base.workload, c[1], c[5]
     terms = list(parts.values())
@@ -220,4 +224,136 @@ def _exposed(transfers: list[tuple], windows: dict, overlap):
         hidden = hidden + _min(total - fixed, room)
         total_all = total_all + total
     hidden = _min(hidden, overlap * windows.get("fwd_bwd", 0.0))
+    return total_all - hidden
+
+
+FLOATS_UP_TO = 24
+"""Up to this many candidates hours_of computes one candidate at a time in plain floats (a node plan's dozen): the
+arrays' ~90 numpy calls then cost more than the floats' arithmetic."""
+
+
+def _floats(base: Scenario, table: list[tuple], cols: list[tuple]) -> list[tuple[float, float | None] | None]:
+    """hours_of one candidate at a time: step_columns' and hours_of's operations on each candidate's floats, in the
+    same order (numpy's float64 arithmetic is the interpreter's), `live` read over all of them as there. A
+    candidate whose arithmetic raises (a zero rate) is left to the scalar path, as the arrays' infinities are."""
+    mix, wl = base.mix, base.workload
+    ga, stage = wl.gradient_accumulation, mix.shard_stage
+    runs = ga + 0.0
+    per_grad = 2.0 if mix.precision != "fp32" else 4.0
+    sharded = mix.shard_stage >= 1
+    adam = (ADAM_BYTES_PER_PARAM[mix.optimizer], 0.5 if (mix.precision == "bf16" and mix.optimizer == "adamw")
+            else 1.0) if mix.offload == "none" else None
+    gathered = gathered_weight_bytes(base) / 1 if (stage >= 2 or mix.offload == "optimizer+params") else 0.0
+    passes = gather_passes(base) if (stage == 3 or mix.offload == "optimizer+params") else 0
+    units = sum(k for _, k in base.model.layer_groups) / 1 + 1 if stage == 3 else 1.0
+    modules = _param_modules(base) / 1 if stage == 3 and not mix.fsdp else 0.0
+    work = wl.samples_per_epoch() * wl.epochs
+    sps = wl.samples_per_sequence()
+    # table: gpu_row's floats; cols: ints (counts, micro-batch, parameters: below 2**53, so each operation with them
+    # rounds as with their floats, an int's product or quotient being exact or correctly rounded) and floats
+    live = all(c[6] > 0 for c in cols) and all(_link(table[c[0]][3], *c[1:5]) > 0 for c in cols)
+    out: list[tuple[float, float | None] | None] = []
+    for c in cols:
+        g = table[c[0]]
+        try:
+            out.append(_one(mix, stage, ga, runs, per_grad, sharded, adam, gathered, passes, units, modules, work, sps,
+                            live, g, c))
+        except (ZeroDivisionError, OverflowError, ValueError):
+            out.append(None)
+    return out
+
+
+def _link(intra: float, world: float, gpn: float, nodes: float, inter: float) -> float:
+    """step_columns' gbs of one candidate: the network once the ranks span nodes."""
+    if nodes > 1 and world > gpn:
+        network = inter * gpn
+        return (network if network < intra else intra) if gpn > 1 else network
+    return intra
+
+
+def _fring(bytes_: float, n: float, gbs: float, comm: float, factor: float, live: bool) -> float:
+    if not live and (n <= 1 or bytes_ <= 0 or gbs <= 0):
+        return 0.0
+    return factor * (n - 1) / n * bytes_ / (gbs * 1e9 * comm)
+
+
+def _one(mix, stage, ga, runs, per_grad, sharded, adam, gathered, passes, units, modules, work, sps, live, g, c):
+    """(hours, dollars or None) of one candidate, or None (hours_of's sanity), as step_columns and hours_of."""
+    comm_eff, lat, overlap, intra, bandwidth, kernels, host_link, cpu_adam, hook_us, other, price = g
+    _, world, gpn, nodes, inter, batch, trainable, fwd, bwd, rec, deq, att = c
+    if ga != 1:
+        fwd_bwd, w_bwd, w_last, w_att = (fwd + bwd + rec + deq) * ga, bwd * ga, bwd, att * ga
+    else:
+        fwd_bwd, w_bwd, w_last, w_att = fwd + bwd + rec + deq, bwd, bwd, att
+    if world > 1:
+        n, gbs = world, _link(intra, world, gpn, nodes, inter)
+        g_bytes = trainable / 1 * per_grad
+        ratio = g_bytes / DDP_BUCKET_BYTES
+        buckets = ratio if ratio > 1.0 else 1.0
+        last_bucket = _fring(DDP_BUCKET_BYTES if DDP_BUCKET_BYTES < g_bytes else g_bytes, n, gbs, comm_eff, 2.0, live)
+        if stage <= 1:
+            ts = [(_fring(g_bytes, n, gbs, comm_eff, 2.0, live) + buckets * lat, w_last, last_bucket)]
+            none = [(_fring(trainable / 1 * 2.0, n, gbs, comm_eff, 1.0, live) + buckets * lat, 0.0)] if stage == 1 \
+                else []
+            windows = [ts]
+        else:
+            reduce = ga * (_fring(g_bytes, n, gbs, comm_eff, 1.0, live) + buckets * lat)
+            by_bwd = [(reduce, w_bwd, ga * last_bucket / 2)]
+            none, by_fwd = [], []
+            if stage == 2 and not mix.fsdp:
+                none.append((_fring(trainable / 1 * 2.0, n, gbs, comm_eff, 1.0, live) + buckets * lat, 0.0))
+            if stage == 2 and mix.fsdp:
+                by_fwd.append((_fring(gathered, n, gbs, comm_eff, 1.0, live), fwd_bwd, 0.0))
+            if stage == 3:
+                gathers = ga * passes * _fring(gathered, n, gbs, comm_eff, 1.0, live)
+                if mix.fsdp:
+                    by_fwd.append((gathers + ga * units * passes * lat, fwd_bwd, gathers / units))
+                else:
+                    by_fwd.append((gathers + ga * modules * passes * lat, fwd_bwd, gathers / units))
+                    none.append((ga * modules * passes * hook_us * 1e-6, 0.0))
+            windows = [by_bwd, by_fwd] if by_fwd else [by_bwd]
+        comm = _fexposed(windows, none, overlap, fwd_bwd)
+    else:  # collectives() is empty on one GPU: exposed([]) leaves min(0.0, overlap x fwd_bwd) hidden
+        room = overlap * fwd_bwd
+        comm = 0.0 - (room if room < 0.0 else 0.0)
+    shard = trainable / 1 / (world if sharded else 1)
+    if adam is not None:
+        opt = shard * adam[0] * adam[1] / bandwidth + kernels
+    else:
+        opt = shard / cpu_adam + shard * (2.0 + 2.0) / host_link
+        if mix.offload == "optimizer+params":
+            opt = opt + gathered / world * passes * ga / host_link
+    parts = (fwd * runs, bwd * runs, rec * runs, deq * runs) if runs != 1.0 else (fwd, bwd, rec, deq)
+    step = sum((*parts, opt, comm, other))
+    steps = work / (batch * ga * world * sps)
+    if not math.isfinite(steps):  # np.ceil's infinity or NaN: not a finite number of hours
+        return None
+    hours = float(math.ceil(steps)) * step / 3600.0
+    usd = hours * world * price
+    priced = price == price
+    if not (step > 0 and min(*parts, opt, comm, other) >= 0 and math.isfinite(step + hours) and hours >= 0
+            and not (priced and not (math.isfinite(usd) and usd >= 0))):
+        return None
+    return hours, (usd if priced else None)
+
+
+def _fexposed(windows: list, none: list, overlap: float, fwd_bwd: float) -> float:
+    """_exposed of one candidate (`windows`: its collectives per window, each (seconds, window seconds, unhidden), in
+    _collectives' order of windows; `none`: the ones no compute hides, (seconds, unhidden))."""
+    total_all = hidden = 0.0
+    for ts in windows:
+        total = sum([s for s, _, _ in ts])
+        fixed = sum([s if s < u else u for s, _, u in ts])  # _min(u, s)
+        room = overlap * ts[0][1]
+        free = total - fixed
+        hidden = hidden + (room if room < free else free)
+        total_all = total_all + total
+    if none:
+        total = sum([s for s, _ in none])
+        fixed = sum([s if s < u else u for s, u in none])
+        free = total - fixed
+        hidden = hidden + (0.0 if 0.0 < free else free)
+        total_all = total_all + total
+    cap = overlap * fwd_bwd
+    hidden = cap if cap < hidden else hidden
     return total_all - hidden

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from math import copysign
 from typing import NamedTuple, Sequence
 
 from ..spec.hardware import GIB
@@ -217,7 +218,7 @@ class MemoryModel:
 
     def peak_bytes(self, batch: float, seq: float) -> float:
         """breakdown(batch, seq).fit_bytes without building the breakdown (the solvers' hot path): what must fit."""
-        return max(self.least_reserved, *self.reserved_totals(batch, seq))
+        return max(self.least_reserved, *self._reserved_of(self._points(batch, seq), held=True))  # reserved_totals
 
     def reserved_totals(self, batch: float, seq: float) -> list[float]:
         """What each phase point needs on the device, in order: its reserved bytes less what releasing the cache
@@ -234,6 +235,8 @@ class MemoryModel:
         fr = al.fragmentation_checkpointed if self.checkpointing else al.fragmentation
         if held:
             fr = min(fr, al.pinned)
+        if g == 0.0 and copysign(1.0, g) > 0.0:  # nothing on another stream: x - 0.0 is x, bit for bit
+            return [alloc + ws + fr * (act + temp) + pool for _, _, act, temp, alloc in points]
         owns = [g if p[0] != "optimizer" else 0.0 for p in points]
         return [p[4] - own - min(p[1], gp) + ws + fr * (p[2] + p[3] - own) + pool + gp
                 for p, own in zip(points, owns)]

@@ -93,7 +93,12 @@ def _solve(limit: float, slopes: list[tuple[float, float]], peak: Callable[[int]
             room = (limit - k) / per_sample
             if room < best:  # min(best, room)
                 best = room
-    return _settle(int(best), lambda b: peak(b) <= limit, cap)
+    n = max(0, min(int(best), cap))  # _settle, its fits(n) being peak(n) <= limit
+    while n > 0 and not peak(n) <= limit:
+        n -= 1
+    while n < cap and peak(n + 1) <= limit:
+        n += 1
+    return n
 
 
 class BatchSolver:
@@ -102,11 +107,14 @@ class BatchSolver:
 
     def __init__(self, mem: MemoryModel, seq: float) -> None:
         self.mem, self.seq = mem, seq
+        self.least = mem.least_reserved  # (a property: a sum read by every peak and solve)
         self.peaks: dict[int, float] = {}
         self.solved: dict[float, int] = {}
         self.curves: list[ReservedCurve] | None = None
         self.slopes: list[tuple[float, float]] | None = None
         self.checks: dict[tuple, object] = {}
+        self.per_batch: dict[int, object] = {}
+        self.recent: dict[int, tuple] = {}  # the phase points of the last few peaks (a solve's answer among them)
 
     def checked(self, cap: float, batch: int, check: Callable[[MemoryModel, float, int, float], object]) -> object:
         """check(mem, cap, batch, seq), made once per capacity and micro-batch (`check`: one pure function of them
@@ -117,12 +125,29 @@ class BatchSolver:
             hit = self.checks[key] = check(self.mem, cap, batch, self.seq)
         return hit
 
+    def at_batch(self, batch: int, make: Callable[[MemoryModel, int, float], object]) -> object:
+        """make(mem, batch, seq), made once per micro-batch (`make`: one pure function of them per solver)."""
+        hit = self.per_batch.get(batch, self)
+        if hit is self:
+            hit = self.per_batch[batch] = make(self.mem, batch, self.seq)
+        return hit
+
     def peak(self, batch: int) -> float:
         """mem.peak_bytes(batch, seq): what must fit, whatever the capacity."""
         hit = self.peaks.get(batch)
         if hit is None:
-            hit = self.peaks[batch] = self.mem.peak_bytes(batch, self.seq)
+            mem, recent = self.mem, self.recent
+            points = mem._points(batch, self.seq)
+            hit = self.peaks[batch] = max(self.least, *mem._reserved_of(points, held=True))  # peak_bytes
+            if len(recent) >= 4:
+                recent.clear()
+            recent[batch] = points
         return hit
+
+    def points(self, batch: int) -> tuple:
+        """mem._points(batch, seq), kept from a recent peak where it was one."""
+        hit = self.recent.get(batch)
+        return hit if hit is not None else self.mem._points(batch, self.seq)
 
     def largest(self, limit: float) -> int:
         """max_micro_batch of the model where the capacity x (1 - margin) is `limit` bytes."""
@@ -130,8 +155,9 @@ class BatchSolver:
         if hit is None:
             if self.slopes is None:
                 self.curves = reserved_curves(self.mem)
-                self.slopes = _per_sample(self.curves, self.seq)
-            hit = self.solved[limit] = _solve(limit, self.slopes, self.peak, BATCH_CAP, self.mem.least_reserved)
+                # a repeated phase point (a frozen head repeats one) changes neither test nor minimum: once each
+                self.slopes = list(dict.fromkeys(_per_sample(self.curves, self.seq)))
+            hit = self.solved[limit] = _solve(limit, self.slopes, self.peak, BATCH_CAP, self.least)
         return hit
 
 

@@ -114,14 +114,6 @@ _INF = float("inf")
 _MISFIT_KEY = (2, _INF, _INF)
 
 
-def _figures_key(f: Figures, by: str) -> tuple:
-    """_rank_key of the estimate these figures come from."""
-    if not f.fits:
-        return _MISFIT_KEY
-    usd = f.usd if f.usd is not None else _INF
-    return (1 if f.tight else 0, usd, f.hours) if by == "cost" else (1 if f.tight else 0, f.hours, usd)
-
-
 def estimate_with_margin(cand: Scenario, margin: float, cal: Calibration, shared: Shared | None = None) -> Estimate:
     """The candidate at the largest micro-batch that leaves `margin` of usable memory free; when none does (or the
     batch is fixed), as it is, tight when it eats into the margin (Estimate.status). `shared`: the sweep's memo."""
@@ -186,11 +178,17 @@ def plan(scn: Scenario, gpus: Sequence[str] | None = None, counts: Sequence[int]
     inter = shared.scenario.cluster.inter_node_gbs
     sites = [(gpu, count, nodes, inter) for gpu in map(_catalog_gpu, candidate_gpus(gpus)) for count in counts]
     cands = _Candidates(shared.scenario, sites)
-    figs = grid_figures(shared, sites, margin, cal, cands.__getitem__)
+    figs = grid_figures(shared, sites, margin, cal, cands.at_site)  # in the listing's order: site i is cands[i]
     for i, f in enumerate(figs):
         if f is None:  # a figure that is not a finite number: the estimate's own checks say which
             figs[i] = _figures_of(estimate_with_margin(cands[i], margin, cal, shared))
-    keys = [_figures_key(f, by) for f in figs]  # each candidate's figures, not its estimate
+    # the _rank_key of each candidate's estimate, from its figures
+    if by == "cost":
+        keys = [((1 if f.tight else 0), (_INF if f.usd is None else f.usd), f.hours) if f.fits else _MISFIT_KEY
+                for f in figs]
+    else:
+        keys = [((1 if f.tight else 0), f.hours, (_INF if f.usd is None else f.usd)) if f.fits else _MISFIT_KEY
+                for f in figs]
     order = sorted(range(len(figs)), key=keys.__getitem__)  # stable: equal keys keep the listing order, as
     ranked = [figs[i] for i in order]  # sorting the estimates did
     rows = Rows(cands.reordered(order), lambda c: estimate_with_margin(c, margin, cal, shared))
@@ -215,13 +213,15 @@ class _Candidates(Sequence[Scenario]):
     def __getitem__(self, i):
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
-        site = self._order[i]
+        return self.at_site(self._order[i])
+
+    def at_site(self, site: int) -> Scenario:
+        """The candidate on sites[site] (the listing's i-th: what grid_figures reads)."""
         scn = self._made.get(site)
         if scn is None:
             gpu, count, nodes, _ = self._sites[site]
             base = self._base  # base.with_(gpu=..., gpus_per_node=..., nodes=...)
-            scn = self._made[site] = fast_replace(base, cluster=fast_replace(base.cluster, gpu=gpu,
-                                                                             gpus_per_node=count, nodes=nodes))
+            scn = self._made[site] = fast_replace(base, cluster=_cluster(base.cluster, gpu, count, nodes))
         return scn
 
     def reordered(self, order: list[int]) -> "_Candidates":
@@ -229,6 +229,22 @@ class _Candidates(Sequence[Scenario]):
         mine = self._order  # range(len(sites)) when in the listing's order: then the order is the sites'
         return _Candidates(self._base, self._sites, order if isinstance(mine, range) else [mine[i] for i in order],
                            self._made)
+
+
+_CLUSTERS: dict[tuple, tuple] = {}
+"""The candidates' clusters by (base cluster, GPU type, GPUs per node, nodes), the first two by id (kept alive in the
+value): the plans of every mix of one scenario place their candidates on the same clusters."""
+
+
+def _cluster(base, gpu, count: int, nodes: int):
+    """fast_replace(base, gpu=gpu, gpus_per_node=count, nodes=nodes), one object per value."""
+    key = (id(base), id(gpu), count, nodes)
+    hit = _CLUSTERS.get(key)
+    if hit is None or hit[0] is not base or hit[1] is not gpu:
+        if len(_CLUSTERS) >= 4096:
+            _CLUSTERS.clear()
+        hit = _CLUSTERS[key] = (base, gpu, fast_replace(base, gpu=gpu, gpus_per_node=count, nodes=nodes))
+    return hit[2]
 
 
 def _figures_of(est: Estimate) -> Figures:

@@ -27,7 +27,7 @@ def _models(model: str, framework: str) -> list:
                                   "workload": {"micro_batch_size": 1, "seq_len": 2048, "num_samples": 1000}})
     out = []
     for method, (zero, fsdp), ckpt, attention, loss, extra, ga, world in itertools.product(
-            ("full", "lora", "qlora"), SHARDING[::2] + SHARDING[4:5], (False, True), ("eager", "sdpa"),
+            ("full", "lora", "qlora"), SHARDING[::2] + SHARDING[5:], (False, True), ("eager", "sdpa"),
             ("standard", "chunked", "fused"), ({}, {"activation_offload": True}, {"optimizer": "paged_adamw_8bit"}),
             (1, 4), (1, 8, 64)):
         mix = replace(base.mix, method=method, zero_stage=zero, fsdp=fsdp, gradient_checkpointing=ckpt,
@@ -58,6 +58,7 @@ def test_the_models_cover_every_branch(models):
     assert any(m.head_grad.at_embedding for m in models) and any(not m.head_grad.weight for m in models)
     assert any(m.stream_gathered for m in models) and any(m.reserved_floor for m in models)
     assert any(m.gradient_pool and not m.gradients_in_forward for m in models)
+    assert any(m.gradient_pool and not m.stream_gathered for m in models)  # shard_grad_op: one pool only
     assert any(m.acts.loss_tile_tokens for m in models) and any(m.acts.saved_per_token_quadratic for m in models)
 
 

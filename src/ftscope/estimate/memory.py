@@ -235,7 +235,7 @@ class MemoryModel:
         fr = al.fragmentation_checkpointed if self.checkpointing else al.fragmentation
         if held:
             fr = min(fr, al.pinned)
-        if g == 0.0 and copysign(1.0, g) > 0.0:  # nothing on another stream: x - 0.0 is x, bit for bit
+        if g == 0.0 and gp == 0.0 and copysign(1.0, g) > 0.0:  # nothing on another stream: x - 0.0 is x, bit for bit
             return [alloc + ws + fr * (act + temp) + pool for _, _, act, temp, alloc in points]
         owns = [g if p[0] != "optimizer" else 0.0 for p in points]
         return [p[4] - own - min(p[1], gp) + ws + fr * (p[2] + p[3] - own) + pool + gp

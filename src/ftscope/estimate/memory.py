@@ -228,8 +228,10 @@ class MemoryModel:
     def _reserved_of(self, points, held: bool = False) -> list[float]:
         """reserved_bytes of these point tuples: the compute stream's part (allocated plus the allocator's overhead:
         its workspace and a fragmentation share of the churning activations and temporaries; gathered units moved to
-        the other stream's pool outside the optimizer step) plus that pool. `held`: only the share that releasing
-        the cache leaves (AllocatorModel.pinned)."""
+        the other stream's pool outside the optimizer step) plus that pool and the gradient pool. `held`: only what
+        releasing the cache leaves (torch frees every idle cached block, of any stream, before it reports an OOM):
+        the pinned share of the fragmentation (AllocatorModel.pinned), the other stream's pool only while its units
+        are gathered (not in the optimizer step), and the gradients where they are allocated."""
         al, g, pool, gp = self.allocator, self.stream_gathered, self.stream_pool, self.gradient_pool
         ws = al.workspace_gib * GIB
         fr = al.fragmentation_checkpointed if self.checkpointing else al.fragmentation
@@ -238,6 +240,9 @@ class MemoryModel:
         if g == 0.0 and gp == 0.0 and copysign(1.0, g) > 0.0:  # nothing on another stream: x - 0.0 is x, bit for bit
             return [alloc + ws + fr * (act + temp) + pool for _, _, act, temp, alloc in points]
         owns = [g if p[0] != "optimizer" else 0.0 for p in points]
+        if held:
+            return [p[4] - own + ws + fr * (p[2] + p[3] - own) + (pool if p[0] != "optimizer" else 0.0)
+                    for p, own in zip(points, owns)]
         return [p[4] - own - min(p[1], gp) + ws + fr * (p[2] + p[3] - own) + pool + gp
                 for p, own in zip(points, owns)]
 

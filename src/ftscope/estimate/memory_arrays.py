@@ -138,8 +138,12 @@ class ModelArrays:
         out = []
         pts = self.points(batch, seq)
         for i, (act, temp, allocated, grads) in enumerate(pts):
-            own = 0.0 if i == len(pts) - 1 else g  # the optimizer step gathers nothing on the other stream
-            out.append(allocated - own - np.minimum(grads, gp) + ws + fr * (act + temp - own) + pool + gp)
+            last = i == len(pts) - 1
+            own = 0.0 if last else g  # the optimizer step gathers nothing on the other stream
+            if held:  # what releasing the cache leaves: idle pools go
+                out.append(allocated - own + ws + fr * (act + temp - own) + (0.0 if last else pool))
+            else:
+                out.append(allocated - own - np.minimum(grads, gp) + ws + fr * (act + temp - own) + pool + gp)
         return np.array(out).reshape(len(pts), self.n)
 
     def peaks(self, batch, seq):

@@ -11,7 +11,7 @@ from functools import lru_cache
 
 from ..spec.scenario import Scenario
 from .caching_allocator import SMALL_SIZE, CachingAllocator
-from .weight_memory import fp32_lora_base, gathered_unit_bytes
+from .weight_memory import fp32_lora_base, gathered_unit_bytes, gathered_weight_bytes
 
 BROADCAST_BUCKET_BYTES = 250 * 2**20
 """FSDP1's sync_module_states broadcasts through torch's _broadcast_coalesced in buckets of this size
@@ -77,6 +77,7 @@ def fsdp1_units(scn: Scenario, per_param: float) -> tuple[tuple[int, ...], ...]:
 def fsdp1_stream_bytes(scn: Scenario, per_param: float, shards: int) -> tuple[float, float, float]:
     """(init cache, unshard-stream pool, gathered bytes the step counts) of an FSDP1 recipe, per GPU.
 
+    shard_grad_op, in every recipe: every unit, unsharded from its forward to its backward, on the unshard stream.
     Init: fsdp1_init_cache's replay of every unit. In the step the gathered units live on the unshard stream: the
     root (when the recipe keeps it gathered) and two blocks in flight (unsharded bytes). Under CPU offload or a
     mixed-precision param_dtype each unit's shard is first copied to the GPU on a third stream (the pre-unshard
@@ -88,7 +89,13 @@ def fsdp1_stream_bytes(scn: Scenario, per_param: float, shards: int) -> tuple[fl
     block_bytes = gathered_unit_bytes(scn)
     init = fsdp1_init_cache(fsdp1_units(scn, per_param), shards) if rec.fsdp1_sync_init else 0.0
     pool = gathered = 0.0
-    if rec.fsdp1_unshard_stream and shards > 1 and scn.mix.shard_stage == 3:
+    if scn.mix.fsdp == "shard_grad_op" and shards > 1:
+        # every unit stays unsharded from its forward to its backward (weight_memory.forward_transients): allocated
+        # once a step at the same sizes on the all-gather's own stream (FSDP1's unshard stream, in every recipe), so
+        # the compute stream's fragmentation share never applies to them, and after backward reshards them their
+        # blocks stay in that stream's pool through the optimizer step
+        pool = gathered = gathered_weight_bytes(scn)
+    elif rec.fsdp1_unshard_stream and shards > 1 and scn.mix.shard_stage == 3:
         root = root_bytes if rec.fsdp_root_gathered else 0.0
         pool = root + 2 * block_bytes
         gathered = pool  # what forward_transients counts for the same gathers

@@ -93,14 +93,15 @@ def _gather_seconds(s):
 ])
 def test_zero3_qlora_gathers_the_bytes_per_weight_the_memory_model_gathers(framework, mix, per_weight):
     """The time model's all-gathers move what the memory model's gathered units hold: each 4-bit weight at
-    gathered_bytes_per_weight, what stays bf16 (embeddings, norms, LM head) at 2 bytes."""
+    gathered_bytes_per_weight, what stays bf16 (embeddings, norms, LM head) and the LoRA adapters at 2 bytes."""
     s = ftscope.load_scenario({"model": "llama-2-7b", "framework": framework,
                                "hardware": {"gpu": "h100-80gb", "gpus_per_node": 8},
                                "mix": {"method": "qlora", "gradient_checkpointing": True, **mix},
                                "workload": {"micro_batch_size": 1, "seq_len": 4096, "gradient_accumulation": 8}})
     assert gathered_bytes_per_weight(s) == per_weight
     quantized = quantized_params(s)
-    want = quantized * per_weight + (s.model.total_params - quantized) * 2.0
+    adapters = s.model.lora_params(s.mix.lora_rank, s.mix.lora_targets) * 2.0  # gathered with their blocks
+    want = quantized * per_weight + (s.model.total_params - quantized) * 2.0 + adapters
     assert 0.07 < (s.model.total_params - quantized) * 2.0 / want < 0.2  # Llama-2-7B's embeddings and head: 14 %
     assert gathered_weight_bytes(s) == want
     passes = 2.0 if s.mix.fsdp else 3.0   # DeepSpeed fetches again for the recompute

@@ -1,6 +1,8 @@
 """The frozen base by method and what forward keeps beside it (estimate/weight_memory.py)."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 import ftscope
@@ -56,7 +58,9 @@ def test_zero3_keeps_what_its_trace_reuses_within_the_reuse_distance(model, meth
     m, per = z3.model, NF4_DATA_BYTES if method == "qlora" else 2.0
     layer, head = m.largest_layer_params(), m.lm_head_params + m.final_norm_params
     unit = gathered_unit_bytes(z3)
-    assert unit == pytest.approx(layer * per, rel=1e-4)  # a dense block: its norms are all it keeps in bf16
+    adapters = m.lora_params(z3.mix.lora_rank, z3.mix.lora_targets) / m.num_layers if z3.mix.trains_lora else 0
+    # a dense block: its norms and its LoRA adapters are all it gathers in bf16
+    assert unit == pytest.approx(layer * per + 2 * adapters, rel=1e-4)
     elements = unit / 2.0
     kept = next(j for j in range(m.num_layers + 1) if j * elements + head >= ZERO3_MAX_REUSE_DISTANCE)
     assert kept == {"llama-2-7b": 5, "llama-2-70b": 4 if method == "qlora" else 1}[model]
@@ -74,8 +78,12 @@ def test_a_qlora_blocks_gather_holds_its_unquantized_expert_stacks_in_bf16():
     layer, _ = fused.model.layer_groups[0]
     experts = sum(lin.params for lin in layer.linears if lin.group == "experts")
     assert experts > 0.9 * layer.params
-    assert gathered_unit_bytes(modules) == pytest.approx(layer.params * NF4_DATA_BYTES, rel=0.01)
-    assert gathered_unit_bytes(fused) - gathered_unit_bytes(modules) == pytest.approx(experts * 1.5, rel=1e-9)
+    # the adapters, in bf16 either way; a fused gate_up stack shares one A
+    adapters = [s.model.lora_params(s.mix.lora_rank, s.mix.lora_targets, fused_experts=s.mix.fused_experts) /
+                s.model.num_layers * 2.0 for s in (fused, modules)]
+    assert gathered_unit_bytes(modules) == pytest.approx(layer.params * NF4_DATA_BYTES + adapters[1], rel=0.01)
+    assert gathered_unit_bytes(fused) - gathered_unit_bytes(modules) == pytest.approx(
+        experts * 1.5 + adapters[0] - adapters[1], rel=1e-9)
     for s in (fused, modules):  # the gathers are what FSDP holds beyond ZeRO-2
         z2 = scn("mixtral-8x7b", mix={"method": "qlora", "zero_stage": 2, "experts_backend": s.mix.experts_backend},
                  gpus=8)
@@ -123,3 +131,19 @@ def test_nested_quant_off_keeps_an_fp32_absmax_per_64_weights():
     for method in ("lora", "full"):  # a 16-bit base has no quantization state to nest
         assert frozen_weight_bytes(scn(mix={"method": method, "nested_quant": False})) == \
             frozen_weight_bytes(scn(mix={"method": method}))
+
+
+@pytest.mark.parametrize("method", ["lora", "qlora"])
+def test_lora_adapters_are_gathered_with_their_blocks(method):
+    """ZeRO-3 / FSDP partition the adapters with the block that holds them: a gather carries them, in bf16."""
+    z3 = scn("llama-2-70b", mix={"method": method, "zero_stage": 3, "lora_rank": 64, "lora_targets": "all-linear"},
+             gpus=8)
+    plain = scn("llama-2-70b", mix={"method": "full" if method == "lora" else method, "zero_stage": 3}, gpus=8)
+    m = z3.model
+    adapters = m.lora_params(64, "all-linear")
+    assert adapters == 64 * 80 * (2 * (8192 + 8192) + 2 * (8192 + 1024) + 3 * (8192 + 28672))
+    base = m.total_params * 2.0 if method == "lora" else gathered_weight_bytes(
+        dataclasses.replace(z3, mix=dataclasses.replace(z3.mix, lora_rank=0)))
+    assert gathered_weight_bytes(z3) == pytest.approx(base + 2.0 * adapters, rel=1e-9)
+    assert gathered_unit_bytes(z3) - gathered_unit_bytes(plain if method == "lora" else dataclasses.replace(
+        z3, mix=dataclasses.replace(z3.mix, lora_rank=0))) == pytest.approx(2.0 * adapters / 80, rel=1e-9)

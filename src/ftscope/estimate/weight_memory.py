@@ -114,27 +114,53 @@ def gathered_weight_bytes(scn: Scenario) -> float:
     """Bytes of one all-gather of every weight under ZeRO-3 / FSDP full_shard (forward, recompute or backward):
     each 4-bit weight at `gathered_bytes_per_weight`, what QLoRA leaves unquantized (embeddings, norms, LM head,
     transformers 5's fused expert stacks) in bf16 like every weight of LoRA and full fine-tuning (FSDP's
-    param_dtype, DeepSpeed's bf16 module). LoRA adapters are not counted (under 1 % of the base at usual ranks)."""
+    param_dtype, DeepSpeed's bf16 module), and the LoRA adapters, parameters of the wrapped blocks gathered with
+    them in the same dtype (about 5 % of a QLoRA gather at rank 64 on every linear)."""
     total = scn.model.total_params
+    adapters = _adapter_params(scn) * dense_gathered_bytes(scn)
     if scn.mix.method != "qlora":
-        return total * gathered_bytes_per_weight(scn)
+        return total * gathered_bytes_per_weight(scn) + adapters
     quantized = quantized_params(scn)
-    return quantized * gathered_bytes_per_weight(scn) + (total - quantized) * dense_gathered_bytes(scn)
+    return quantized * gathered_bytes_per_weight(scn) + (total - quantized) * dense_gathered_bytes(scn) + adapters
+
+
+def _adapter_params(scn: Scenario) -> int:
+    mix = scn.mix
+    if not mix.trains_lora:
+        return 0
+    return scn.model.lora_params(mix.lora_rank, mix.lora_targets, fused_experts=scn.model.is_moe and mix.fused_experts)
+
+
+def _block_adapter_params(scn: Scenario, layer) -> int:
+    """LoRA parameters of one block (A: r x in, B: out x r per selected matrix and expert; a fused gate_up stack
+    shares one A, as in ModelSpec.lora_params)."""
+    mix = scn.mix
+    if not mix.trains_lora:
+        return 0
+    ids = scn.model.lora_target_ids(mix.lora_targets)
+    selected = [lin for lin in layer.linears if id(lin) in ids]
+    width = sum((lin.in_features + lin.out_features) * lin.count for lin in selected)
+    pair = [lin for lin in selected if lin.group == "experts" and lin.role in ("gate", "up")]
+    if scn.model.is_moe and mix.fused_experts and len(pair) == 2:
+        width -= pair[0].in_features * pair[0].count
+    return mix.lora_rank * width
 
 
 def gathered_unit_bytes(scn: Scenario) -> float:
     """Bytes of the largest block's all-gather under ZeRO-3 / FSDP (the unit forward_transients holds twice): its
     4-bit matrices at `gathered_bytes_per_weight`, the rest of a QLoRA block (norms, routers, transformers 5's
-    fused expert stacks) in bf16; `gathered_weight_bytes` over one block."""
-    per = gathered_bytes_per_weight(scn)
-    if scn.mix.method != "qlora":
-        return scn.model.largest_layer_params() * per
+    fused expert stacks) and its LoRA adapters in bf16; `gathered_weight_bytes` over one block."""
+    per, dense = gathered_bytes_per_weight(scn), dense_gathered_bytes(scn)
     fused = scn.mix.fused_experts
     out = 0.0
     for layer, _ in scn.model.layer_groups:
+        adapters = _block_adapter_params(scn, layer) * dense
+        if scn.mix.method != "qlora":
+            out = max(out, layer.params * per + adapters)
+            continue
         quantized = sum(lin.params for lin in layer.linears
                         if lin.group != "router" and not (fused and lin.group == "experts"))
-        out = max(out, quantized * per + (layer.params - quantized) * dense_gathered_bytes(scn))
+        out = max(out, quantized * per + (layer.params - quantized) * dense + adapters)
     return out
 
 

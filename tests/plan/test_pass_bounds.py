@@ -48,7 +48,7 @@ def test_micro_batch_seconds_per_gpu_are_each_gpus_own(model):
         assert len(set(want)) > 1
         checked += 1
     assert checked >= 14
-    assert len(memo) <= checked  # flash with checkpointing shares nothing here; the repeats hit
+    assert sum(k[0] == "times" for k in memo) <= checked  # flash with checkpointing shares nothing here; the repeats hit
 
 
 def test_checkpointing_reads_the_shared_op_times_with_its_own_recompute():
@@ -63,7 +63,7 @@ def test_checkpointing_reads_the_shared_op_times_with_its_own_recompute():
         got = micro_batch_seconds_per_gpu(np, scns, effs, 4, 512.0, memo)
         want = [micro_batch_seconds(s, 4, 512.0, e) for s, e in zip(scns, effs)]
         assert got.tolist() == pytest.approx(want, rel=1e-12, abs=0), gc
-    assert len(memo) == 1
+    assert sum(k[0] == "times" for k in memo) == 1
 
 
 def test_the_collectives_read_only_the_comm_fields():
@@ -148,6 +148,7 @@ def test_a_pipeline_stage_takes_its_share_of_the_op_times_without_the_pipeline()
         staged = micro_batch_seconds_per_gpu(np, scns, effs, batch, length, memo)
         own = micro_batch_seconds_per_gpu(np, scns, effs, batch, length)
         assert staged.tolist() == pytest.approx(own.tolist(), rel=1e-12, abs=0), (model, mix, pp, batch)
-        assert len(memo) == 1 and next(iter(memo))[2] == 1 / pp
+        (times,) = [v for k, v in memo.items() if k[0] == "times"]  # the whole model's, staged at 1 / pp
+        assert list(times[3]) == [1 / pp]
         checked += 1
     assert checked == 40

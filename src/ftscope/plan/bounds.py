@@ -198,6 +198,47 @@ def _staged_slopes(scn: Scenario, seq: float, one_length: bool, memo: dict
             for op, f, b in slopes]
 
 
+def work_rates(np, scn: Scenario, seq: float, memo: dict, one_length: bool, scns: list[Scenario],
+               effs: list[Efficiency], each: list[Rates]):
+    """op_rates_per_gpu(sequence_work(scn, seq, memo, one_length), scns, effs, each, memo) without the work list:
+    the same float operations on arrays of the ops' fits (kept per ops_mix without the pipeline, then per stage
+    share and checkpointing), not an object per op and mix; None when there is no op (an empty work list)."""
+    mix, flat = scn.mix, ops_mix(scn.mix)
+    key = ("rated work", flat, seq, one_length, mix.gradient_checkpointing, mix.checkpointing, mix.checkpoint_every)
+    parts = memo.get(key)
+    if parts is None:
+        pp = flat.pipeline_parallel
+        whole = fast_replace(flat, pipeline_parallel=1) if pp > 1 else flat
+        base = memo.get(("slope arrays", whole, seq, one_length))
+        if base is None:
+            slopes = memo.get((whole, seq, one_length))  # sequence_work's, when it made them
+            if slopes is None:
+                slopes = memo[(whole, seq, one_length)] = _op_slopes(fast_replace(scn, mix=whole), seq, one_length)
+            base = memo[("slope arrays", whole, seq, one_length)] = _slope_arrays(np, slopes)
+        if base is None:
+            parts = memo[key] = ()
+        else:
+            ops, kinds, cls, flops, bytes_, stream_of = base
+            if pp > 1:  # _staged_slopes: a block op's fits times 1 / stages, the head's whole
+                part = np.array([1.0 if op.head else 1.0 / pp for op in ops])[:, None]
+                flops, bytes_ = flops * part, bytes_ * part
+            passes = np.array([1.0 + op.backward + recomputed(op, mix) for op in ops])[:, None]
+            parts = memo[key] = (kinds, cls, flops * passes, bytes_ * passes, stream_of)
+    return _rated_ops(np, parts, scns, effs, each, memo) if parts else None
+
+
+def _slope_arrays(np, slopes: list[tuple[Op, tuple[float, float], tuple[float, float]]]):
+    """(ops, op classes, class per op, FLOPs fits, bytes fits, stream column per op) of _op_slopes, None if empty."""
+    if not slopes:
+        return None
+    kinds: dict = {}  # op class -> column of the rate table, as op_rates_per_gpu numbers them
+    cls = np.array([kinds.setdefault((op.fusible, op.kind, op.fp8, op.grouped), len(kinds)) for op, _, _ in slopes])
+    flops = np.array([f for _, f, _ in slopes], float)
+    bytes_ = np.array([b for _, _, b in slopes], float)
+    stream_of = np.array([1 if op.fusible else 0 for op, _, _ in slopes])
+    return [op for op, _, _ in slopes], kinds, cls, flops, bytes_, stream_of
+
+
 def _best_rate(w: SequenceWork, r: Rates) -> float:
     """The highest FLOP/s op_time gives an op of this kind (GEMM utilization and the attention length factor
     are at most 1); 0 when its FLOPs do not count."""
@@ -240,13 +281,19 @@ def op_rates_per_gpu(np, work: list[SequenceWork], scns: list[Scenario], effs: l
         parts = (work, kinds, cls, flops, bytes_, [1 if w.fusible else 0 for w in work])  # work kept: no id reuse
         if memo is not None:
             memo[("work", id(work))] = parts
-    _, kinds, cls, flops, bytes_, stream_of = parts
+    return _rated_ops(np, parts[1:], scns, effs, each, memo)
+
+
+def _rated_ops(np, parts: tuple, scns: list[Scenario], effs: list[Efficiency], each: list[Rates] | None,
+               memo: dict | None):
+    """op_rates_per_gpu of a work list's (op classes, class per op, FLOPs and bytes x passes, stream column per op)."""
+    kinds, cls, flops, bytes_, stream_of = parts
     key = None if memo is None or each is None else (tuple(kinds), id(each))
     hit = None if key is None else memo.get(key)
     if hit is None or hit[0] is not each:
-        rate, stream = np.zeros((len(scns), len(kinds))), np.zeros((len(scns), 2))
-        for g, (scn, eff) in enumerate(zip(scns, effs)):
-            r = rates(scn, eff) if each is None else each[g]
+        rate, stream = np.zeros((len(effs), len(kinds))), np.zeros((len(effs), 2))
+        for g, eff in enumerate(effs):  # with `each`, scns may be the first alone
+            r = rates(scns[g], eff) if each is None else each[g]
             for (fusible, kind, fp8, grouped), c in kinds.items():
                 rate[g, c] = _best_rate(SequenceWork(kind, grouped, fp8, fusible, (0.0, 0.0), (0.0, 0.0), 0.0), r)
             stream[g] = r.stream / 1.0, r.stream / r.compile_bytes

@@ -14,9 +14,8 @@ from typing import Any, Callable, Sequence
 from ..estimate.cost import price_of
 from ..estimate.efficiency import Calibration
 from ..estimate.solvers import BATCH_CAP
-from .bounds import (hours_per_gpu_second, op_rates_per_gpu, seconds_per_sequence, sequence_work,
-                     shortest_sequence)
-from .pass_bounds import exposed_seconds_per_sequence, micro_batch_seconds_per_gpu, rates_per_gpu
+from .bounds import hours_per_gpu_second, seconds_per_sequence, shortest_sequence, work_rates
+from .pass_bounds import RATE_MIX_FIELDS, exposed_seconds_per_sequence, micro_batch_seconds_per_gpu, rates_per_gpu
 from .scan import REFUSAL_FREE, Scan
 from .space import Space, with_mix
 
@@ -267,7 +266,6 @@ def _time_bounds(np, space: Space, cal: Calibration, on_gpu: Sequence[Any], g_of
     passes: dict = {}  # micro_batch_seconds_per_gpu's op times per op list and rates
     comms: dict = {}  # exposed_seconds_per_sequence per distinct COMM_FIELDS value
     rate_memo: dict = {}  # rates_per_gpu per distinct RATE_MIX_FIELDS value
-    rate_tables: dict = {}  # op_rates_per_gpu's rate table per op classes and rates
     effs = [cal.for_gpu(base.cluster.gpu.key)[0] for base in on_gpu]
     bases = [b.base for b in space.blocks]
     block_effs = [cal.for_gpu(b.gpu.key)[0] for b in space.blocks]
@@ -282,17 +280,21 @@ def _time_bounds(np, space: Space, cal: Calibration, on_gpu: Sequence[Any], g_of
             for s in list(representative)[n:]:
                 unbounded[by_sig[starts[s]:starts[s + 1]]] = True
             break
-        # one padded length (packed): the work at that length alone, two op lists per fit instead of six
-        work = (sequence_work(with_mix(on_gpu[0], mix), float(seqs[0]), memo, one_length=True) if len(seqs) == 1
-                else sequence_work(with_mix(on_gpu[0], mix), shortest, memo))
+        first = with_mix(on_gpu[0], mix)
         columns = by_sig[starts[s]:starts[s + 1]]
         fitting = fit_by_sig[fit_starts[s]:fit_starts[s + 1]]
-        if not work or not len(columns):
+        if not len(columns):
             continue
-        scns = [with_mix(base, mix) for base in on_gpu]
-        rated = rates_per_gpu(np, scns, effs, rate_memo)
-        rates = op_rates_per_gpu(np, work, scns, effs, rated[0], rate_tables)  # GPU types x ops x (a, b, c, d)
-        single = micro_batch_seconds_per_gpu(np, scns, effs, 1, shortest, passes, rated)
+        rated = rate_memo.get(tuple(getattr(mix, f) for f in RATE_MIX_FIELDS))
+        if rated is None:
+            rated = rates_per_gpu(np, [with_mix(base, mix) for base in on_gpu], effs, rate_memo)
+        # GPU types x ops x (a, b, c, d) of op_rates_per_gpu(sequence_work(...)); one padded length (packed): the
+        # work at that length alone, two op lists per fit instead of six
+        rates = (work_rates(np, first, float(seqs[0]), memo, True, [first], effs, rated[0]) if len(seqs) == 1
+                 else work_rates(np, first, shortest, memo, False, [first], effs, rated[0]))
+        if rates is None:
+            continue
+        single = micro_batch_seconds_per_gpu(np, [first], effs, 1, shortest, passes, rated)
         at = seq_of[fitting]
         if len(seqs) == 1:
             used = np.zeros(1, np.int64)
@@ -300,8 +302,9 @@ def _time_bounds(np, space: Space, cal: Calibration, on_gpu: Sequence[Any], g_of
             rest = others and len(fitting) < len(g_of) * len(columns)
             used = np.unique(np.append(at, at_one) if rest else at)
         table = seconds_per_sequence(np, rates, np.broadcast_to(seqs[used], (len(on_gpu), len(used))))
-        exposed = exposed_seconds_per_sequence(np, bases, block_effs, mix, shortest, comms)  # per block
         block = rows[fitting]
+        exposed = exposed_seconds_per_sequence(np, bases, block_effs, mix, shortest, comms,  # per block
+                                               np.unique(block).tolist())
         per_seq[fitting] = np.maximum(table[g_of[block], np.searchsorted(used, at)],
                                       single[g_of[block]] / batch_max[fitting]) + exposed[block]
     world = np.array([b.world for b in space.blocks], float)

@@ -147,26 +147,56 @@ def micro_batch_seconds_per_gpu(np, scns: Sequence[Scenario], effs: Sequence[Eff
     product, the same terms in another order (a few ulps, inside the bounds' SAFETY). `rated`: rates_per_gpu's
     answer for `scns`, when known (the rates do not read the workload). With a memo, a pipeline's op times are
     those of its ops without the pipeline, a block op's times 1 / stages (_staged: a few ulps from its own)."""
-    fixed = scns[0].with_(padding="max_length", seq_len=max(1, math.floor(length)))
-    seq = fixed.workload.mean_padded_len(batch)
-    mix = fixed.mix  # the ops depend neither on the GPU nor on what ops_mix leaves out (checkpointing)
+    first = scns[0]
+    fixed = None if memo is None else memo.get(("fixed", id(first.workload), length, batch))
+    if fixed is None or fixed[0] is not first.workload:  # the workload kept with its key: no id reuse
+        wl = first.with_(padding="max_length", seq_len=max(1, math.floor(length))).workload
+        fixed = (first.workload, wl, wl.mean_padded_len(batch))
+        if memo is not None:
+            memo[("fixed", id(first.workload), length, batch)] = fixed
+    _, wl, seq = fixed
+    mix = first.mix  # the ops depend neither on the GPU nor on what ops_mix leaves out (checkpointing)
     flat, share = ops_mix(mix), 1.0
     if memo is not None and flat.pipeline_parallel > 1:
         flat, share = fast_replace(flat, pipeline_parallel=1), 1.0 / flat.pipeline_parallel
-    ops = cached_ops(fast_replace(fixed, mix=flat), batch, seq)
+    ops = cached_ops(fast_replace(first, mix=flat, workload=wl), batch, seq)
     each, r = rated if rated is not None else rates_per_gpu(np, scns, effs, {})
-    key = (id(ops), tuple(each), share)
-    hit = None if memo is None else memo.get(key)
-    if hit is None or hit[0] is not ops:
-        hit = (ops, _staged(np, ops, _op_matrices(np, ops, r), share))  # the ops stay alive with their key
-        if memo is not None:
-            memo[key] = hit
-    times, kernels, dispatch, dequant, launches = hit[1]
+    if memo is None:
+        matrices, factors = _staged(np, ops, _op_matrices(np, ops, r), share), _factors(np, ops, mix)
+    else:  # the whole model's matrices per op list and rates (the stages scale them), the factors per checkpointing
+        same = memo.get(("rates", id(each)))  # equal rates share their times: the first such list stands for them
+        if same is None or same[0] is not each:
+            same = memo[("rates", id(each))] = (each, memo.setdefault(("same", tuple(each)), each))
+        key = ("times", id(ops), id(same[1]))
+        hit = memo.get(key)
+        if hit is None or hit[0] is not ops:  # the ops and rates kept with their key: no id reuse
+            hit = memo[key] = (ops, same[1], _op_matrices(np, ops, r), {})
+        matrices = hit[3].get(share)
+        if matrices is None:
+            matrices = hit[3][share] = _staged(np, ops, hit[2], share)
+        ckpt = ("factors", id(ops), mix.gradient_checkpointing and (mix.checkpointing, mix.checkpoint_every))
+        factors = memo.get(ckpt)
+        if factors is None or factors[0] is not ops:
+            factors = memo[ckpt] = (ops, _factors(np, ops, mix))
+        factors = factors[1]
+    return _pass_seconds(np, matrices, factors, r)
+
+
+def _factors(np, ops: Sequence[Op], mix: Any):
+    """Per pass (forward, backward, recompute) and op: how many times the pass runs the op (0 for a dispatch),
+    and the recompute shares alone."""
     rec = np.array([recomputed(op, mix) for op in ops]) if mix.gradient_checkpointing else np.zeros(len(ops))
     back = np.array([1.0 if op.kind == "dequant" else op.backward for op in ops])
-    factors = np.where(dispatch, 0.0, np.stack([np.ones(len(ops)), back, rec]))  # forward, backward, recompute
+    dispatch = np.array([op.kind == "dispatch" for op in ops], bool)
+    return np.where(dispatch, 0.0, np.stack([np.ones(len(ops)), back, rec])), rec
+
+
+def _pass_seconds(np, matrices: tuple, factors: tuple, r: dict[str, Any]):
+    """micro_batch_seconds_per_gpu from an op list's matrices (_op_matrices) and factors (_factors)."""
+    times, kernels, dispatch, dequant, launches = matrices
+    factors, rec = factors
     gpu, kern, deq = factors @ times, factors @ kernels, (factors * dequant) @ times
-    syncs = np.zeros((3, len(each)))  # syncs in forward and recompute (backward replays known indices)
+    syncs = np.zeros((3, times.shape[1]))  # syncs in forward and recompute (backward replays known indices)
     syncs[0], syncs[2] = launches.sum() * r["sync"], (launches * rec).sum() * r["sync"]
     with np.errstate(divide="ignore", invalid="ignore"):
         scale = np.where(gpu > 0, np.maximum(kern * r["host"] / gpu, 1.0), 1.0)  # host-bound passes stretch
@@ -181,21 +211,26 @@ COMM_FIELDS = ("precision", "gradient_checkpointing", "checkpointing", "tensor_p
 
 
 def exposed_seconds_per_sequence(np, bases: Sequence[Scenario], effs: Sequence[Efficiency], mix: Any, seq: float,
-                                 memo: dict):
+                                 memo: dict, blocks: Sequence[int] | None = None):
     """Per block (`bases`, `effs` its efficiency): a lower bound on the exposed communication seconds one sequence
     of at least `seq` tokens adds, from the model-parallel collectives no compute hides (window "none", which
     comm.exposed adds whole). Their bytes are linear in the tokens of a step (ga x micro-batch x length, no
     latency term), so a step's are at least ga x micro-batch times one sequence's at the shortest length. Kept
-    per distinct COMM_FIELDS value in `memo`."""
+    per distinct COMM_FIELDS value in `memo`. `blocks`: the only blocks whose number is read (the others may be
+    NaN), each computed once per value: most blocks have no candidate of a given layout that fits."""
     key = tuple(getattr(mix, f) for f in COMM_FIELDS)
     hit = memo.get(key)
-    if hit is None:
-        out = []
-        for base, eff in zip(bases, effs):
-            if base.cluster.world_size <= 1:  # comm.collectives: one GPU talks to no one
-                out.append(0.0)
-                continue
-            scn = fast_replace(base, mix=mix, workload=fast_replace(base.workload, gradient_accumulation=1))
-            out.append(sum(t.seconds for t in model_parallel(scn, eff, 1, seq, layout(scn)) if t.window == "none"))
-        hit = memo[key] = np.array(out) * SAFETY
-    return hit
+    if hit is None:  # the first mix of the value stands for it, whichever block is asked for later
+        hit = memo[key] = (mix, np.full(len(bases), np.nan))
+    first, out = hit
+    for b in range(len(bases)) if blocks is None else blocks:
+        if out[b] != out[b]:  # NaN: not yet computed
+            out[b] = _exposed(bases[b], effs[b], first, seq) * SAFETY
+    return out
+
+
+def _exposed(base: Scenario, eff: Efficiency, mix: Any, seq: float) -> float:
+    if base.cluster.world_size <= 1:  # comm.collectives: one GPU talks to no one
+        return 0.0
+    scn = fast_replace(base, mix=mix, workload=fast_replace(base.workload, gradient_accumulation=1))
+    return sum(t.seconds for t in model_parallel(scn, eff, 1, seq, layout(scn)) if t.window == "none")

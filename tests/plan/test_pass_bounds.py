@@ -152,3 +152,21 @@ def test_a_pipeline_stage_takes_its_share_of_the_op_times_without_the_pipeline()
         assert list(times[3]) == [1 / pp]
         checked += 1
     assert checked == 40
+
+
+def test_exposed_communication_of_some_blocks_is_theirs_of_all():
+    """With `blocks`, exposed_seconds_per_sequence computes those blocks alone, once per COMM_FIELDS value, and each
+    holds what a call over every block gives (the first mix of the value stands for the later ones)."""
+    from ftscope.plan.pass_bounds import exposed_seconds_per_sequence
+    cal = load_calibration()
+    bases = [_scn("olmoe-1b-7b").with_(gpu=gpu_from_catalog(g), gpus_per_node=8, nodes=n)
+             for g in ("h100-80gb", "a100-80gb") for n in (1, 2)]
+    effs = [cal.for_gpu(b.cluster.gpu.key)[0] for b in bases]
+    mix = bases[0].with_(expert_parallel=8, tensor_parallel=2, sequence_parallel=True).mix
+    whole = exposed_seconds_per_sequence(np, bases, effs, mix, 2048.0, {})
+    assert (whole > 0).all()
+    memo: dict = {}
+    some = exposed_seconds_per_sequence(np, bases, effs, mix, 2048.0, memo, [1, 3])
+    assert some[[1, 3]].tolist() == whole[[1, 3]].tolist() and np.isnan(some[[0, 2]]).all()
+    later = exposed_seconds_per_sequence(np, bases, effs, replace(mix, lora_rank=64), 2048.0, memo, [0])
+    assert later is some and later[[0, 1, 3]].tolist() == whole[[0, 1, 3]].tolist()

@@ -372,7 +372,7 @@ def test_work_rates_are_op_rates_per_gpu_of_sequence_work():
     from ftscope.estimate.time import rates
     from ftscope.plan.bounds import op_rates_per_gpu, sequence_work, work_rates
     cal = load_calibration()
-    gpus = ["a100-80gb", "h100-80gb", "mi300x"]
+    gpus = ["a100-80gb", "h100-80gb", "mi300x", "b200"]
     effs = [cal.for_gpu(g)[0] for g in gpus]
     checked = 0
     for model in ("llama-3.2-1b", "olmoe-1b-7b"):
@@ -389,6 +389,8 @@ def test_work_rates_are_op_rates_per_gpu_of_sequence_work():
             want = op_rates_per_gpu(np, sequence_work(scn, 1024.0, memo, one_length), scns, effs, each)
             got = work_rates(np, scn, 1024.0, memo, one_length, [scn], effs, each)
             assert got.tobytes() == want.tobytes(), (model, layout, ckpt, one_length)
+            # laid out alike, so that seconds_per_sequence sums the ops in the same order
+            assert got.strides == want.strides, (model, layout, ckpt, one_length)
             checked += 1
         assert sum(k[0] == "slope arrays" for k in memo) == 4 * 2  # per ops_mix without the pipeline, per length
     assert checked == 96

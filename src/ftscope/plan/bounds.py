@@ -223,8 +223,22 @@ def work_rates(np, scn: Scenario, seq: float, memo: dict, one_length: bool, scns
                 part = np.array([1.0 if op.head else 1.0 / pp for op in ops])[:, None]
                 flops, bytes_ = flops * part, bytes_ * part
             passes = np.array([1.0 + op.backward + recomputed(op, mix) for op in ops])[:, None]
-            parts = memo[key] = (kinds, cls, flops * passes, bytes_ * passes, stream_of)
-    return _rated_ops(np, parts, scns, effs, each, memo) if parts else None
+            parts = memo[key] = (base, np.concatenate([flops * passes, bytes_ * passes], axis=1))
+    if not parts:
+        return None
+    base, work = parts
+    divisor = memo.get(("divisor", id(base), id(each)))  # op_rates_per_gpu's rate and stream per op, GPU and term
+    if divisor is None or divisor[0] is not base or divisor[1] is not each:
+        _, kinds, cls, _, _, stream_of = base
+        rate, stream = _rate_table(np, kinds, scns, effs, each, memo)
+        by = np.concatenate([np.repeat(rate[:, cls][:, :, None], 2, axis=2),
+                             np.repeat(stream[:, stream_of][:, :, None], 2, axis=2)], axis=2)
+        divisor = memo[("divisor", id(base), id(each))] = (base, each, by, by > 0)  # both kept: no id reuse
+    g, n, terms = divisor[2].shape  # laid out op by op, as _rated_ops' arrays are (seconds_per_sequence's sums
+    out = np.zeros((n, g, terms)).transpose(1, 0, 2)  # follow the layout)
+    np.divide(work, divisor[2], out=out, where=divisor[3])  # _rated_ops' where(rate > 0, work / rate, 0)
+    out *= SAFETY
+    return out
 
 
 def _slope_arrays(np, slopes: list[tuple[Op, tuple[float, float], tuple[float, float]]]):
@@ -288,6 +302,19 @@ def _rated_ops(np, parts: tuple, scns: list[Scenario], effs: list[Efficiency], e
                memo: dict | None):
     """op_rates_per_gpu of a work list's (op classes, class per op, FLOPs and bytes x passes, stream column per op)."""
     kinds, cls, flops, bytes_, stream_of = parts
+    rate, stream = _rate_table(np, kinds, scns, effs, each, memo)
+    op_rate = rate[:, cls][:, :, None]  # GPUs x ops x 1
+    op_stream = stream[:, stream_of][:, :, None]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        f = np.where(op_rate > 0, flops[None] / op_rate, 0.0)
+        b = np.where(op_stream > 0, bytes_[None] / op_stream, 0.0)
+    return np.concatenate([f, b], axis=2) * SAFETY
+
+
+def _rate_table(np, kinds: dict, scns: list[Scenario], effs: list[Efficiency], each: list[Rates] | None,
+                memo: dict | None):
+    """Per GPU: the best FLOP/s of each op class (`kinds`: class -> column) and the stream bandwidth, plain and
+    fusible; kept in `memo` per classes and rates."""
     key = None if memo is None or each is None else (tuple(kinds), id(each))
     hit = None if key is None else memo.get(key)
     if hit is None or hit[0] is not each:
@@ -300,13 +327,7 @@ def _rated_ops(np, parts: tuple, scns: list[Scenario], effs: list[Efficiency], e
         hit = (each, rate, stream)  # the rates stay alive with their key: no id is reused
         if key is not None:
             memo[key] = hit
-    _, rate, stream = hit
-    op_rate = rate[:, cls][:, :, None]  # GPUs x ops x 1
-    op_stream = stream[:, stream_of][:, :, None]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        f = np.where(op_rate > 0, flops[None] / op_rate, 0.0)
-        b = np.where(op_stream > 0, bytes_[None] / op_stream, 0.0)
-    return np.concatenate([f, b], axis=2) * SAFETY
+    return hit[1], hit[2]
 
 
 def seconds_per_sequence(np, rates, seq):

@@ -15,7 +15,7 @@ from ..estimate.cost import price_of
 from ..estimate.efficiency import Calibration
 from ..estimate.solvers import BATCH_CAP
 from .bounds import hours_per_gpu_second, seconds_per_sequence, shortest_sequence, work_rates
-from .pass_bounds import RATE_MIX_FIELDS, exposed_seconds_per_sequence, micro_batch_seconds_per_gpu, rates_per_gpu
+from .pass_bounds import COMM_FIELDS, RATE_MIX_FIELDS, exposed_seconds_per_sequence, micro_batch_seconds_per_gpu, rates_per_gpu
 from .scan import REFUSAL_FREE, Scan
 from .space import Space, with_mix
 
@@ -275,6 +275,11 @@ def _time_bounds(np, space: Space, cal: Calibration, on_gpu: Sequence[Any], g_of
     fit_by_sig = np.argsort(fit_sig, kind="stable")  # the fitting candidates of each signature, likewise
     fit_starts = np.searchsorted(fit_sig[fit_by_sig], np.arange(len(sig) and int(sig.max()) + 2))
     unbounded = np.zeros(len(sig), bool)
+    # per signature bounded, in order: its seconds per sequence (GPU types x its lengths), those lengths, its
+    # micro-batch seconds per GPU type and its COMM_FIELDS value; read per candidate after the loop
+    tables, lengths_of, singles, comm_at = [], [], [], []
+    comm_of: dict = {}  # COMM_FIELDS value -> (its number, the first mix with it)
+    k_of = np.full(len(sig) and int(sig.max()) + 1, -1)  # signature -> its place in those lists
     for n, (s, mix) in enumerate(representative.items()):
         if stop_at is not None and time.perf_counter() > stop_at:
             for s in list(representative)[n:]:
@@ -295,23 +300,53 @@ def _time_bounds(np, space: Space, cal: Calibration, on_gpu: Sequence[Any], g_of
         if rates is None:
             continue
         single = micro_batch_seconds_per_gpu(np, [first], effs, 1, shortest, passes, rated)
-        at = seq_of[fitting]
         if len(seqs) == 1:
             used = np.zeros(1, np.int64)
         else:
+            at = seq_of[fitting]
             rest = others and len(fitting) < len(g_of) * len(columns)
             used = np.unique(np.append(at, at_one) if rest else at)
-        table = seconds_per_sequence(np, rates, np.broadcast_to(seqs[used], (len(on_gpu), len(used))))
-        block = rows[fitting]
-        exposed = exposed_seconds_per_sequence(np, bases, block_effs, mix, shortest, comms,  # per block
-                                               np.unique(block).tolist())
-        per_seq[fitting] = np.maximum(table[g_of[block], np.searchsorted(used, at)],
-                                      single[g_of[block]] / batch_max[fitting]) + exposed[block]
+        tables.append(seconds_per_sequence(np, rates, np.broadcast_to(seqs[used], (len(on_gpu), len(used)))))
+        lengths_of.append(used)
+        singles.append(single)
+        comm = comm_of.setdefault(tuple(getattr(mix, f) for f in COMM_FIELDS), (len(comm_of), mix))[0]
+        k_of[s] = len(singles) - 1
+        comm_at.append(comm)
+    _read_bounds(np, per_seq, tables, lengths_of, singles, comm_at, comm_of, k_of, fit_sig, seq_of, len(seqs), rows,
+                 g_of, batch_max, bases, block_effs, shortest, comms)
     world = np.array([b.world for b in space.blocks], float)
     prices = [price_of(b.base)[0] for b in space.blocks]
     price = np.array([np.nan if p is None else p for p in prices])
     hours = per_seq * hours_per_gpu_second(space.scenario) / replicas
     return hours, hours * world[rows] * price[rows], unbounded
+
+
+def _read_bounds(np, per_seq, tables, lengths_of, singles, comm_at, comm_of, k_of, fit_sig, seq_of, n_seqs, rows,
+                 g_of, batch_max, bases, block_effs, shortest, comms) -> None:
+    """Each fitting candidate's seconds per sequence into `per_seq`, from its signature's (k_of; -1: none, it stays
+    0): the larger of the table at its length and its GPU type's micro-batch seconds over its largest micro-batch,
+    plus its block's exposed communication (computed here for the blocks some candidate reads)."""
+    k = k_of[fit_sig]
+    sel = np.flatnonzero(k >= 0)
+    if not len(sel):
+        return
+    k, block = k[sel], rows[sel]
+    gpu, n_gpus = g_of[block], len(singles[0])
+    width = np.array([len(u) for u in lengths_of])  # lengths per signature
+    first_length = np.concatenate([[0], np.cumsum(width)[:-1]])
+    # each candidate's length's place among its signature's: a search over (signature, length) keys, ascending
+    keys = np.repeat(np.arange(len(width)), width) * n_seqs + np.concatenate(lengths_of)
+    place = np.searchsorted(keys, k * n_seqs + seq_of[sel]) - first_length[k]
+    table = np.concatenate([t.ravel() for t in tables])[n_gpus * first_length[k] + gpu * width[k] + place]
+    single = np.concatenate(singles)[k * n_gpus + gpu]
+    comm = np.array(comm_at)[k]
+    need = np.zeros((len(comm_of), len(bases)), bool)
+    need[comm, block] = True
+    exposed = np.empty((len(comm_of), len(bases)))
+    for c, mix in comm_of.values():
+        exposed[c] = exposed_seconds_per_sequence(np, bases, block_effs, mix, shortest, comms,
+                                                  np.flatnonzero(need[c]).tolist())
+    per_seq[sel] = np.maximum(table, single / batch_max[sel]) + exposed[comm, block]
 
 
 def _distinct_batches(np, batch):

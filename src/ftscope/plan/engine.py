@@ -137,8 +137,9 @@ def _first_rejected(np, cls: Classification, k: int) -> list[int]:
     for b in range(status.shape[0]):
         if len(out) >= k:
             break
-        cols = cls.columns[np.isin(status[b], REJECTED)]
-        out += (np.union1d(cols, cls.dead)[:k - len(out)] + b * nm).tolist()
+        want = k - len(out)  # both ascend: the first `want` of their union are among each one's first `want`
+        cols = cls.columns[np.isin(status[b], REJECTED)][:want]
+        out += (np.union1d(cols, cls.dead[:want])[:want] + b * nm).tolist()
     return out
 
 

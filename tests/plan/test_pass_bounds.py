@@ -170,3 +170,35 @@ def test_exposed_communication_of_some_blocks_is_theirs_of_all():
     assert some[[1, 3]].tolist() == whole[[1, 3]].tolist() and np.isnan(some[[0, 2]]).all()
     later = exposed_seconds_per_sequence(np, bases, effs, replace(mix, lora_rank=64), 2048.0, memo, [0])
     assert later is some and later[[0, 1, 3]].tolist() == whole[[0, 1, 3]].tolist()
+
+
+def test_work_rates_are_op_rates_per_gpu_of_sequence_work():
+    """work_rates (the classification's arrays) gives exactly op_rates_per_gpu(sequence_work(...)) with the same
+    memo, for dense and MoE, every method, eager and fused attention, each checkpointing, pipelines and other
+    layouts, at one length and three; mixes that share an op list share its fits."""
+    from ftscope.estimate.time import rates
+    from ftscope.plan.bounds import op_rates_per_gpu, sequence_work
+    from ftscope.plan.pass_bounds import work_rates
+    cal = load_calibration()
+    gpus = ["a100-80gb", "h100-80gb", "mi300x", "b200"]
+    effs = [cal.for_gpu(g)[0] for g in gpus]
+    checked = 0
+    for model in ("llama-3.2-1b", "olmoe-1b-7b"):
+        memo: dict = {}
+        for mix, pp, ckpt, one_length in itertools.product(
+                (dict(), dict(method="qlora", attention="eager"), dict(method="full", compile=True),
+                 dict(tensor_parallel=2, sequence_parallel=True, context_parallel=2)), (1, 2),
+                (dict(gradient_checkpointing=False), dict(gradient_checkpointing=True),
+                 dict(gradient_checkpointing=True, checkpointing="selective")), (True, False)):
+            layout = dict(mix, pipeline_parallel=pp, **({"expert_parallel": 2} if model != "llama-3.2-1b" else {}))
+            scn = _scn(model).with_(gpus_per_node=8, nodes=2).with_(**layout, **ckpt)
+            scns = [replace(scn, cluster=replace(scn.cluster, gpu=gpu_from_catalog(g))) for g in gpus]
+            each = [rates(s, e) for s, e in zip(scns, effs)]
+            want = op_rates_per_gpu(np, sequence_work(scn, 1024.0, memo, one_length), scns, effs, each)
+            got = work_rates(np, scn, 1024.0, memo, one_length, [scn], effs, each)
+            assert got.tobytes() == want.tobytes(), (model, layout, ckpt, one_length)
+            # laid out alike, so that seconds_per_sequence sums the ops in the same order
+            assert got.strides == want.strides, (model, layout, ckpt, one_length)
+            checked += 1
+        assert sum(k[0] == "slope arrays" for k in memo) == 4 * 2  # per ops_mix without the pipeline, per length
+    assert checked == 96

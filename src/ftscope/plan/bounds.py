@@ -126,7 +126,7 @@ def _at(v: float, seq: float) -> tuple[float, float] | None:
     return (v / seq, 0.0) if v >= 0 else None
 
 
-def _op_slopes(scn: Scenario, seq: float, one_length: bool = False
+def op_slopes(scn: Scenario, seq: float, one_length: bool = False
                ) -> list[tuple[Op, tuple[float, float], tuple[float, float]]]:
     """Per op but dispatch and dequantization: (op, FLOPs fit, bytes fit) of sequence_work, before the passes.
     `one_length`: the work at `seq` alone (two op lists instead of six; see sequence_work)."""
@@ -159,7 +159,7 @@ def sequence_work(scn: Scenario, seq: float, memo: dict | None = None, one_lengt
     `memo`: a dict shared by calls on one model, workload and cluster, whose mixes differ (the fits are kept per
     ops_mix; the passes are the mix's own)."""
     if memo is None:
-        slopes = _op_slopes(scn, seq, one_length)
+        slopes = op_slopes(scn, seq, one_length)
     else:
         key = (ops_mix(scn.mix), seq, one_length)
         slopes = memo.get(key)
@@ -181,76 +181,21 @@ def _work(slopes: list[tuple[Op, tuple[float, float], tuple[float, float]]], mix
 
 def _staged_slopes(scn: Scenario, seq: float, one_length: bool, memo: dict
                    ) -> list[tuple[Op, tuple[float, float], tuple[float, float]]]:
-    """_op_slopes of an ops_mix scenario; with a pipeline, those of the same mix without it (kept in `memo`), a
+    """op_slopes of an ops_mix scenario; with a pipeline, those of the same mix without it (kept in `memo`), a
     block op's work times 1 / stages: micro_batch_ops gives each stage its share of the blocks (count / pp of each
     layer group) and the head to every one, and reads the stages nowhere else (tests/plan/test_bounds.py checks
     the scaled fits against fresh ones; a few ulps apart, inside SAFETY)."""
     pp = scn.mix.pipeline_parallel
     if pp == 1:
-        return _op_slopes(scn, seq, one_length)
+        return op_slopes(scn, seq, one_length)
     flat = fast_replace(scn.mix, pipeline_parallel=1)
     key = (flat, seq, one_length)
     slopes = memo.get(key)
     if slopes is None:
-        slopes = memo[key] = _op_slopes(fast_replace(scn, mix=flat), seq, one_length)
+        slopes = memo[key] = op_slopes(fast_replace(scn, mix=flat), seq, one_length)
     share = 1.0 / pp
     return [(op, f, b) if op.head else (op, (f[0] * share, f[1] * share), (b[0] * share, b[1] * share))
             for op, f, b in slopes]
-
-
-def work_rates(np, scn: Scenario, seq: float, memo: dict, one_length: bool, scns: list[Scenario],
-               effs: list[Efficiency], each: list[Rates]):
-    """op_rates_per_gpu(sequence_work(scn, seq, memo, one_length), scns, effs, each, memo) without the work list:
-    the same float operations on arrays of the ops' fits (kept per ops_mix without the pipeline, then per stage
-    share and checkpointing), not an object per op and mix; None when there is no op (an empty work list)."""
-    mix, flat = scn.mix, ops_mix(scn.mix)
-    key = ("rated work", flat, seq, one_length, mix.gradient_checkpointing, mix.checkpointing, mix.checkpoint_every)
-    parts = memo.get(key)
-    if parts is None:
-        pp = flat.pipeline_parallel
-        whole = fast_replace(flat, pipeline_parallel=1) if pp > 1 else flat
-        base = memo.get(("slope arrays", whole, seq, one_length))
-        if base is None:
-            slopes = memo.get((whole, seq, one_length))  # sequence_work's, when it made them
-            if slopes is None:
-                slopes = memo[(whole, seq, one_length)] = _op_slopes(fast_replace(scn, mix=whole), seq, one_length)
-            base = memo[("slope arrays", whole, seq, one_length)] = _slope_arrays(np, slopes)
-        if base is None:
-            parts = memo[key] = ()
-        else:
-            ops, kinds, cls, flops, bytes_, stream_of = base
-            if pp > 1:  # _staged_slopes: a block op's fits times 1 / stages, the head's whole
-                part = np.array([1.0 if op.head else 1.0 / pp for op in ops])[:, None]
-                flops, bytes_ = flops * part, bytes_ * part
-            passes = np.array([1.0 + op.backward + recomputed(op, mix) for op in ops])[:, None]
-            parts = memo[key] = (base, np.concatenate([flops * passes, bytes_ * passes], axis=1))
-    if not parts:
-        return None
-    base, work = parts
-    divisor = memo.get(("divisor", id(base), id(each)))  # op_rates_per_gpu's rate and stream per op, GPU and term
-    if divisor is None or divisor[0] is not base or divisor[1] is not each:
-        _, kinds, cls, _, _, stream_of = base
-        rate, stream = _rate_table(np, kinds, scns, effs, each, memo)
-        by = np.concatenate([np.repeat(rate[:, cls][:, :, None], 2, axis=2),
-                             np.repeat(stream[:, stream_of][:, :, None], 2, axis=2)], axis=2)
-        divisor = memo[("divisor", id(base), id(each))] = (base, each, by, by > 0)  # both kept: no id reuse
-    g, n, terms = divisor[2].shape  # laid out op by op, as _rated_ops' arrays are (seconds_per_sequence's sums
-    out = np.zeros((n, g, terms)).transpose(1, 0, 2)  # follow the layout)
-    np.divide(work, divisor[2], out=out, where=divisor[3])  # _rated_ops' where(rate > 0, work / rate, 0)
-    out *= SAFETY
-    return out
-
-
-def _slope_arrays(np, slopes: list[tuple[Op, tuple[float, float], tuple[float, float]]]):
-    """(ops, op classes, class per op, FLOPs fits, bytes fits, stream column per op) of _op_slopes, None if empty."""
-    if not slopes:
-        return None
-    kinds: dict = {}  # op class -> column of the rate table, as op_rates_per_gpu numbers them
-    cls = np.array([kinds.setdefault((op.fusible, op.kind, op.fp8, op.grouped), len(kinds)) for op, _, _ in slopes])
-    flops = np.array([f for _, f, _ in slopes], float)
-    bytes_ = np.array([b for _, _, b in slopes], float)
-    stream_of = np.array([1 if op.fusible else 0 for op, _, _ in slopes])
-    return [op for op, _, _ in slopes], kinds, cls, flops, bytes_, stream_of
 
 
 def _best_rate(w: SequenceWork, r: Rates) -> float:
@@ -302,7 +247,7 @@ def _rated_ops(np, parts: tuple, scns: list[Scenario], effs: list[Efficiency], e
                memo: dict | None):
     """op_rates_per_gpu of a work list's (op classes, class per op, FLOPs and bytes x passes, stream column per op)."""
     kinds, cls, flops, bytes_, stream_of = parts
-    rate, stream = _rate_table(np, kinds, scns, effs, each, memo)
+    rate, stream = rate_table(np, kinds, scns, effs, each, memo)
     op_rate = rate[:, cls][:, :, None]  # GPUs x ops x 1
     op_stream = stream[:, stream_of][:, :, None]
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -311,7 +256,7 @@ def _rated_ops(np, parts: tuple, scns: list[Scenario], effs: list[Efficiency], e
     return np.concatenate([f, b], axis=2) * SAFETY
 
 
-def _rate_table(np, kinds: dict, scns: list[Scenario], effs: list[Efficiency], each: list[Rates] | None,
+def rate_table(np, kinds: dict, scns: list[Scenario], effs: list[Efficiency], each: list[Rates] | None,
                 memo: dict | None):
     """Per GPU: the best FLOP/s of each op class (`kinds`: class -> column) and the stream bandwidth, plain and
     fusible; kept in `memo` per classes and rates."""

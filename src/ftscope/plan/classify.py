@@ -14,8 +14,9 @@ from typing import Any, Callable, Sequence
 from ..estimate.cost import price_of
 from ..estimate.efficiency import Calibration
 from ..estimate.solvers import BATCH_CAP
-from .bounds import hours_per_gpu_second, seconds_per_sequence, shortest_sequence, work_rates
-from .pass_bounds import COMM_FIELDS, RATE_MIX_FIELDS, exposed_seconds_per_sequence, micro_batch_seconds_per_gpu, rates_per_gpu
+from .bounds import hours_per_gpu_second, seconds_per_sequence, shortest_sequence
+from .pass_bounds import (COMM_FIELDS, RATE_MIX_FIELDS, exposed_seconds_per_sequence, micro_batch_seconds_per_gpu,
+                          rates_per_gpu, work_rates)
 from .scan import REFUSAL_FREE, Scan
 from .space import Space, with_mix
 

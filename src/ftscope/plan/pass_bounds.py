@@ -14,9 +14,9 @@ from ..estimate.compute import Op, cached_ops, recomputed
 from ..estimate.efficiency import Efficiency
 from ..estimate.kernels import SHORT_TILE, TILE, UNKNOWN_SMS
 from ..estimate.layout import layout
-from ..estimate.time import rates
+from ..estimate.time import Rates, rates
 from ..spec.scenario import Scenario, fast_replace
-from .bounds import SAFETY, ops_mix
+from .bounds import SAFETY, op_slopes, ops_mix, rate_table
 
 RATE_FIELDS = ("fp8_gemm", "gemm", "attention", "seq_half", "stream", "dequant", "floor", "host", "sync", "sms",
                "k_half", "grouped", "compile_bytes", "compile_kernels")
@@ -120,6 +120,61 @@ def _staged(np, ops: Sequence[Op], matrices: tuple, share: float) -> tuple:
     times, kernels, dispatch, dequant, launches = matrices
     part = np.array([1.0 if op.head else share for op in ops])
     return times * part[:, None], kernels * part[:, None], dispatch, dequant, launches * part
+
+
+def work_rates(np, scn: Scenario, seq: float, memo: dict, one_length: bool, scns: list[Scenario],
+               effs: list[Efficiency], each: list[Rates]):
+    """op_rates_per_gpu(sequence_work(scn, seq, memo, one_length), scns, effs, each, memo) without the work list:
+    the same float operations on arrays of the ops' fits (kept per ops_mix without the pipeline, then per stage
+    share and checkpointing), not an object per op and mix; None when there is no op (an empty work list)."""
+    mix, flat = scn.mix, ops_mix(scn.mix)
+    key = ("rated work", flat, seq, one_length, mix.gradient_checkpointing, mix.checkpointing, mix.checkpoint_every)
+    parts = memo.get(key)
+    if parts is None:
+        pp = flat.pipeline_parallel
+        whole = fast_replace(flat, pipeline_parallel=1) if pp > 1 else flat
+        base = memo.get(("slope arrays", whole, seq, one_length))
+        if base is None:
+            slopes = memo.get((whole, seq, one_length))  # sequence_work's, when it made them
+            if slopes is None:
+                slopes = memo[(whole, seq, one_length)] = op_slopes(fast_replace(scn, mix=whole), seq, one_length)
+            base = memo[("slope arrays", whole, seq, one_length)] = _slope_arrays(np, slopes)
+        if base is None:
+            parts = memo[key] = ()
+        else:
+            ops, kinds, cls, flops, bytes_, stream_of = base
+            if pp > 1:  # _staged_slopes: a block op's fits times 1 / stages, the head's whole
+                part = np.array([1.0 if op.head else 1.0 / pp for op in ops])[:, None]
+                flops, bytes_ = flops * part, bytes_ * part
+            passes = np.array([1.0 + op.backward + recomputed(op, mix) for op in ops])[:, None]
+            parts = memo[key] = (base, np.concatenate([flops * passes, bytes_ * passes], axis=1))
+    if not parts:
+        return None
+    base, work = parts
+    divisor = memo.get(("divisor", id(base), id(each)))  # op_rates_per_gpu's rate and stream per op, GPU and term
+    if divisor is None or divisor[0] is not base or divisor[1] is not each:
+        _, kinds, cls, _, _, stream_of = base
+        rate, stream = rate_table(np, kinds, scns, effs, each, memo)
+        by = np.concatenate([np.repeat(rate[:, cls][:, :, None], 2, axis=2),
+                             np.repeat(stream[:, stream_of][:, :, None], 2, axis=2)], axis=2)
+        divisor = memo[("divisor", id(base), id(each))] = (base, each, by, by > 0)  # both kept: no id reuse
+    g, n, terms = divisor[2].shape  # laid out op by op, as _rated_ops' arrays are (seconds_per_sequence's sums
+    out = np.zeros((n, g, terms)).transpose(1, 0, 2)  # follow the layout)
+    np.divide(work, divisor[2], out=out, where=divisor[3])  # _rated_ops' where(rate > 0, work / rate, 0)
+    out *= SAFETY
+    return out
+
+
+def _slope_arrays(np, slopes: list[tuple[Op, tuple[float, float], tuple[float, float]]]):
+    """(ops, op classes, class per op, FLOPs fits, bytes fits, stream column per op) of op_slopes, None if empty."""
+    if not slopes:
+        return None
+    kinds: dict = {}  # op class -> column of the rate table, as op_rates_per_gpu numbers them
+    cls = np.array([kinds.setdefault((op.fusible, op.kind, op.fp8, op.grouped), len(kinds)) for op, _, _ in slopes])
+    flops = np.array([f for _, f, _ in slopes], float)
+    bytes_ = np.array([b for _, _, b in slopes], float)
+    stream_of = np.array([1 if op.fusible else 0 for op, _, _ in slopes])
+    return [op for op, _, _ in slopes], kinds, cls, flops, bytes_, stream_of
 
 
 RATE_MIX_FIELDS = ("precision", "attention", "compile")

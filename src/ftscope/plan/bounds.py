@@ -127,7 +127,7 @@ def _at(v: float, seq: float) -> tuple[float, float] | None:
 
 
 def op_slopes(scn: Scenario, seq: float, one_length: bool = False
-               ) -> list[tuple[Op, tuple[float, float], tuple[float, float]]]:
+              ) -> list[tuple[Op, tuple[float, float], tuple[float, float]]]:
     """Per op but dispatch and dequantization: (op, FLOPs fit, bytes fit) of sequence_work, before the passes.
     `one_length`: the work at `seq` alone (two op lists instead of six; see sequence_work)."""
     try:
@@ -257,7 +257,7 @@ def _rated_ops(np, parts: tuple, scns: list[Scenario], effs: list[Efficiency], e
 
 
 def rate_table(np, kinds: dict, scns: list[Scenario], effs: list[Efficiency], each: list[Rates] | None,
-                memo: dict | None):
+               memo: dict | None):
     """Per GPU: the best FLOP/s of each op class (`kinds`: class -> column) and the stream bandwidth, plain and
     fusible; kept in `memo` per classes and rates."""
     key = None if memo is None or each is None else (tuple(kinds), id(each))

@@ -281,6 +281,7 @@ def _time_bounds(np, space: Space, cal: Calibration, on_gpu: Sequence[Any], g_of
     tables, lengths_of, singles, comm_at = [], [], [], []
     comm_of: dict = {}  # COMM_FIELDS value -> (its number, the first mix with it)
     k_of = np.full(len(sig) and int(sig.max()) + 1, -1)  # signature -> its place in those lists
+    one_length = (np.zeros(1, np.int64), np.broadcast_to(seqs, (len(on_gpu), 1))) if len(seqs) == 1 else None
     for n, (s, mix) in enumerate(representative.items()):
         if stop_at is not None and time.perf_counter() > stop_at:
             for s in list(representative)[n:]:
@@ -302,12 +303,13 @@ def _time_bounds(np, space: Space, cal: Calibration, on_gpu: Sequence[Any], g_of
             continue
         single = micro_batch_seconds_per_gpu(np, [first], effs, 1, shortest, passes, rated)
         if len(seqs) == 1:
-            used = np.zeros(1, np.int64)
+            used, at_used = one_length
         else:
             at = seq_of[fitting]
             rest = others and len(fitting) < len(g_of) * len(columns)
             used = np.unique(np.append(at, at_one) if rest else at)
-        tables.append(seconds_per_sequence(np, rates, np.broadcast_to(seqs[used], (len(on_gpu), len(used)))))
+            at_used = np.broadcast_to(seqs[used], (len(on_gpu), len(used)))
+        tables.append(seconds_per_sequence(np, rates, at_used))
         lengths_of.append(used)
         singles.append(single)
         comm = comm_of.setdefault(tuple(getattr(mix, f) for f in COMM_FIELDS), (len(comm_of), mix))[0]

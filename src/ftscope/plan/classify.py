@@ -336,12 +336,16 @@ def _read_bounds(np, per_seq, tables, lengths_of, singles, comm_at, comm_of, k_o
     k, block = k[sel], rows[sel]
     gpu, n_gpus = g_of[block], len(singles[0])
     width = np.array([len(u) for u in lengths_of])  # lengths per signature
-    first_length = np.concatenate([[0], np.cumsum(width)[:-1]])
-    # each candidate's length's place among its signature's: a search over (signature, length) keys, ascending
-    keys = np.repeat(np.arange(len(width)), width) * n_seqs + np.concatenate(lengths_of)
-    place = np.searchsorted(keys, k * n_seqs + seq_of[sel]) - first_length[k]
-    table = np.concatenate([t.ravel() for t in tables])[n_gpus * first_length[k] + gpu * width[k] + place]
-    single = np.concatenate(singles)[k * n_gpus + gpu]
+    at = k * n_gpus + gpu  # the candidate's GPU type's micro-batch seconds among every signature's
+    if (width == 1).all():  # one length per signature (packed): the tables line up with those
+        table = np.concatenate([t.ravel() for t in tables])[at]
+    else:
+        first_length = np.concatenate([[0], np.cumsum(width)[:-1]])
+        # each candidate's length's place among its signature's: a search over (signature, length) keys, ascending
+        keys = np.repeat(np.arange(len(width)), width) * n_seqs + np.concatenate(lengths_of)
+        place = np.searchsorted(keys, k * n_seqs + seq_of[sel]) - first_length[k]
+        table = np.concatenate([t.ravel() for t in tables])[n_gpus * first_length[k] + gpu * width[k] + place]
+    single = np.concatenate(singles)[at]
     comm = np.array(comm_at)[k]
     need = np.zeros((len(comm_of), len(bases)), bool)
     need[comm, block] = True

@@ -175,7 +175,8 @@ def test_exposed_communication_of_some_blocks_is_theirs_of_all():
 def test_work_rates_are_op_rates_per_gpu_of_sequence_work():
     """work_rates (the classification's arrays) gives exactly op_rates_per_gpu(sequence_work(...)) with the same
     memo, for dense and MoE, every method, eager and fused attention, each checkpointing, pipelines and other
-    layouts, at one length and three; mixes that share an op list share its fits."""
+    layouts, at one length and three (the one length from arrays of the op lists' numbers); mixes that share an op
+    list share its fits."""
     from ftscope.estimate.time import rates
     from ftscope.plan.bounds import op_rates_per_gpu, sequence_work
     from ftscope.plan.pass_bounds import work_rates
@@ -183,7 +184,7 @@ def test_work_rates_are_op_rates_per_gpu_of_sequence_work():
     gpus = ["a100-80gb", "h100-80gb", "mi300x", "b200"]
     effs = [cal.for_gpu(g)[0] for g in gpus]
     checked = 0
-    for model in ("llama-3.2-1b", "olmoe-1b-7b"):
+    for model in ("llama-3.2-1b", "olmoe-1b-7b", "deepseek-v3"):
         memo: dict = {}
         for mix, pp, ckpt, one_length in itertools.product(
                 (dict(), dict(method="qlora", attention="eager"), dict(method="full", compile=True),
@@ -201,4 +202,4 @@ def test_work_rates_are_op_rates_per_gpu_of_sequence_work():
             assert got.strides == want.strides, (model, layout, ckpt, one_length)
             checked += 1
         assert sum(k[0] == "slope arrays" for k in memo) == 4 * 2  # per ops_mix without the pipeline, per length
-    assert checked == 96
+    assert checked == 144

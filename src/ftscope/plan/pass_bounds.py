@@ -10,13 +10,13 @@ import math
 from typing import Any, Sequence
 
 from ..estimate.comm import model_parallel
-from ..estimate.compute import Op, cached_ops, recomputed
+from ..estimate.compute import Op, cached_ops, micro_batch_ops, recomputed
 from ..estimate.efficiency import Efficiency
 from ..estimate.kernels import SHORT_TILE, TILE, UNKNOWN_SMS
 from ..estimate.layout import layout
 from ..estimate.time import Rates, rates
 from ..spec.scenario import Scenario, fast_replace
-from .bounds import SAFETY, op_slopes, ops_mix, rate_table
+from .bounds import LARGE, SAFETY, op_slopes, ops_mix, rate_table
 
 RATE_FIELDS = ("fp8_gemm", "gemm", "attention", "seq_half", "stream", "dequant", "floor", "host", "sync", "sms",
                "k_half", "grouped", "compile_bytes", "compile_kernels")
@@ -135,10 +135,15 @@ def work_rates(np, scn: Scenario, seq: float, memo: dict, one_length: bool, scns
         whole = fast_replace(flat, pipeline_parallel=1) if pp > 1 else flat
         base = memo.get(("slope arrays", whole, seq, one_length))
         if base is None:
-            slopes = memo.get((whole, seq, one_length))  # sequence_work's, when it made them
-            if slopes is None:
-                slopes = memo[(whole, seq, one_length)] = op_slopes(fast_replace(scn, mix=whole), seq, one_length)
-            base = memo[("slope arrays", whole, seq, one_length)] = _slope_arrays(np, slopes)
+            at = fast_replace(scn, mix=whole)
+            base = _one_length_arrays(np, at, seq) if one_length else NotImplemented
+            if base is NotImplemented:
+                slopes = memo.get((whole, seq, one_length))  # sequence_work's, when it made them
+                if slopes is None:
+                    slopes = memo[(whole, seq, one_length)] = op_slopes(at, seq, one_length)
+                base = _slope_arrays(np, [op for op, _, _ in slopes], np.array([f for _, f, _ in slopes], float),
+                                     np.array([b for _, _, b in slopes], float))
+            memo[("slope arrays", whole, seq, one_length)] = base
         if base is None:
             parts = memo[key] = ()
         else:
@@ -165,16 +170,43 @@ def work_rates(np, scn: Scenario, seq: float, memo: dict, one_length: bool, scns
     return out
 
 
-def _slope_arrays(np, slopes: list[tuple[Op, tuple[float, float], tuple[float, float]]]):
-    """(ops, op classes, class per op, FLOPs fits, bytes fits, stream column per op) of op_slopes, None if empty."""
-    if not slopes:
+def _slope_arrays(np, ops: list[Op], flops, bytes_):
+    """(ops, op classes, class per op, FLOPs fits, bytes fits, stream column per op) of op_slopes' ops and fits
+    (ops x 2 each), None without an op."""
+    if not ops:
         return None
     kinds: dict = {}  # op class -> column of the rate table, as op_rates_per_gpu numbers them
-    cls = np.array([kinds.setdefault((op.fusible, op.kind, op.fp8, op.grouped), len(kinds)) for op, _, _ in slopes])
-    flops = np.array([f for _, f, _ in slopes], float)
-    bytes_ = np.array([b for _, _, b in slopes], float)
-    stream_of = np.array([1 if op.fusible else 0 for op, _, _ in slopes])
-    return [op for op, _, _ in slopes], kinds, cls, flops, bytes_, stream_of
+    cls = np.array([kinds.setdefault((op.fusible, op.kind, op.fp8, op.grouped), len(kinds)) for op in ops])
+    return ops, kinds, cls, flops, bytes_, np.array([1 if op.fusible else 0 for op in ops])
+
+
+def _one_length_arrays(np, scn: Scenario, seq: float):
+    """_slope_arrays of op_slopes(scn, seq, one_length=True), the same float operations (bounds._slopes,
+    _at_least_linear, _at) on arrays of the op lists' numbers instead of op by op; NotImplemented where the small
+    micro-batches' lists do not line up with the slopes' (op_slopes then decides)."""
+    one, two = micro_batch_ops(scn, LARGE, seq), micro_batch_ops(scn, 2 * LARGE, seq)
+    if len(one) != len(two) or any(a.kind != b.kind or a.layer != b.layer for a, b in zip(one, two)):
+        return None  # op_slopes: no op
+
+    def numbers(ops):
+        return np.array([op.flops for op in ops], float), np.array([op.bytes for op in ops], float)
+
+    (f1, b1), (f2, b2) = numbers(one), numbers(two)
+    flops, bytes_ = (f2 - f1) / LARGE, (b2 - b1) / LARGE  # per added sequence
+    f_ok, b_ok = np.ones(len(one), bool), np.ones(len(one), bool)
+    for batch in (1, 2, 16):  # at least linear: small micro-batches reach the slope times the sequences
+        ops = cached_ops(scn, batch, seq) if batch == 1 else micro_batch_ops(scn, batch, seq)
+        if len(ops) != len(one):
+            return NotImplemented
+        f, b = numbers(ops)
+        f_ok &= f >= batch * flops * (1 - 1e-9)
+        b_ok &= b >= batch * bytes_ * (1 - 1e-9)
+    keep = np.array([op.kind not in ("dispatch", "dequant") for op in one], bool)
+    flops = np.where(f_ok & (flops >= 0), flops / seq, 0.0)[keep]  # _at: c1 = slope / seq, c2 = 0
+    bytes_ = np.where(b_ok & (bytes_ >= 0), bytes_ / seq, 0.0)[keep]
+    zero = np.zeros(len(flops))
+    return _slope_arrays(np, [op for op, k in zip(one, keep.tolist()) if k], np.stack([flops, zero], axis=1),
+                         np.stack([bytes_, zero], axis=1))
 
 
 RATE_MIX_FIELDS = ("precision", "attention", "compile")

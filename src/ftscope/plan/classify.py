@@ -249,10 +249,11 @@ def _time_bounds(np, space: Space, cal: Calibration, on_gpu: Sequence[Any], g_of
     """Lower bounds of hours and dollars per fitting candidate (its block in `rows`, its column in `cols`): per
     compute signature and GPU type, the per-op seconds per sequence (bounds.op_rates) at the shortest padded length
     its micro-batch bound can have, plus per block the model-parallel communication no compute hides
-    (pass_bounds.exposed_seconds_per_sequence). Also which columns the clock (`stop_at`) left without a bound, the
-    signatures taken in listing order. `others`: some candidate does not fit; the lengths' table of a signature then
-    holds the length at micro-batch 1 too whenever one of its columns has such a candidate (the table's shape sets
-    the order numpy sums the ops in, so the numbers stay those of a table over every candidate)."""
+    (pass_bounds.exposed_seconds_per_sequence), read per candidate in one pass (_read_bounds). Also which columns
+    the clock (`stop_at`) left without a bound, the signatures taken in listing order. `others`: some candidate does
+    not fit; the lengths' table of a signature then holds the length at micro-batch 1 too whenever one of its
+    columns has such a candidate (the table's shape sets the order numpy sums the ops in, so the numbers stay those
+    of a table over every candidate)."""
     wl = space.scenario.workload
     shortest = shortest_sequence(space.scenario)
     batches, which = _distinct_batches(np, np.append(batch, 1.0) if others else batch)

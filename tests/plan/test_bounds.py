@@ -363,4 +363,3 @@ def test_a_pipelines_work_is_its_stage_share_of_the_work_without_it():
                     assert x == pytest.approx(y, rel=1e-12, abs=0.0), (model, layout, one_length)
                     checked += y > 0
     assert checked > 500
-

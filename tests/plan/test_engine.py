@@ -203,3 +203,17 @@ def test_every_bundled_example_searches_exactly_what_the_exhaustive_one_does(exa
     """The full default space (every mix, the scenario's GPU, counts up to its own), as `ftscope recommend` runs it:
     rows, counts per reason, best and explanation equal, character for character."""
     _pruned_and_exhaustive(ftscope.load_scenario(ROOT / "examples" / example), SearchSpace(), dict(margin=margin))
+
+
+def test_the_ranking_order_is_lexsorts_chunk_by_chunk():
+    """engine._ascending yields np.lexsort((bounds, tiers))'s order, ties and infinities and NaN included, whatever
+    the chunk."""
+    import numpy as np
+    from ftscope.plan.engine import _ascending
+    rng = np.random.default_rng(0)
+    for n, whole, chunk in ((0, False, 3), (7, True, 3), (5000, True, 16), (5000, False, 16), (20000, True, 4096)):
+        bounds = rng.integers(0, 50, n).astype(float) if whole else rng.random(n)
+        bounds[rng.integers(0, max(n, 1), n // 10)] = np.inf
+        bounds[rng.integers(0, max(n, 1), n // 20)] = np.nan
+        tiers = rng.integers(0, 2, n).astype(np.int8)
+        assert list(_ascending(np, bounds, tiers, chunk)) == np.lexsort((bounds, tiers)).tolist(), (n, chunk)

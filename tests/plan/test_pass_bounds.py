@@ -48,7 +48,7 @@ def test_micro_batch_seconds_per_gpu_are_each_gpus_own(model):
         assert len(set(want)) > 1
         checked += 1
     assert checked >= 14
-    assert len(memo) <= checked  # flash with checkpointing shares nothing here; the repeats hit
+    assert sum(k[0] == "times" for k in memo) <= checked  # flash with checkpointing shares nothing here; the repeats hit
 
 
 def test_checkpointing_reads_the_shared_op_times_with_its_own_recompute():
@@ -63,7 +63,7 @@ def test_checkpointing_reads_the_shared_op_times_with_its_own_recompute():
         got = micro_batch_seconds_per_gpu(np, scns, effs, 4, 512.0, memo)
         want = [micro_batch_seconds(s, 4, 512.0, e) for s, e in zip(scns, effs)]
         assert got.tolist() == pytest.approx(want, rel=1e-12, abs=0), gc
-    assert len(memo) == 1
+    assert sum(k[0] == "times" for k in memo) == 1
 
 
 def test_the_collectives_read_only_the_comm_fields():
@@ -148,6 +148,58 @@ def test_a_pipeline_stage_takes_its_share_of_the_op_times_without_the_pipeline()
         staged = micro_batch_seconds_per_gpu(np, scns, effs, batch, length, memo)
         own = micro_batch_seconds_per_gpu(np, scns, effs, batch, length)
         assert staged.tolist() == pytest.approx(own.tolist(), rel=1e-12, abs=0), (model, mix, pp, batch)
-        assert len(memo) == 1 and next(iter(memo))[2] == 1 / pp
+        (times,) = [v for k, v in memo.items() if k[0] == "times"]  # the whole model's, staged at 1 / pp
+        assert list(times[3]) == [1 / pp]
         checked += 1
     assert checked == 40
+
+
+def test_exposed_communication_of_some_blocks_is_theirs_of_all():
+    """With `blocks`, exposed_seconds_per_sequence computes those blocks alone, once per COMM_FIELDS value, and each
+    holds what a call over every block gives (the first mix of the value stands for the later ones)."""
+    from ftscope.plan.pass_bounds import exposed_seconds_per_sequence
+    cal = load_calibration()
+    bases = [_scn("olmoe-1b-7b").with_(gpu=gpu_from_catalog(g), gpus_per_node=8, nodes=n)
+             for g in ("h100-80gb", "a100-80gb") for n in (1, 2)]
+    effs = [cal.for_gpu(b.cluster.gpu.key)[0] for b in bases]
+    mix = bases[0].with_(expert_parallel=8, tensor_parallel=2, sequence_parallel=True).mix
+    whole = exposed_seconds_per_sequence(np, bases, effs, mix, 2048.0, {})
+    assert (whole > 0).all()
+    memo: dict = {}
+    some = exposed_seconds_per_sequence(np, bases, effs, mix, 2048.0, memo, [1, 3])
+    assert some[[1, 3]].tolist() == whole[[1, 3]].tolist() and np.isnan(some[[0, 2]]).all()
+    later = exposed_seconds_per_sequence(np, bases, effs, replace(mix, lora_rank=64), 2048.0, memo, [0])
+    assert later is some and later[[0, 1, 3]].tolist() == whole[[0, 1, 3]].tolist()
+
+
+def test_work_rates_are_op_rates_per_gpu_of_sequence_work():
+    """work_rates (the classification's arrays) gives exactly op_rates_per_gpu(sequence_work(...)) with the same
+    memo, for dense and MoE, every method, eager and fused attention, each checkpointing, pipelines and other
+    layouts, at one length and three (the one length from arrays of the op lists' numbers); mixes that share an op
+    list share its fits."""
+    from ftscope.estimate.time import rates
+    from ftscope.plan.bounds import op_rates_per_gpu, sequence_work
+    from ftscope.plan.pass_bounds import work_rates
+    cal = load_calibration()
+    gpus = ["a100-80gb", "h100-80gb", "mi300x", "b200"]
+    effs = [cal.for_gpu(g)[0] for g in gpus]
+    checked = 0
+    for model in ("llama-3.2-1b", "olmoe-1b-7b", "deepseek-v3"):
+        memo: dict = {}
+        for mix, pp, ckpt, one_length in itertools.product(
+                (dict(), dict(method="qlora", attention="eager"), dict(method="full", compile=True),
+                 dict(tensor_parallel=2, sequence_parallel=True, context_parallel=2)), (1, 2),
+                (dict(gradient_checkpointing=False), dict(gradient_checkpointing=True),
+                 dict(gradient_checkpointing=True, checkpointing="selective")), (True, False)):
+            layout = dict(mix, pipeline_parallel=pp, **({"expert_parallel": 2} if model != "llama-3.2-1b" else {}))
+            scn = _scn(model).with_(gpus_per_node=8, nodes=2).with_(**layout, **ckpt)
+            scns = [replace(scn, cluster=replace(scn.cluster, gpu=gpu_from_catalog(g))) for g in gpus]
+            each = [rates(s, e) for s, e in zip(scns, effs)]
+            want = op_rates_per_gpu(np, sequence_work(scn, 1024.0, memo, one_length), scns, effs, each)
+            got = work_rates(np, scn, 1024.0, memo, one_length, [scn], effs, each)
+            assert got.tobytes() == want.tobytes(), (model, layout, ckpt, one_length)
+            # laid out alike, so that seconds_per_sequence sums the ops in the same order
+            assert got.strides == want.strides, (model, layout, ckpt, one_length)
+            checked += 1
+        assert sum(k[0] == "slope arrays" for k in memo) == 4 * 2  # per ops_mix without the pipeline, per length
+    assert checked == 144

@@ -126,8 +126,8 @@ def _at(v: float, seq: float) -> tuple[float, float] | None:
     return (v / seq, 0.0) if v >= 0 else None
 
 
-def _op_slopes(scn: Scenario, seq: float, one_length: bool = False
-               ) -> list[tuple[Op, tuple[float, float], tuple[float, float]]]:
+def op_slopes(scn: Scenario, seq: float, one_length: bool = False
+              ) -> list[tuple[Op, tuple[float, float], tuple[float, float]]]:
     """Per op but dispatch and dequantization: (op, FLOPs fit, bytes fit) of sequence_work, before the passes.
     `one_length`: the work at `seq` alone (two op lists instead of six; see sequence_work)."""
     try:
@@ -159,7 +159,7 @@ def sequence_work(scn: Scenario, seq: float, memo: dict | None = None, one_lengt
     `memo`: a dict shared by calls on one model, workload and cluster, whose mixes differ (the fits are kept per
     ops_mix; the passes are the mix's own)."""
     if memo is None:
-        slopes = _op_slopes(scn, seq, one_length)
+        slopes = op_slopes(scn, seq, one_length)
     else:
         key = (ops_mix(scn.mix), seq, one_length)
         slopes = memo.get(key)
@@ -181,18 +181,18 @@ def _work(slopes: list[tuple[Op, tuple[float, float], tuple[float, float]]], mix
 
 def _staged_slopes(scn: Scenario, seq: float, one_length: bool, memo: dict
                    ) -> list[tuple[Op, tuple[float, float], tuple[float, float]]]:
-    """_op_slopes of an ops_mix scenario; with a pipeline, those of the same mix without it (kept in `memo`), a
+    """op_slopes of an ops_mix scenario; with a pipeline, those of the same mix without it (kept in `memo`), a
     block op's work times 1 / stages: micro_batch_ops gives each stage its share of the blocks (count / pp of each
     layer group) and the head to every one, and reads the stages nowhere else (tests/plan/test_bounds.py checks
     the scaled fits against fresh ones; a few ulps apart, inside SAFETY)."""
     pp = scn.mix.pipeline_parallel
     if pp == 1:
-        return _op_slopes(scn, seq, one_length)
+        return op_slopes(scn, seq, one_length)
     flat = fast_replace(scn.mix, pipeline_parallel=1)
     key = (flat, seq, one_length)
     slopes = memo.get(key)
     if slopes is None:
-        slopes = memo[key] = _op_slopes(fast_replace(scn, mix=flat), seq, one_length)
+        slopes = memo[key] = op_slopes(fast_replace(scn, mix=flat), seq, one_length)
     share = 1.0 / pp
     return [(op, f, b) if op.head else (op, (f[0] * share, f[1] * share), (b[0] * share, b[1] * share))
             for op, f, b in slopes]
@@ -240,26 +240,39 @@ def op_rates_per_gpu(np, work: list[SequenceWork], scns: list[Scenario], effs: l
         parts = (work, kinds, cls, flops, bytes_, [1 if w.fusible else 0 for w in work])  # work kept: no id reuse
         if memo is not None:
             memo[("work", id(work))] = parts
-    _, kinds, cls, flops, bytes_, stream_of = parts
-    key = None if memo is None or each is None else (tuple(kinds), id(each))
-    hit = None if key is None else memo.get(key)
-    if hit is None or hit[0] is not each:
-        rate, stream = np.zeros((len(scns), len(kinds))), np.zeros((len(scns), 2))
-        for g, (scn, eff) in enumerate(zip(scns, effs)):
-            r = rates(scn, eff) if each is None else each[g]
-            for (fusible, kind, fp8, grouped), c in kinds.items():
-                rate[g, c] = _best_rate(SequenceWork(kind, grouped, fp8, fusible, (0.0, 0.0), (0.0, 0.0), 0.0), r)
-            stream[g] = r.stream / 1.0, r.stream / r.compile_bytes
-        hit = (each, rate, stream)  # the rates stay alive with their key: no id is reused
-        if key is not None:
-            memo[key] = hit
-    _, rate, stream = hit
+    return _rated_ops(np, parts[1:], scns, effs, each, memo)
+
+
+def _rated_ops(np, parts: tuple, scns: list[Scenario], effs: list[Efficiency], each: list[Rates] | None,
+               memo: dict | None):
+    """op_rates_per_gpu of a work list's (op classes, class per op, FLOPs and bytes x passes, stream column per op)."""
+    kinds, cls, flops, bytes_, stream_of = parts
+    rate, stream = rate_table(np, kinds, scns, effs, each, memo)
     op_rate = rate[:, cls][:, :, None]  # GPUs x ops x 1
     op_stream = stream[:, stream_of][:, :, None]
     with np.errstate(divide="ignore", invalid="ignore"):
         f = np.where(op_rate > 0, flops[None] / op_rate, 0.0)
         b = np.where(op_stream > 0, bytes_[None] / op_stream, 0.0)
     return np.concatenate([f, b], axis=2) * SAFETY
+
+
+def rate_table(np, kinds: dict, scns: list[Scenario], effs: list[Efficiency], each: list[Rates] | None,
+               memo: dict | None):
+    """Per GPU: the best FLOP/s of each op class (`kinds`: class -> column) and the stream bandwidth, plain and
+    fusible; kept in `memo` per classes and rates."""
+    key = None if memo is None or each is None else (tuple(kinds), id(each))
+    hit = None if key is None else memo.get(key)
+    if hit is None or hit[0] is not each:
+        rate, stream = np.zeros((len(effs), len(kinds))), np.zeros((len(effs), 2))
+        for g, eff in enumerate(effs):  # with `each`, scns may be the first alone
+            r = rates(scns[g], eff) if each is None else each[g]
+            for (fusible, kind, fp8, grouped), c in kinds.items():
+                rate[g, c] = _best_rate(SequenceWork(kind, grouped, fp8, fusible, (0.0, 0.0), (0.0, 0.0), 0.0), r)
+            stream[g] = r.stream / 1.0, r.stream / r.compile_bytes
+        hit = (each, rate, stream)  # the rates stay alive with their key: no id is reused
+        if key is not None:
+            memo[key] = hit
+    return hit[1], hit[2]
 
 
 def seconds_per_sequence(np, rates, seq):

@@ -14,9 +14,9 @@ from typing import Any, Callable, Sequence
 from ..estimate.cost import price_of
 from ..estimate.efficiency import Calibration
 from ..estimate.solvers import BATCH_CAP
-from .bounds import (hours_per_gpu_second, op_rates_per_gpu, seconds_per_sequence, sequence_work,
-                     shortest_sequence)
-from .pass_bounds import exposed_seconds_per_sequence, micro_batch_seconds_per_gpu, rates_per_gpu
+from .bounds import hours_per_gpu_second, seconds_per_sequence, shortest_sequence
+from .pass_bounds import (COMM_FIELDS, RATE_MIX_FIELDS, exposed_seconds_per_sequence, micro_batch_seconds_per_gpu,
+                          rates_per_gpu, work_rates)
 from .scan import REFUSAL_FREE, Scan
 from .space import Space, with_mix
 
@@ -249,10 +249,11 @@ def _time_bounds(np, space: Space, cal: Calibration, on_gpu: Sequence[Any], g_of
     """Lower bounds of hours and dollars per fitting candidate (its block in `rows`, its column in `cols`): per
     compute signature and GPU type, the per-op seconds per sequence (bounds.op_rates) at the shortest padded length
     its micro-batch bound can have, plus per block the model-parallel communication no compute hides
-    (pass_bounds.exposed_seconds_per_sequence). Also which columns the clock (`stop_at`) left without a bound, the
-    signatures taken in listing order. `others`: some candidate does not fit; the lengths' table of a signature then
-    holds the length at micro-batch 1 too whenever one of its columns has such a candidate (the table's shape sets
-    the order numpy sums the ops in, so the numbers stay those of a table over every candidate)."""
+    (pass_bounds.exposed_seconds_per_sequence), read per candidate in one pass (_read_bounds). Also which columns
+    the clock (`stop_at`) left without a bound, the signatures taken in listing order. `others`: some candidate does
+    not fit; the lengths' table of a signature then holds the length at micro-batch 1 too whenever one of its
+    columns has such a candidate (the table's shape sets the order numpy sums the ops in, so the numbers stay those
+    of a table over every candidate)."""
     wl = space.scenario.workload
     shortest = shortest_sequence(space.scenario)
     batches, which = _distinct_batches(np, np.append(batch, 1.0) if others else batch)
@@ -267,7 +268,6 @@ def _time_bounds(np, space: Space, cal: Calibration, on_gpu: Sequence[Any], g_of
     passes: dict = {}  # micro_batch_seconds_per_gpu's op times per op list and rates
     comms: dict = {}  # exposed_seconds_per_sequence per distinct COMM_FIELDS value
     rate_memo: dict = {}  # rates_per_gpu per distinct RATE_MIX_FIELDS value
-    rate_tables: dict = {}  # op_rates_per_gpu's rate table per op classes and rates
     effs = [cal.for_gpu(base.cluster.gpu.key)[0] for base in on_gpu]
     bases = [b.base for b in space.blocks]
     block_effs = [cal.for_gpu(b.gpu.key)[0] for b in space.blocks]
@@ -277,38 +277,84 @@ def _time_bounds(np, space: Space, cal: Calibration, on_gpu: Sequence[Any], g_of
     fit_by_sig = np.argsort(fit_sig, kind="stable")  # the fitting candidates of each signature, likewise
     fit_starts = np.searchsorted(fit_sig[fit_by_sig], np.arange(len(sig) and int(sig.max()) + 2))
     unbounded = np.zeros(len(sig), bool)
+    # per signature bounded, in order: its seconds per sequence (GPU types x its lengths), those lengths, its
+    # micro-batch seconds per GPU type and its COMM_FIELDS value; read per candidate after the loop
+    tables, lengths_of, singles, comm_at = [], [], [], []
+    comm_of: dict = {}  # COMM_FIELDS value -> (its number, the first mix with it)
+    k_of = np.full(len(sig) and int(sig.max()) + 1, -1)  # signature -> its place in those lists
+    one_length = (np.zeros(1, np.int64), np.broadcast_to(seqs, (len(on_gpu), 1))) if len(seqs) == 1 else None
     for n, (s, mix) in enumerate(representative.items()):
         if stop_at is not None and time.perf_counter() > stop_at:
             for s in list(representative)[n:]:
                 unbounded[by_sig[starts[s]:starts[s + 1]]] = True
             break
-        # one padded length (packed): the work at that length alone, two op lists per fit instead of six
-        work = (sequence_work(with_mix(on_gpu[0], mix), float(seqs[0]), memo, one_length=True) if len(seqs) == 1
-                else sequence_work(with_mix(on_gpu[0], mix), shortest, memo))
+        first = with_mix(on_gpu[0], mix)
         columns = by_sig[starts[s]:starts[s + 1]]
         fitting = fit_by_sig[fit_starts[s]:fit_starts[s + 1]]
-        if not work or not len(columns):
+        if not len(columns):
             continue
-        scns = [with_mix(base, mix) for base in on_gpu]
-        rated = rates_per_gpu(np, scns, effs, rate_memo)
-        rates = op_rates_per_gpu(np, work, scns, effs, rated[0], rate_tables)  # GPU types x ops x (a, b, c, d)
-        single = micro_batch_seconds_per_gpu(np, scns, effs, 1, shortest, passes, rated)
-        at = seq_of[fitting]
+        rated = rate_memo.get(tuple(getattr(mix, f) for f in RATE_MIX_FIELDS))
+        if rated is None:
+            rated = rates_per_gpu(np, [with_mix(base, mix) for base in on_gpu], effs, rate_memo)
+        # GPU types x ops x (a, b, c, d) of op_rates_per_gpu(sequence_work(...)); one padded length (packed): the
+        # work at that length alone, two op lists per fit instead of six
+        rates = (work_rates(np, first, float(seqs[0]), memo, True, [first], effs, rated[0]) if len(seqs) == 1
+                 else work_rates(np, first, shortest, memo, False, [first], effs, rated[0]))
+        if rates is None:
+            continue
+        single = micro_batch_seconds_per_gpu(np, [first], effs, 1, shortest, passes, rated)
         if len(seqs) == 1:
-            used = np.zeros(1, np.int64)
+            used, at_used = one_length
         else:
+            at = seq_of[fitting]
             rest = others and len(fitting) < len(g_of) * len(columns)
             used = np.unique(np.append(at, at_one) if rest else at)
-        table = seconds_per_sequence(np, rates, np.broadcast_to(seqs[used], (len(on_gpu), len(used))))
-        exposed = exposed_seconds_per_sequence(np, bases, block_effs, mix, shortest, comms)  # per block
-        block = rows[fitting]
-        per_seq[fitting] = np.maximum(table[g_of[block], np.searchsorted(used, at)],
-                                      single[g_of[block]] / batch_max[fitting]) + exposed[block]
+            at_used = np.broadcast_to(seqs[used], (len(on_gpu), len(used)))
+        tables.append(seconds_per_sequence(np, rates, at_used))
+        lengths_of.append(used)
+        singles.append(single)
+        comm = comm_of.setdefault(tuple(getattr(mix, f) for f in COMM_FIELDS), (len(comm_of), mix))[0]
+        k_of[s] = len(singles) - 1
+        comm_at.append(comm)
+    _read_bounds(np, per_seq, tables, lengths_of, singles, comm_at, comm_of, k_of, fit_sig, seq_of, len(seqs), rows,
+                 g_of, batch_max, bases, block_effs, shortest, comms)
     world = np.array([b.world for b in space.blocks], float)
     prices = [price_of(b.base)[0] for b in space.blocks]
     price = np.array([np.nan if p is None else p for p in prices])
     hours = per_seq * hours_per_gpu_second(space.scenario) / replicas
     return hours, hours * world[rows] * price[rows], unbounded
+
+
+def _read_bounds(np, per_seq, tables, lengths_of, singles, comm_at, comm_of, k_of, fit_sig, seq_of, n_seqs, rows,
+                 g_of, batch_max, bases, block_effs, shortest, comms) -> None:
+    """Each fitting candidate's seconds per sequence into `per_seq`, from its signature's (k_of; -1: none, it stays
+    0): the larger of the table at its length and its GPU type's micro-batch seconds over its largest micro-batch,
+    plus its block's exposed communication (computed here for the blocks some candidate reads)."""
+    k = k_of[fit_sig]
+    sel = np.flatnonzero(k >= 0)
+    if not len(sel):
+        return
+    k, block = k[sel], rows[sel]
+    gpu, n_gpus = g_of[block], len(singles[0])
+    width = np.array([len(u) for u in lengths_of])  # lengths per signature
+    at = k * n_gpus + gpu  # the candidate's GPU type's micro-batch seconds among every signature's
+    if (width == 1).all():  # one length per signature (packed): the tables line up with those
+        table = np.concatenate([t.ravel() for t in tables])[at]
+    else:
+        first_length = np.concatenate([[0], np.cumsum(width)[:-1]])
+        # each candidate's length's place among its signature's: a search over (signature, length) keys, ascending
+        keys = np.repeat(np.arange(len(width)), width) * n_seqs + np.concatenate(lengths_of)
+        place = np.searchsorted(keys, k * n_seqs + seq_of[sel]) - first_length[k]
+        table = np.concatenate([t.ravel() for t in tables])[n_gpus * first_length[k] + gpu * width[k] + place]
+    single = np.concatenate(singles)[at]
+    comm = np.array(comm_at)[k]
+    need = np.zeros((len(comm_of), len(bases)), bool)
+    need[comm, block] = True
+    exposed = np.empty((len(comm_of), len(bases)))
+    for c, mix in comm_of.values():
+        exposed[c] = exposed_seconds_per_sequence(np, bases, block_effs, mix, shortest, comms,
+                                                  np.flatnonzero(need[c]).tolist())
+    per_seq[sel] = np.maximum(table, single / batch_max[sel]) + exposed[comm, block]
 
 
 def _distinct_batches(np, batch):

@@ -137,8 +137,9 @@ def _first_rejected(np, cls: Classification, k: int) -> list[int]:
     for b in range(status.shape[0]):
         if len(out) >= k:
             break
-        cols = cls.columns[np.isin(status[b], REJECTED)]
-        out += (np.union1d(cols, cls.dead)[:k - len(out)] + b * nm).tolist()
+        want = k - len(out)  # both ascend: the first `want` of their union are among each one's first `want`
+        cols = cls.columns[np.isin(status[b], REJECTED)][:want]
+        out += (np.union1d(cols, cls.dead[:want])[:want] + b * nm).tolist()
     return out
 
 
@@ -280,9 +281,9 @@ class Engine:
         allowed = np.tile(cls.accept[ranking.name][cls.columns], len(self.space.blocks))
         places = np.flatnonzero((flat == FEASIBLE) & allowed)  # positions in listing order (columns ascend)
         bounds, tiers = cls.primary.ravel()[places], cls.tier.ravel()[places]
-        order = np.lexsort((bounds, tiers))  # tight candidates (tier 1) after every safe one; stable within
         top = TopK(ranking.k)
-        for pos, o in enumerate(order.tolist()):
+        # tight candidates (tier 1) after every safe one; stable within
+        for pos, o in enumerate(_ascending(np, bounds, tiers)):
             at, bound, tier = int(places[o]), float(bounds[o]), int(tiers[o])
             idx = cls.index(at)  # the candidate's number: what ties compare and the cache keeps
             if top.full:
@@ -297,7 +298,7 @@ class Engine:
                 if ((tier, tie(sharper), cx, sharper), idx) > (worst_key, worst_idx):
                     continue
             if self._out_of_time():
-                return top, len(order) - pos
+                return top, len(places) - pos
             if self.progress and len(self.cache) % 64 == 0:
                 self.progress("estimate", len(self.cache), None)
             c = self.evaluate(idx)
@@ -337,3 +338,23 @@ class Engine:
             bounds.append((run.usd, usd))
         if any(not exact >= bound for exact, bound in bounds):
             self.violations += 1
+
+
+def _ascending(np, bounds, tiers, chunk: int = 4096):
+    """The positions of `bounds` in np.lexsort((bounds, tiers))'s order (by tier, then bound, then position), sorted
+    a chunk at a time: a ranking stops after the first few thousand of millions, so sorting them all was most of
+    its time. Each chunk is every remaining bound up to the chunk's largest, ties included, so none is split."""
+    for tier in np.unique(tiers).tolist():
+        at = np.flatnonzero(tiers == tier)
+        left = bounds[at]
+        while len(at):
+            take = None
+            if len(at) > chunk:
+                kth = np.partition(left, chunk)[chunk]
+                take = None if kth != kth else left <= kth  # NaN (sorted last): the rest in one chunk
+            if take is None:
+                yield from at[np.argsort(left, kind="stable")].tolist()
+                break
+            yield from at[take][np.argsort(left[take], kind="stable")].tolist()
+            at, left = at[~take], left[~take]
+            chunk *= 4

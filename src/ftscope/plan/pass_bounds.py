@@ -10,13 +10,13 @@ import math
 from typing import Any, Sequence
 
 from ..estimate.comm import model_parallel
-from ..estimate.compute import Op, cached_ops, recomputed
+from ..estimate.compute import Op, cached_ops, micro_batch_ops, recomputed
 from ..estimate.efficiency import Efficiency
 from ..estimate.kernels import SHORT_TILE, TILE, UNKNOWN_SMS
 from ..estimate.layout import layout
-from ..estimate.time import rates
+from ..estimate.time import Rates, rates
 from ..spec.scenario import Scenario, fast_replace
-from .bounds import SAFETY, ops_mix
+from .bounds import LARGE, SAFETY, op_slopes, ops_mix, rate_table
 
 RATE_FIELDS = ("fp8_gemm", "gemm", "attention", "seq_half", "stream", "dequant", "floor", "host", "sync", "sms",
                "k_half", "grouped", "compile_bytes", "compile_kernels")
@@ -122,6 +122,93 @@ def _staged(np, ops: Sequence[Op], matrices: tuple, share: float) -> tuple:
     return times * part[:, None], kernels * part[:, None], dispatch, dequant, launches * part
 
 
+def work_rates(np, scn: Scenario, seq: float, memo: dict, one_length: bool, scns: list[Scenario],
+               effs: list[Efficiency], each: list[Rates]):
+    """op_rates_per_gpu(sequence_work(scn, seq, memo, one_length), scns, effs, each, memo) without the work list:
+    the same float operations on arrays of the ops' fits (kept per ops_mix without the pipeline, then per stage
+    share and checkpointing), not an object per op and mix; None when there is no op (an empty work list)."""
+    mix, flat = scn.mix, ops_mix(scn.mix)
+    key = ("rated work", flat, seq, one_length, mix.gradient_checkpointing, mix.checkpointing, mix.checkpoint_every)
+    parts = memo.get(key)
+    if parts is None:
+        pp = flat.pipeline_parallel
+        whole = fast_replace(flat, pipeline_parallel=1) if pp > 1 else flat
+        base = memo.get(("slope arrays", whole, seq, one_length))
+        if base is None:
+            at = fast_replace(scn, mix=whole)
+            base = _one_length_arrays(np, at, seq) if one_length else NotImplemented
+            if base is NotImplemented:
+                slopes = memo.get((whole, seq, one_length))  # sequence_work's, when it made them
+                if slopes is None:
+                    slopes = memo[(whole, seq, one_length)] = op_slopes(at, seq, one_length)
+                base = _slope_arrays(np, [op for op, _, _ in slopes], np.array([f for _, f, _ in slopes], float),
+                                     np.array([b for _, _, b in slopes], float))
+            memo[("slope arrays", whole, seq, one_length)] = base
+        if base is None:
+            parts = memo[key] = ()
+        else:
+            ops, kinds, cls, flops, bytes_, stream_of = base
+            if pp > 1:  # _staged_slopes: a block op's fits times 1 / stages, the head's whole
+                part = np.array([1.0 if op.head else 1.0 / pp for op in ops])[:, None]
+                flops, bytes_ = flops * part, bytes_ * part
+            passes = np.array([1.0 + op.backward + recomputed(op, mix) for op in ops])[:, None]
+            parts = memo[key] = (base, np.concatenate([flops * passes, bytes_ * passes], axis=1))
+    if not parts:
+        return None
+    base, work = parts
+    divisor = memo.get(("divisor", id(base), id(each)))  # op_rates_per_gpu's rate and stream per op, GPU and term
+    if divisor is None or divisor[0] is not base or divisor[1] is not each:
+        _, kinds, cls, _, _, stream_of = base
+        rate, stream = rate_table(np, kinds, scns, effs, each, memo)
+        by = np.concatenate([np.repeat(rate[:, cls][:, :, None], 2, axis=2),
+                             np.repeat(stream[:, stream_of][:, :, None], 2, axis=2)], axis=2)
+        divisor = memo[("divisor", id(base), id(each))] = (base, each, by, by > 0)  # both kept: no id reuse
+    g, n, terms = divisor[2].shape  # laid out op by op, as _rated_ops' arrays are (seconds_per_sequence's sums
+    out = np.zeros((n, g, terms)).transpose(1, 0, 2)  # follow the layout)
+    np.divide(work, divisor[2], out=out, where=divisor[3])  # _rated_ops' where(rate > 0, work / rate, 0)
+    out *= SAFETY
+    return out
+
+
+def _slope_arrays(np, ops: list[Op], flops, bytes_):
+    """(ops, op classes, class per op, FLOPs fits, bytes fits, stream column per op) of op_slopes' ops and fits
+    (ops x 2 each), None without an op."""
+    if not ops:
+        return None
+    kinds: dict = {}  # op class -> column of the rate table, as op_rates_per_gpu numbers them
+    cls = np.array([kinds.setdefault((op.fusible, op.kind, op.fp8, op.grouped), len(kinds)) for op in ops])
+    return ops, kinds, cls, flops, bytes_, np.array([1 if op.fusible else 0 for op in ops])
+
+
+def _one_length_arrays(np, scn: Scenario, seq: float):
+    """_slope_arrays of op_slopes(scn, seq, one_length=True), the same float operations (bounds._slopes,
+    _at_least_linear, _at) on arrays of the op lists' numbers instead of op by op; NotImplemented where the small
+    micro-batches' lists do not line up with the slopes' (op_slopes then decides)."""
+    one, two = micro_batch_ops(scn, LARGE, seq), micro_batch_ops(scn, 2 * LARGE, seq)
+    if len(one) != len(two) or any(a.kind != b.kind or a.layer != b.layer for a, b in zip(one, two)):
+        return None  # op_slopes: no op
+
+    def numbers(ops):
+        return np.array([op.flops for op in ops], float), np.array([op.bytes for op in ops], float)
+
+    (f1, b1), (f2, b2) = numbers(one), numbers(two)
+    flops, bytes_ = (f2 - f1) / LARGE, (b2 - b1) / LARGE  # per added sequence
+    f_ok, b_ok = np.ones(len(one), bool), np.ones(len(one), bool)
+    for batch in (1, 2, 16):  # at least linear: small micro-batches reach the slope times the sequences
+        ops = cached_ops(scn, batch, seq) if batch == 1 else micro_batch_ops(scn, batch, seq)
+        if len(ops) != len(one):
+            return NotImplemented
+        f, b = numbers(ops)
+        f_ok &= f >= batch * flops * (1 - 1e-9)
+        b_ok &= b >= batch * bytes_ * (1 - 1e-9)
+    keep = np.array([op.kind not in ("dispatch", "dequant") for op in one], bool)
+    flops = np.where(f_ok & (flops >= 0), flops / seq, 0.0)[keep]  # _at: c1 = slope / seq, c2 = 0
+    bytes_ = np.where(b_ok & (bytes_ >= 0), bytes_ / seq, 0.0)[keep]
+    zero = np.zeros(len(flops))
+    return _slope_arrays(np, [op for op, k in zip(one, keep.tolist()) if k], np.stack([flops, zero], axis=1),
+                         np.stack([bytes_, zero], axis=1))
+
+
 RATE_MIX_FIELDS = ("precision", "attention", "compile")
 """The Mix fields time.rates reads (with the GPU and the efficiency; tests/plan/test_pass_bounds.py varies the
 others)."""
@@ -147,26 +234,56 @@ def micro_batch_seconds_per_gpu(np, scns: Sequence[Scenario], effs: Sequence[Eff
     product, the same terms in another order (a few ulps, inside the bounds' SAFETY). `rated`: rates_per_gpu's
     answer for `scns`, when known (the rates do not read the workload). With a memo, a pipeline's op times are
     those of its ops without the pipeline, a block op's times 1 / stages (_staged: a few ulps from its own)."""
-    fixed = scns[0].with_(padding="max_length", seq_len=max(1, math.floor(length)))
-    seq = fixed.workload.mean_padded_len(batch)
-    mix = fixed.mix  # the ops depend neither on the GPU nor on what ops_mix leaves out (checkpointing)
+    first = scns[0]
+    fixed = None if memo is None else memo.get(("fixed", id(first.workload), length, batch))
+    if fixed is None or fixed[0] is not first.workload:  # the workload kept with its key: no id reuse
+        wl = first.with_(padding="max_length", seq_len=max(1, math.floor(length))).workload
+        fixed = (first.workload, wl, wl.mean_padded_len(batch))
+        if memo is not None:
+            memo[("fixed", id(first.workload), length, batch)] = fixed
+    _, wl, seq = fixed
+    mix = first.mix  # the ops depend neither on the GPU nor on what ops_mix leaves out (checkpointing)
     flat, share = ops_mix(mix), 1.0
     if memo is not None and flat.pipeline_parallel > 1:
         flat, share = fast_replace(flat, pipeline_parallel=1), 1.0 / flat.pipeline_parallel
-    ops = cached_ops(fast_replace(fixed, mix=flat), batch, seq)
+    ops = cached_ops(fast_replace(first, mix=flat, workload=wl), batch, seq)
     each, r = rated if rated is not None else rates_per_gpu(np, scns, effs, {})
-    key = (id(ops), tuple(each), share)
-    hit = None if memo is None else memo.get(key)
-    if hit is None or hit[0] is not ops:
-        hit = (ops, _staged(np, ops, _op_matrices(np, ops, r), share))  # the ops stay alive with their key
-        if memo is not None:
-            memo[key] = hit
-    times, kernels, dispatch, dequant, launches = hit[1]
+    if memo is None:
+        matrices, factors = _staged(np, ops, _op_matrices(np, ops, r), share), _factors(np, ops, mix)
+    else:  # the whole model's matrices per op list and rates (the stages scale them), the factors per checkpointing
+        same = memo.get(("rates", id(each)))  # equal rates share their times: the first such list stands for them
+        if same is None or same[0] is not each:
+            same = memo[("rates", id(each))] = (each, memo.setdefault(("same", tuple(each)), each))
+        key = ("times", id(ops), id(same[1]))
+        hit = memo.get(key)
+        if hit is None or hit[0] is not ops:  # the ops and rates kept with their key: no id reuse
+            hit = memo[key] = (ops, same[1], _op_matrices(np, ops, r), {})
+        matrices = hit[3].get(share)
+        if matrices is None:
+            matrices = hit[3][share] = _staged(np, ops, hit[2], share)
+        ckpt = ("factors", id(ops), mix.gradient_checkpointing and (mix.checkpointing, mix.checkpoint_every))
+        factors = memo.get(ckpt)
+        if factors is None or factors[0] is not ops:
+            factors = memo[ckpt] = (ops, _factors(np, ops, mix))
+        factors = factors[1]
+    return _pass_seconds(np, matrices, factors, r)
+
+
+def _factors(np, ops: Sequence[Op], mix: Any):
+    """Per pass (forward, backward, recompute) and op: how many times the pass runs the op (0 for a dispatch),
+    and the recompute shares alone."""
     rec = np.array([recomputed(op, mix) for op in ops]) if mix.gradient_checkpointing else np.zeros(len(ops))
     back = np.array([1.0 if op.kind == "dequant" else op.backward for op in ops])
-    factors = np.where(dispatch, 0.0, np.stack([np.ones(len(ops)), back, rec]))  # forward, backward, recompute
+    dispatch = np.array([op.kind == "dispatch" for op in ops], bool)
+    return np.where(dispatch, 0.0, np.stack([np.ones(len(ops)), back, rec])), rec
+
+
+def _pass_seconds(np, matrices: tuple, factors: tuple, r: dict[str, Any]):
+    """micro_batch_seconds_per_gpu from an op list's matrices (_op_matrices) and factors (_factors)."""
+    times, kernels, dispatch, dequant, launches = matrices
+    factors, rec = factors
     gpu, kern, deq = factors @ times, factors @ kernels, (factors * dequant) @ times
-    syncs = np.zeros((3, len(each)))  # syncs in forward and recompute (backward replays known indices)
+    syncs = np.zeros((3, times.shape[1]))  # syncs in forward and recompute (backward replays known indices)
     syncs[0], syncs[2] = launches.sum() * r["sync"], (launches * rec).sum() * r["sync"]
     with np.errstate(divide="ignore", invalid="ignore"):
         scale = np.where(gpu > 0, np.maximum(kern * r["host"] / gpu, 1.0), 1.0)  # host-bound passes stretch
@@ -181,21 +298,26 @@ COMM_FIELDS = ("precision", "gradient_checkpointing", "checkpointing", "tensor_p
 
 
 def exposed_seconds_per_sequence(np, bases: Sequence[Scenario], effs: Sequence[Efficiency], mix: Any, seq: float,
-                                 memo: dict):
+                                 memo: dict, blocks: Sequence[int] | None = None):
     """Per block (`bases`, `effs` its efficiency): a lower bound on the exposed communication seconds one sequence
     of at least `seq` tokens adds, from the model-parallel collectives no compute hides (window "none", which
     comm.exposed adds whole). Their bytes are linear in the tokens of a step (ga x micro-batch x length, no
     latency term), so a step's are at least ga x micro-batch times one sequence's at the shortest length. Kept
-    per distinct COMM_FIELDS value in `memo`."""
+    per distinct COMM_FIELDS value in `memo`. `blocks`: the only blocks whose number is read (the others may be
+    NaN), each computed once per value: most blocks have no candidate of a given layout that fits."""
     key = tuple(getattr(mix, f) for f in COMM_FIELDS)
     hit = memo.get(key)
-    if hit is None:
-        out = []
-        for base, eff in zip(bases, effs):
-            if base.cluster.world_size <= 1:  # comm.collectives: one GPU talks to no one
-                out.append(0.0)
-                continue
-            scn = fast_replace(base, mix=mix, workload=fast_replace(base.workload, gradient_accumulation=1))
-            out.append(sum(t.seconds for t in model_parallel(scn, eff, 1, seq, layout(scn)) if t.window == "none"))
-        hit = memo[key] = np.array(out) * SAFETY
-    return hit
+    if hit is None:  # the first mix of the value stands for it, whichever block is asked for later
+        hit = memo[key] = (mix, np.full(len(bases), np.nan))
+    first, out = hit
+    for b in range(len(bases)) if blocks is None else blocks:
+        if out[b] != out[b]:  # NaN: not yet computed
+            out[b] = _exposed(bases[b], effs[b], first, seq) * SAFETY
+    return out
+
+
+def _exposed(base: Scenario, eff: Efficiency, mix: Any, seq: float) -> float:
+    if base.cluster.world_size <= 1:  # comm.collectives: one GPU talks to no one
+        return 0.0
+    scn = fast_replace(base, mix=mix, workload=fast_replace(base.workload, gradient_accumulation=1))
+    return sum(t.seconds for t in model_parallel(scn, eff, 1, seq, layout(scn)) if t.window == "none")

@@ -5,8 +5,8 @@ them with ==; a change to models_of or split_states must be made here too, and t
 
 A search probes hundreds of thousands of such models and reads only their reserved bytes (memory_arrays.py): built one
 by one they were most of its pass over the mixes. Only what ModelArrays reads is computed. A mix whose models read
-more of the cluster than its shard count (a recipe's init cache, FSDP's other streams, an optimizer fused into
-backward) is not `columnar`: its models are built one by one.
+more of the cluster than its shard count (a recipe's init cache, FSDP1's unshard or post-backward stream, an
+optimizer fused into backward) is not `columnar`: its models are built one by one.
 """
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from typing import Sequence
 
 from .head_gradient import split_head
 from .memory_part import MixPart
+from .weight_memory import gathered_weight_bytes
 from .memory_arrays import ModelArrays, _rows
 
 
@@ -24,14 +25,13 @@ def columnar(part: MixPart) -> bool:
         return False
     if mix.method == "qlora" and ((rec.init_layer_clones and not m.is_moe) or rec.init_quantize_bytes_per_weight):
         return False  # an init cache (reserved_floor), at one shard
-    # FSDP's other streams (shard_grad_op's held units, FSDP1's unshard and post-backward pools) and init cache
-    return mix.fsdp is None or not (mix.fsdp == "shard_grad_op" or rec.fsdp1_sync_init or rec.fsdp1_unshard_stream
-                                    or rec.fsdp1_post_backward_stream)
+    # FSDP1's init cache, unshard and post-backward pools (shard_grad_op's held units Columns makes)
+    return mix.fsdp is None or not (rec.fsdp1_sync_init or rec.fsdp1_unshard_stream or rec.fsdp1_post_backward_stream)
 
 
-FIELDS = ("mp", "num_w", "num_g", "num_o", "num_t4", "kbit", "bucket", "ot1", "f", "host", "wt", "bt", "sw", "sg", "so",
-          "off_opt", "off_params", "ddp", "in_forward", "has_bucket", "has_ot1", "has_ot2", "split", "is_host", "ckpt",
-          "offload")
+FIELDS = ("mp", "num_w", "num_g", "num_o", "num_t4", "kbit", "bucket", "ot1", "f", "host", "wt", "bt", "held", "sw",
+          "sg", "so", "off_opt", "off_params", "ddp", "in_forward", "has_bucket", "has_ot1", "has_ot2", "split", "is_host",
+          "ckpt", "offload")
 """_numbers' values per mix, in order: numbers, then flags (read as != 0)."""
 
 
@@ -86,9 +86,10 @@ class Columns:
         optimizer = np.where(split, optimizer * f, optimizer)
         opt_transient = np.where(split, opt_transient * f, opt_transient)
         zero = np.zeros(len(n))
+        held = np.where(n > 1, v["held"], 0.0)  # fsdp1_stream_bytes: shard_grad_op's units on the all-gather's stream
         columns = dict(weights=weights, optimizer=optimizer, weight_transient=v["wt"], gradients_in_forward=grads_fwd,
                        gradients=grads, block_transient=v["bt"], optimizer_transient=opt_transient,
-                       stream_gathered=zero, stream_pool=zero, reserved_floor=zero, small_pool_step=zero,
+                       stream_gathered=held, stream_pool=held, reserved_floor=zero, small_pool_step=zero,
                        gradient_pool=zero)
         tables = []
         for objects in ([part.acts for part in self.parts], heads, [part.allocator for part in self.parts]):
@@ -117,6 +118,7 @@ def _numbers(part: MixPart) -> tuple:
             trainable * (2.0 if per.low_states else 4.0), f,
             min(m.largest_layer_params() / m.total_params * 2, 1.0) if host else 0.0,
             part.transient * f if split else part.transient, part.block * f if split else part.block,
+            gathered_weight_bytes(scn) if mix.fsdp == "shard_grad_op" else 0.0,
             stage == 3 or mix.fsdp is not None, stage >= 2, stage >= 1, offload in ("optimizer", "optimizer+params"),
             offload == "optimizer+params", stage == 0, part.in_forward, bucket,
             offload == "none" and mix.optimizer in ("adamw",) and not scn.recipe.adamw_fused,

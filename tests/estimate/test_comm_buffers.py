@@ -7,6 +7,7 @@ from dataclasses import replace
 import pytest
 
 from ftscope.estimate import comm_buffers as cb
+from ftscope.errors import FtscopeError
 from ftscope.estimate import estimate
 from ftscope.spec.hardware import gpu_from_catalog
 from ftscope.spec.scenario import scenario_from_dict
@@ -134,3 +135,29 @@ def test_context_parallel_sends_to_its_neighbours():
     assert ulysses["cp"].p2p_peers == 3
     assert cb.comm_buffer_bytes(_scn(8, context_parallel=4, context_parallel_impl="all_to_all")) > \
         cb.comm_buffer_bytes(_scn(8, context_parallel=4))
+
+
+def test_shared_work_gives_each_runs_own_sum():
+    """CommBytes (what comm_buffer_bytes and the search's scan read) shares communicators, their bytes and sums across
+    runs: each run's number is still the sum of its own communicators' bytes, in order, on every GPU type, count,
+    node size and layout, whichever runs came before it."""
+    memo = cb.CommBytes()
+    seen = set()
+    for gpu in ("h100-80gb", "a100-80gb", "h800", "a40", "rtx-4090"):
+        for gpus, nodes in ((1, 1), (2, 1), (8, 1), (8, 2), (4, 4), (1, 8)):
+            for mix in ({}, {"zero_stage": 2}, {"zero_stage": 3}, {"tensor_parallel": 2, "sequence_parallel": True},
+                        {"tensor_parallel": 2, "pipeline_parallel": 2, "sequence_parallel": True},
+                        {"context_parallel": 2}, {"context_parallel": 2, "context_parallel_impl": "all_to_all"},
+                        {"tensor_parallel": 2, "sequence_parallel": True, "fp8": True}):
+                try:
+                    scn = _scn(gpus, nodes, gpu, **mix)
+                except FtscopeError:  # a layout this count cannot hold
+                    continue
+                build = cb.nccl_build(scn.recipe.nccl_version)
+                want = (0.0 if scn.cluster.world_size <= 1 else
+                        sum(cb.communicator_bytes(c, scn.cluster.gpu, build) for c in cb.communicators(scn)))
+                got = memo.of(scn.cluster, scn.mix, scn.recipe.nccl_version)
+                assert got == want and type(got) is type(want), (gpu, gpus, nodes, mix)
+                assert cb.comm_buffer_bytes(scn) == want
+                seen.add(want)
+    assert len(seen) > 20

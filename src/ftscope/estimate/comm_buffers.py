@@ -261,26 +261,78 @@ def comm_key(scn: Scenario) -> tuple:
             getattr(mix, "fp8", False), scn.recipe.nccl_version)
 
 
-def _comm_bytes(scn: Scenario) -> float:
-    build = nccl_build(scn.recipe.nccl_version)
-    return sum(communicator_bytes(c, scn.cluster.gpu, build) for c in communicators(scn))
-
-
 def comm_buffer_bytes(scn: Scenario) -> float:
     """Bytes NCCL holds on each GPU of this run (the largest stage's view: a middle pipeline stage), outside the
     caching allocator: in what nvidia-smi counts, not in memory_reserved, and out of what torch can reserve. 0 on
     one GPU (no communicator)."""
+    global _MEMO
     if scn.cluster.world_size <= 1:
         return 0.0
-    key = comm_key(scn)
-    value = _BYTES.get(key)
-    if value is None:
-        if len(_BYTES) >= 4096:
-            _BYTES.clear()
-        value = _BYTES[key] = _comm_bytes(scn)
-    return value
+    if _MEMO.size() >= 1 << 16:
+        _MEMO = CommBytes()
+    return _MEMO.of(scn.cluster, scn.mix, scn.recipe.nccl_version)
 
 
-_BYTES: dict[tuple, float] = {}
-"""comm_buffer_bytes per comm_key (a bounded memo: KeyMemo makes a value from its key, and this one needs the
-scenario; the key hashes a few fields where a Scenario hashes every one)."""
+class CommBytes:
+    """comm_buffer_bytes of many runs (a search's mixes on its GPU types and counts), with its work shared: the
+    communicators built once per GPU count, node size and comm_key's mix fields, each communicator's bytes once per
+    GPU type and NCCL version, and their sum once per GPU type, NCCL version and set of communicators (equal sets
+    recur: ZeRO's stage once a model-parallel group exists, the context-parallel kind without one). The same
+    numbers, summed in the same order."""
+
+    def __init__(self) -> None:
+        self._sets: dict[tuple, int] = {}  # cluster shape and mix fields -> the id of its communicators' set
+        self._ids: dict[tuple, int] = {}  # a set of communicators (as tuples) -> its id
+        self._lists: list[list[Communicator]] = []  # per id
+        self._sums: dict[tuple, float] = {}  # (GPU, NCCL version, set id) -> bytes
+        self._each: dict[tuple, float] = {}  # (GPU, NCCL version, communicator) -> bytes
+        self._gpus: dict[int, GpuSpec] = {}  # the GPUs keyed by id(), kept alive so that no id is reused
+        self._builds: dict[str, NcclBuild] = {}
+
+    def size(self) -> int:
+        return len(self._sums) + len(self._sets)
+
+    def of(self, cluster, mix, nccl_version: str) -> float:
+        """comm_buffer_bytes of a scenario with this cluster, mix and NCCL version (only these it reads)."""
+        if cluster.world_size <= 1:
+            return 0.0
+        gpu = cluster.gpu
+        key = (cluster.world_size, cluster.gpus_per_node, mix.tensor_parallel, mix.pipeline_parallel,
+               mix.context_parallel, mix.expert_parallel, mix.zero_stage, mix.context_parallel_impl,
+               getattr(mix, "fp8", False))
+        set_id = self._sets.get(key)
+        if set_id is None:
+            comms = communicators(_Run(cluster, mix))
+            shape = tuple((c.ranks, c.local_ranks, c.collectives, c.p2p_peers, c.bulk) for c in comms)
+            set_id = self._sets[key] = self._ids.setdefault(shape, len(self._ids))
+            if set_id == len(self._lists):
+                self._lists.append(comms)
+        at = (id(gpu), nccl_version, set_id)
+        value = self._sums.get(at)
+        if value is None:
+            self._gpus.setdefault(id(gpu), gpu)
+            build = self._builds.get(nccl_version)
+            if build is None:
+                build = self._builds[nccl_version] = nccl_build(nccl_version)
+            value = self._sums[at] = sum(self._one(c, gpu, build, nccl_version) for c in self._lists[set_id])
+        return value
+
+    def _one(self, comm: Communicator, gpu: GpuSpec, build: NcclBuild, version: str) -> float:
+        key = (id(gpu), version, comm.ranks, comm.local_ranks, comm.collectives, comm.p2p_peers, comm.bulk)
+        value = self._each.get(key)
+        if value is None:
+            value = self._each[key] = communicator_bytes(comm, gpu, build)
+        return value
+
+
+class _Run:
+    """What communicators reads of a scenario: its cluster and mix."""
+
+    __slots__ = ("cluster", "mix")
+
+    def __init__(self, cluster, mix) -> None:
+        self.cluster, self.mix = cluster, mix
+
+
+_MEMO = CommBytes()
+"""comm_buffer_bytes' shared work, cleared when it grows large."""

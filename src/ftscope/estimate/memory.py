@@ -14,13 +14,15 @@ from ..spec.hardware import GIB
 from ..spec.scenario import Scenario, fast_replace
 from .allocator_model import (DEFAULT_ALLOCATOR, AllocatorModel, device_capacity,  # noqa: F401 (re-exported)
                               usable_bytes)
-from .activations import ActivationCoefficients, activation_coefficients, activation_mix
+from .activations import ActivationCoefficients
 from .shared import KeyMemo
 from .head_gradient import NO_HEAD_GRADIENT, HeadGradient, head_gradient  # noqa: F401 (re-exported)
-from .memory_layout import activation_policy, paged_state_params, split_states
+from .memory_part import MixPart, mix_part
+from .memory_layout import split_states
 from .reserved_floor import (clone_init_cache, clone_init_groups, fsdp1_gradient_pool, fsdp1_stream_bytes,
                              small_pool_step_bytes)
-from .state_memory import OPTIMIZER_STATE_BYTES, StateBytes, sharded_states, state_bytes  # noqa: F401 (re-exported)
+from .state_memory import (OPTIMIZER_STATE_BYTES, StateBytes, sharded_states, state_bytes,  # noqa: F401 (re-exported)
+                           trainable_params)
 from .weight_memory import (NF4_BYTES, forward_transients, fp32_lora_base,  # noqa: F401 (re-exported)
                             frozen_weight_bytes, gathered_bytes_per_weight, kbit_bytes_per_weight, kbit_state_bytes)
 
@@ -256,13 +258,6 @@ class MemoryModel:
         return self.peak_bytes(batch, seq) <= self.capacity_bytes * (1.0 - margin)
 
 
-def trainable_params(scn: Scenario) -> int:
-    m, mix = scn.model, scn.mix
-    if mix.method == "full":
-        return m.total_params
-    return m.lora_params(mix.lora_rank, mix.lora_targets, fused_experts=m.is_moe and mix.fused_experts)
-
-
 _MODELS: dict[tuple, MemoryModel] = {}
 """Memory models by what they read of the scenario: a search asks for the same one on every GPU type."""
 FUSED_ATTENTION = "sdpa"
@@ -305,34 +300,27 @@ def step_allocator(scn: Scenario, allocator: AllocatorModel = DEFAULT_ALLOCATOR)
     return allocator
 
 
-_BLANK = object.__new__(MemoryModel)  # no field: build_memory_models gives every one (test_memory_probe checks)
-
-
 def build_memory_models(scns: Sequence[Scenario], allocator: AllocatorModel, policy: tuple | None = None,
-                        states: tuple | None = None) -> list[MemoryModel]:
+                        states: tuple | None = None, capacities: Sequence[float] | None = None) -> list[MemoryModel]:
     """The memory model of each scenario, for scenarios that differ only in their cluster (GPU count and type: one
     mix on every GPU count a search probes): what does not read the GPU count is computed once (`policy`, `states`:
-    the activation_policy and the (trainable, state_bytes, frozen, kbit) below when the caller has them)."""
+    the activation_policy and the (trainable, state_bytes, frozen, kbit) below when the caller has them;
+    `capacities`: device_capacity of each scenario under `allocator`, likewise)."""
     if not scns:
         return []
-    scn = scns[0]
-    m, mix = scn.model, scn.mix
-    stage = mix.shard_stage
-    deepspeed = mix.zero_stage > 0
-    mixed = mix.precision in ("bf16-mixed", "fp16-mixed")
-    trainable, per, frozen, kbit = states or (trainable_params(scn), state_bytes(scn), frozen_weight_bytes(scn),
-                                              kbit_state_bytes(scn))
-    # gradients already allocated during forward
-    in_forward = scn.workload.gradient_accumulation > 1 or deepspeed
-    transient, block = forward_transients(scn)  # reads no shard count: a gathered unit is whole
-    acts, checkpointing = policy or activation_policy(activation_coefficients(m, activation_mix(mix), scn.top_k,
-                                                                              scn.recipe), scn)
-    head = head_gradient(scn, per.gradient)
-    per_weight = gathered_bytes_per_weight(scn)
-    paged_share = (min(paged_state_params(scn) / max(trainable, 1), 1.0) if mix.optimizer.startswith("paged_")
-                   else None)
+    return models_of(mix_part(scns[0], allocator, policy, states), scns, capacities)
+
+
+def models_of(part: MixPart, scns: Sequence[Scenario], capacities: Sequence[float] | None = None
+              ) -> list[MemoryModel]:
+    """build_memory_models' per-cluster part: the models of these scenarios (their mix's part given)."""
+    m, mix, allocator = part.scn.model, part.scn.mix, part.allocator
+    stage, deepspeed, mixed = mix.shard_stage, mix.zero_stage > 0, mix.precision in ("bf16-mixed", "fp16-mixed")
+    trainable, per, frozen, kbit, in_forward = part.trainable, part.per, part.frozen, part.kbit, part.in_forward
+    transient, block, acts, checkpointing, head = part.transient, part.block, part.acts, part.checkpointing, part.head
+    per_weight, paged_share, share, split_head = part.per_weight, part.paged_share, part.share, None
     out = []
-    for s in scns:
+    for i, s in enumerate(scns):
         n = s.cluster.world_size // mix.model_parallel  # ZeRO / FSDP shard over the data-parallel ranks
         shard_w = n if (stage == 3 or mix.fsdp is not None) else 1
         shard_o = n if stage >= 1 else 1
@@ -365,16 +353,23 @@ def build_memory_models(scns: Sequence[Scenario], allocator: AllocatorModel, pol
         # gradients on FSDP1's post-backward stream sit in that stream's pool (gradient_pool), not the small pool
         small = small_pool_step_bytes(s, 0.0 if grad_pool else per.gradient, per.optimizer, shard_w) if floor else 0.0
         paged = 0.0 if paged_share is None else optimizer * paged_share
-        model = split_states(fast_replace(_BLANK,  # MemoryModel(...) without its frozen field-by-field __init__
+        values = dict(
             weights=weights, gradients=grads, gradients_in_forward=grads_fwd, optimizer=optimizer,
             optimizer_transient=opt_transient, weight_transient=transient, block_transient=block, acts=acts,
-            checkpointing=checkpointing, cpu_bytes=cpu, capacity_bytes=device_capacity(s, allocator),
+            checkpointing=checkpointing, cpu_bytes=cpu,
+            capacity_bytes=device_capacity(s, allocator) if capacities is None else capacities[i],
             trainable_params=trainable, allocator=allocator, offload_activations=mix.activation_offload,
             paged_optimizer=paged, reserved_floor=floor, small_pool_step=small,
             stream_pool=pool if mix.fsdp is not None else 0.0, stream_gathered=gathered if mix.fsdp is not None else 0.0,
             gradient_pool=grad_pool,
             head_grad=head,
-        ), s)
-        model.__dict__["_curves"] = []  # solvers.reserved_curves fills it once for every copy: it ignores the capacity
+            _curves=[])  # solvers.reserved_curves fills it once for every copy: it ignores the capacity
+        changes = split_states(values, s, share, split_head)
+        if changes is not None:
+            if split_head is None:  # the same for every GPU count
+                split_head = changes["head_grad"]
+            values.update(changes)
+        model = object.__new__(MemoryModel)  # MemoryModel(...) without its frozen __init__ (test_memory_probe checks)
+        model.__dict__.update(values)
         out.append(model)
     return out

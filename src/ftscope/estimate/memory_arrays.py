@@ -32,21 +32,35 @@ class ModelArrays:
     head gradient and allocator share their rows of those tables)."""
 
     def __init__(self, np, models: Sequence[MemoryModel]) -> None:
-        self.np = np
-        self.n = len(models)
+        n = len(models)
         fields = attrgetter(*MODEL, "checkpointing", "offload_activations")
         width = len(MODEL) + 2
-        values = np.fromiter(chain.from_iterable(map(fields, models)), float, self.n * width).reshape(self.n, width)
-        for i, name in enumerate(MODEL):
-            setattr(self, name, values[:, i])
-        self.checkpointing, self.offload = values[:, -2] != 0, values[:, -1] != 0
-        for attr, names, prefix in (("acts", ACTS, ""), ("head_grad", HEAD, "hg_")):
-            which, distinct = _rows(np, [getattr(m, attr) for m in models])
+        values = np.fromiter(chain.from_iterable(map(fields, models)), float, n * width).reshape(n, width)
+        self._fill(np, {name: values[:, i] for i, name in enumerate(MODEL)}, values[:, -2] != 0, values[:, -1] != 0,
+                   *(_rows(np, [getattr(m, attr) for m in models]) for attr in ("acts", "head_grad", "allocator")))
+
+    @classmethod
+    def of_columns(cls, np, columns: dict[str, Any], checkpointing, offload, acts: tuple, heads: tuple,
+                   allocators: tuple) -> "ModelArrays":
+        """The arrays of models given field by field: MODEL's columns, checkpointing and activation offload as bool
+        arrays, and per table (activation coefficients, head gradient, allocator) the row of each model and the
+        objects of the rows (memory_columns.py builds them without a MemoryModel each)."""
+        out = object.__new__(cls)
+        out._fill(np, columns, checkpointing, offload, acts, heads, allocators)
+        return out
+
+    def _fill(self, np, columns, checkpointing, offload, acts, heads, allocators) -> None:
+        self.np = np
+        self.n = len(checkpointing)
+        for name in MODEL:
+            setattr(self, name, columns[name])
+        self.checkpointing, self.offload = checkpointing, offload
+        for (which, distinct), names, prefix in ((acts, ACTS, ""), (heads, HEAD, "hg_")):
             table = np.fromiter(chain.from_iterable(map(attrgetter(*names), distinct)), float,
                                 len(distinct) * len(names)).reshape(len(distinct), len(names))
             for i, f in enumerate(names):
                 setattr(self, prefix + f, table[which, i])
-        which, allocators = _rows(np, [m.allocator for m in models])
+        which, allocators = allocators
         table = np.array([[a.workspace_gib, a.fragmentation, a.fragmentation_checkpointed, a.pinned]
                           for a in allocators], float).reshape(len(allocators), 4)
         workspace, frag, frag_ckpt, pinned = (table[which, i] for i in range(4))
@@ -54,6 +68,19 @@ class ModelArrays:
         fr = np.where(self.checkpointing, frag_ckpt, frag)
         self.fragmentation = fr, np.minimum(fr, pinned)  # (reserved, held): _reserved_of's fr
         self.least_reserved = self.reserved_floor + self.small_pool_step + self.stream_pool + self.gradient_pool
+
+    def joined(self, rows, other: "ModelArrays", other_rows) -> "ModelArrays":
+        """The arrays of these models at `rows` and the other's at `other_rows` (together every row, once)."""
+        np = self.np
+        out = object.__new__(ModelArrays)
+        out.np, out.n = np, self.n + other.n
+        for name, value in self.__dict__.items():
+            if name == "fragmentation":
+                out.fragmentation = tuple(_join(np, out.n, (rows, v), (other_rows, o))
+                                          for v, o in zip(value, other.fragmentation))
+            elif hasattr(value, "shape") and value.shape == (self.n,):
+                out.__dict__[name] = _join(np, out.n, (rows, value), (other_rows, getattr(other, name)))
+        return out
 
     def subset(self, rows) -> "ModelArrays":
         """The arrays of these rows (indices into the models), in that order."""
@@ -159,6 +186,14 @@ def _rows(np, objects: list) -> tuple[Any, list]:
     ids = np.fromiter(map(id, objects), np.int64, len(objects))
     _, first, which = np.unique(ids, return_index=True, return_inverse=True)
     return which.reshape(-1), [objects[i] for i in first.tolist()]
+
+
+def _join(np, n: int, *parts):
+    """An array of n entries, each (rows, values) of `parts` written at its rows."""
+    out = np.empty(n, parts[0][1].dtype)
+    for rows, values in parts:
+        out[rows] = values
+    return out
 
 
 def _pick(np, cond, yes: tuple, no: tuple) -> tuple:

@@ -26,7 +26,7 @@ from functools import lru_cache
 from ..spec.model import ModelSpec
 from ..spec.scenario import Scenario, fast_replace
 from .activations import ActivationCoefficients
-from .head_gradient import split_head
+from .head_gradient import HeadGradient, split_head
 
 PAGED_MIN_NUMEL = 100_000
 """bitsandbytes' paged optimizers put a parameter's states in CUDA managed memory (cudaMallocManaged, outside torch's
@@ -117,28 +117,28 @@ def activation_policy(acts: ActivationCoefficients, scn: Scenario) -> tuple[Acti
     return acts, checkpointing
 
 
-def split_states(mm, scn: Scenario):
-    """A MemoryModel with its weights, gradients, optimizer states and their transients split by the layout,
-    and the gradient memory of an optimizer fused into backward."""
-    f = state_split(scn)
+def split_states(v: dict, scn: Scenario, f: float, head: HeadGradient | None = None) -> dict | None:
+    """The MemoryModel fields (`v`: by name) the layout splits or an optimizer fused into backward changes, with their
+    new values (None: none changes). `f`: state_split(scn); `head`: split_head(v["head_grad"], f) if known."""
     mix = scn.mix
     # FSDP's CPU offload copies each sharded gradient to the host as backward makes it (torch's CPUOffloadPolicy;
     # FSDP1's CPUOffload(offload_params=True))
     host_grads = mix.fsdp is not None and mix.offload == "optimizer+params"
     if f == 1.0 and not mix.optimizer_in_backward and not host_grads:
-        return mm
-    grads, grads_fwd = mm.gradients * f, mm.gradients_in_forward * f
-    opt_transient = mm.optimizer_transient * f
+        return None
+    grads, grads_fwd = v["gradients"] * f, v["gradients_in_forward"] * f
+    opt_transient = v["optimizer_transient"] * f
     if mix.optimizer_in_backward:
-        layer = scn.model.largest_layer_params() / max(mm.trainable_params, 1)
+        layer = scn.model.largest_layer_params() / max(v["trainable_params"], 1)
         grads, grads_fwd = grads * min(layer * 2, 1.0), 0.0
         opt_transient *= min(layer * 2, 1.0)
     elif host_grads:  # two blocks' unsharded gradients: the one computed and the one being reduce-scattered
         layer = scn.model.largest_layer_params() / scn.model.total_params
         shards = scn.cluster.world_size // mix.model_parallel
         grads, grads_fwd = grads * shards * min(layer * 2, 1.0), 0.0
-    return fast_replace(mm, weights=mm.weights * f, gradients=grads, gradients_in_forward=grads_fwd,
-                   reserved_floor=mm.reserved_floor * f, small_pool_step=mm.small_pool_step * f, optimizer=mm.optimizer * f, paged_optimizer=mm.paged_optimizer * f,
-                   optimizer_transient=opt_transient, head_grad=split_head(mm.head_grad, f),
-                   weight_transient=mm.weight_transient * f, block_transient=mm.block_transient * f,
-                   cpu_bytes=mm.cpu_bytes * f, gradient_pool=min(mm.gradient_pool * f, grads))
+    return dict(weights=v["weights"] * f, gradients=grads, gradients_in_forward=grads_fwd,
+                reserved_floor=v["reserved_floor"] * f, small_pool_step=v["small_pool_step"] * f,
+                optimizer=v["optimizer"] * f, paged_optimizer=v["paged_optimizer"] * f,
+                optimizer_transient=opt_transient, head_grad=split_head(v["head_grad"], f) if head is None else head,
+                weight_transient=v["weight_transient"] * f, block_transient=v["block_transient"] * f,
+                cpu_bytes=v["cpu_bytes"] * f, gradient_pool=min(v["gradient_pool"] * f, grads))

@@ -65,3 +65,11 @@ def sharded_states(mix, n: int, frozen: float, trainable: int, per: StateBytes,
         cpu += weights
         weights = 0.0
     return weights + replicated, grads, optimizer, cpu
+
+
+def trainable_params(scn: Scenario) -> int:
+    """Parameters the optimizer trains: every one in full fine-tuning, the adapters' otherwise."""
+    m, mix = scn.model, scn.mix
+    if mix.method == "full":
+        return m.total_params
+    return m.lora_params(mix.lora_rank, mix.lora_targets, fused_experts=m.is_moe and mix.fused_experts)

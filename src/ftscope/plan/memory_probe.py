@@ -11,8 +11,9 @@ from operator import attrgetter
 from typing import Sequence
 
 from ..estimate.activations import activation_coefficients, activation_mix
-from ..estimate.memory import (MemoryModel, build_memory_models, frozen_weight_bytes, kbit_state_bytes, memory_model,
-                               step_allocator, trainable_params)
+from ..estimate.memory import (MemoryModel, MixPart, frozen_weight_bytes, kbit_state_bytes, memory_model, mix_part,
+                               models_of, step_allocator, trainable_params)
+from ..estimate.memory_columns import Columns, columnar
 from ..estimate.memory_layout import activation_policy, state_split
 from ..estimate.solvers import BATCH_CAP, BatchSolver, phase_totals
 from ..estimate.state_memory import sharded_states, state_bytes
@@ -144,16 +145,20 @@ state_bytes, kbit_state_bytes, state_split, sharded_states): mixes that differ o
 (tests/plan/test_memory_probe.py varies each)."""
 
 
-def memory_models(scns: Sequence[Scenario], memo: dict | None = None, floor: "StateFloor | None" = None
-                  ) -> list[MemoryModel]:
+def memory_models(scns: Sequence[Scenario], memo: dict | None = None, floor: "StateFloor | None" = None,
+                  capacities: Sequence[float] | None = None) -> list[MemoryModel]:
     """memory_model of each scenario, for scenarios that differ only in their cluster (one mix on several GPU counts
     and GPU types: the search's probes of one mix), built together (estimate/memory.py's build_memory_models: what
     does not read the GPU count computed once) and not memoized one by one. `memo`: a dict shared by the calls of one
     search, keeping the activation policy per distinct POLICY_FIELDS value; `floor`: a StateFloor of their mix,
-    whose state bytes the models take."""
+    whose state bytes the models take; `capacities`: each scenario's device_capacity, when the caller has it."""
     if not scns:
         return []
-    scn = scns[0]
+    return models_of(probe_part(scns[0], memo, floor), scns, capacities)
+
+
+def probe_part(scn: Scenario, memo: dict | None = None, floor: "StateFloor | None" = None) -> MixPart:
+    """memory_models' MixPart of this scenario's mix (what its models share; `memo`, `floor`: as there)."""
     policy = None
     if memo is not None:
         key = (scn.model, scn.top_k, scn.recipe, _policy_key(scn.mix))
@@ -162,7 +167,7 @@ def memory_models(scns: Sequence[Scenario], memo: dict | None = None, floor: "St
             policy = memo[key] = activation_policy(activation_coefficients(
                 scn.model, activation_mix(scn.mix), scn.top_k, scn.recipe), scn)
     states = None if floor is None else (floor.trainable, floor.per, floor.frozen, floor.replicated)
-    return build_memory_models(scns, step_allocator(scn), policy, states)
+    return mix_part(scn, step_allocator(scn), policy, states)
 
 
 POLICY_FIELDS = tuple(f.name for f in fields(Mix) if f.name not in (
@@ -188,6 +193,10 @@ class Probes:
         self.scenarios: list[Scenario] = []  # per probe: its mix at its GPU count (on some GPU type)
         self.first: list[Scenario] = []  # per model: the scenario of the probe that recorded it
         self.arrays = None
+        self.columns = Columns()  # the models not built (None in `models`): a columnar mix's, made as arrays
+        self.column_rows: list[int] = []
+        self.parts: list[MixPart | None] = []  # per model: its mix's part when not built, and its capacity
+        self.capacities: list[float | None] = []
 
     def add(self, scn: Scenario | None, model: MemoryModel | None = None, row: int | None = None) -> int:
         """Record a probe of `model` (or of the model at `row`); its row. `scn` None: the scenario of the probe that
@@ -197,14 +206,53 @@ class Probes:
             row = len(self.models)
             self.models.append(model)
             self.first.append(scn)
+            self.parts.append(None)
+            self.capacities.append(None)
         self.rows.append(row)
         self.scenarios.append(self.first[row] if scn is None else scn)
         return row
 
+    def add_models(self, scns: Sequence[Scenario], models: Sequence[MemoryModel]) -> range:
+        """Record a probe of each model, on its scenario (add's, for many); their rows."""
+        start = len(self.models)
+        rows = range(start, start + len(models))
+        self.models += models
+        self.first += scns
+        self.rows += rows
+        self.scenarios += scns
+        self.parts += [None] * len(models)
+        self.capacities += [None] * len(models)
+        return rows
+
+    def add_mix(self, part: MixPart, scns: Sequence[Scenario], capacities: Sequence[float]) -> range:
+        """Record a probe of each scenario (one mix, whose probe_part is `part`) at its device_capacity; their rows.
+        A columnar mix's models are not built: their arrays are made with the others' (estimate/memory_columns.py),
+        and a model only when a probe reads it (`model`)."""
+        if not columnar(part):
+            return self.add_models(scns, models_of(part, scns, capacities))
+        start = len(self.models)
+        rows = range(start, start + len(scns))
+        self.models += [None] * len(scns)
+        self.first += scns
+        self.rows += rows
+        self.scenarios += scns
+        self.parts += [part] * len(scns)
+        self.capacities += capacities
+        self.column_rows += rows
+        self.columns.add(part, [s.cluster.world_size for s in scns])
+        return rows
+
+    def model(self, row: int) -> MemoryModel:
+        """The memory model at this row (built now if add_mix left it out: models_of's, as it would have built it)."""
+        model = self.models[row]
+        if model is None:
+            model = self.models[row] = models_of(self.parts[row], [self.first[row]], [self.capacities[row]])[0]
+        return model
+
     def peaks_at_one(self, np):
         """MemoryProbe.peak_at_one of every probe, in order."""
-        from ..estimate.memory_arrays import ModelArrays
-        self.arrays = ModelArrays(np, self.models)
+        built = [r for r, m in enumerate(self.models) if m is not None] if self.column_rows else range(len(self.models))
+        self.arrays = _arrays(np, [self.models[r] for r in built], built, self.columns, self.column_rows)
         self.row_of = np.array(self.rows, np.int64)
         return _peaks(np, self.arrays, 1, self.seq)[self.row_of]
 
@@ -255,24 +303,29 @@ class Probes:
         for p, b in zip(*np.nonzero(rest)):
             probe = solved.get(p)
             if probe is None:
-                probe = solved[p] = MemoryProbe(scns[p], self.seq, None, self.models[self.rows[probes[p]]])
+                probe = solved[p] = MemoryProbe(scns[p], self.seq, None, self.model(self.rows[probes[p]]))
             out[p, b] = probe.fixed_batch_peak(float(caps[p, b]), global_batch, exact)
         return out
 
 
     def _other_accumulation(self, np, scns: list[Scenario], ga, mb):
         """memory_model(scn.with_(gradient_accumulation=ga)).peak_bytes(mb) of each, the models of one mix and
-        accumulation built together (memory_models: they differ only in the cluster)."""
-        from ..estimate.memory_arrays import ModelArrays
+        accumulation made together (as memory_columns arrays, or built as memory_models: they differ only in the
+        cluster)."""
         groups: dict[tuple, list[int]] = {}
         for i, (scn, n) in enumerate(zip(scns, ga.tolist())):
             groups.setdefault((id(scn.mix), n), []).append(i)
-        order = [i for members in groups.values() for i in members]
-        models = [model for (_, n), members in groups.items()
-                  for model in memory_models([_accumulating(scns[i], int(n)) for i in members])]
-        out = np.empty(len(scns))
-        out[order] = ModelArrays(np, models).peaks(mb[order], self.seq)
-        return out
+        columns, models, built, made = Columns(), [], [], []  # made as arrays (memory_columns.py) or built
+        for (_, n), members in groups.items():
+            accumulating = [_accumulating(scns[i], int(n)) for i in members]
+            part = probe_part(accumulating[0])
+            if columnar(part):
+                columns.add(part, [s.cluster.world_size for s in accumulating])
+                made += members
+            else:
+                models += models_of(part, accumulating)
+                built += members
+        return _arrays(np, models, built, columns, made).peaks(mb, self.seq)
 
 
 def reads_accumulation(mix) -> bool:
@@ -294,6 +347,15 @@ def only_forward_gradients(mix) -> bool:
 def _accumulating(scn: Scenario, ga: int) -> Scenario:
     """scn.with_(gradient_accumulation=ga), without re-checking the scenario (only the accumulation changes)."""
     return fast_replace(scn, workload=fast_replace(scn.workload, gradient_accumulation=ga))
+
+
+def _arrays(np, models: list, rows: Sequence[int], columns: Columns, column_rows: Sequence[int]):
+    """ModelArrays of these models at `rows` and of the columns' probes at `column_rows` (together 0 .. n - 1)."""
+    from ..estimate.memory_arrays import ModelArrays
+    arrays = ModelArrays(np, models)
+    if not len(columns):
+        return arrays
+    return arrays.joined(np.array(rows, np.int64), columns.arrays(np), np.array(column_rows, np.int64))
 
 
 def _peaks(np, arrays, batch, seq):

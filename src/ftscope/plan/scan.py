@@ -1,7 +1,9 @@
 """The pass over every mix of a space (classify.py's first stage): refusal, support per GPU type, layout validity
 per GPU count, and one memory probe per mix and GPU count that may fit, with the probes' results kept per slot.
-The probes are recorded as the pass meets them (their memory models built per mix) and evaluated together when it
-is done (`settle`: memory_probe.Probes, over numpy arrays of every probed model).
+The probes are recorded as the pass meets them (what a mix's models share computed once per mix, the models
+themselves made as numpy arrays: estimate/memory_columns.py) and evaluated together when it is done (`settle`:
+memory_probe.Probes, over numpy arrays of every probed model); a capacity reads NCCL's buffers per distinct set of
+communicators (comm_buffers.CommBytes).
 
 Work is shared wherever the answer provably does not change: GPU support per distinct GPU_FIELDS value, layout
 validity per distinct LAYOUT_FIELDS value, a fused attention kernel's probes taking its FUSED_ATTENTION twin's models,
@@ -13,11 +15,12 @@ from dataclasses import fields
 from operator import attrgetter
 from typing import Any, Callable, Sequence
 
-from ..estimate.memory import FUSED_ATTENTION, device_capacity, memory_mix, usable_bytes
+from ..estimate.comm_buffers import CommBytes
+from ..estimate.memory import FUSED_ATTENTION, memory_mix, usable_bytes
 from ..spec.rules import GPU_FIELDS, gpu_problem
 from ..spec.mix import Mix
 from ..spec.scenario import fast_replace
-from .memory_probe import FLOOR_FREE, Probes, StateFloor, memory_models
+from .memory_probe import FLOOR_FREE, Probes, StateFloor, probe_part
 from .layouts import LAYOUT_FIELDS, layout_reason
 from .ranking import mix_complexity, refusal
 from .space import MIX_DIMENSIONS, Space, with_mix
@@ -50,6 +53,10 @@ class Scan:
         self.comm_ids: dict[tuple, int] = {}
         self.cap_columns: list[Any] = []
         self.comm_key = _fields_of(COMM_FIELDS)
+        self.nccl = CommBytes()  # comm_buffer_bytes, its work shared across the scan's columns
+        self.bases = [b.base for b in space.blocks]
+        self.world_block = [next(i for i, b in enumerate(space.blocks) if b.world == w) for w in worlds]  # at_world's
+        self.cap_at_world: list[list[float]] = []  # per column: the capacity of each at_world scenario
         self.seq = space.scenario.workload.peak_seq_len()
         self.searched, self.valid = np.zeros(nm, bool), np.zeros(nm, bool)
         self.supported = np.zeros((len(gpus), nm), bool)
@@ -74,7 +81,7 @@ class Scan:
         self.gpu_key, self.layout_key = _fields_of(GPU_FIELDS), _fields_of(LAYOUT_FIELDS)
         self.probes = Probes(self.seq)  # every probe, evaluated together when the scan is done (settle)
         self.policies: dict = {}  # memory_models' activation policies per distinct POLICY_FIELDS value
-        self.floors: dict = {}  # StateFloor per distinct value of the fields it reads (all but FLOOR_FREE)
+        self.floors: dict = {}  # StateFloor (and its `at` per GPU count) per distinct value of the fields it reads
         self.refused: dict = {}  # refusal per distinct value of the fields it reads (all but REFUSAL_FREE)
         self.refusal_key = _fields_of([f.name for f in fields(Mix) if f.name not in REFUSAL_FREE])
         self.floor_key = _fields_of([f.name for f in fields(Mix) if f.name not in FLOOR_FREE])
@@ -105,8 +112,11 @@ class Scan:
         c = self.comm_ids.get(key)
         if c is None:
             c = self.comm_ids[key] = len(self.cap_columns)
-            self.cap_columns.append(self.np.array([device_capacity(with_mix(b.base, mix))
-                                                   for b in self.space.blocks], float))
+            # device_capacity(with_mix(base, mix)) of every block: its usable bytes less NCCL's
+            nccl = self.nccl
+            self.cap_columns.append(self.usable - self.np.array(
+                [nccl.of(base.cluster, mix, base.recipe.nccl_version) for base in self.bases], float))
+            self.cap_at_world.append(self.cap_columns[-1][self.world_block].tolist())
         return c
 
     def mix(self, k: int, mix: Any) -> None:
@@ -135,28 +145,38 @@ class Scan:
         if room is None:
             return
         mix_k, k = k, self._take_slot(k)  # from here on, k is the mix's slot
-        self.comm_of[mix_k] = self._comm(mix)
-        self.slot_comm.append(int(self.comm_of[mix_k]))
+        comm = self.comm_of[mix_k] = self._comm(mix)
+        self.slot_comm.append(comm)
         twin = self._twin(mix_k, mix, on)
         runs = self._layout_runs(mix)
         self.layout_ok[runs, mix_k] = True
         if not runs:
             return
         floor_key = self.floor_key(mix)
-        floor = self.floors.get(floor_key)
-        if floor is None:  # shared by the mixes that differ only in FLOOR_FREE fields
-            floor = self.floors[floor_key] = StateFloor(with_mix(self.at_world[0], mix))
+        hit = self.floors.get(floor_key)
+        if hit is None:  # shared by the mixes that differ only in FLOOR_FREE fields; its `at` per GPU count index
+            hit = self.floors[floor_key] = StateFloor(with_mix(self.at_world[0], mix)), [None] * len(self.worlds)
+        floor, by_w = hit
         probe = []
+        probed, pending, sid = self.probed, self.pending, support[3]
         for w in runs:
-            if floor.at(self.worlds[w]) > room[w]:
+            at = by_w[w]
+            if at is None:
+                at = by_w[w] = floor.at(self.worlds[w])
+            if at > room[w]:
                 continue  # does not fit on any block at this count: no model (peak stays inf, NO_FIT)
-            if twin is not None and (twin, w) in self.probed:
-                self._copy(k, twin, w, support)
+            if twin is not None and (twin, w) in probed:
+                self._copy(k, twin, w, sid)
             else:
                 probe.append(w)
-        scns = [with_mix(self.at_world[w], mix) for w in probe]
-        for w, scn, model in zip(probe, scns, memory_models(scns, self.policies, floor)):  # built together: one mix
-            self._probe(k, w, scn, model, support)
+        if not probe:
+            return
+        at_world, caps = self.at_world, self.cap_at_world[comm]
+        scns = [with_mix(at_world[w], mix) for w in probe]
+        part = probe_part(scns[0], self.policies, floor)  # what the mix's models share
+        for w, row in zip(probe, self.probes.add_mix(part, scns, [caps[w] for w in probe])):
+            probed[k, w] = row  # evaluated with the others (`settle`)
+            pending.append((k, w, sid))
 
     def refuses(self, mix: Any) -> bool:
         """Whether ranking.refusal refuses this mix, decided once per distinct value of the fields its rules read."""
@@ -228,16 +248,11 @@ class Scan:
             return None
         return int(self.slot[twin])  # the twin has a slot: some GPU type supports it
 
-    def _copy(self, k: int, twin: int, w: int, support: tuple) -> None:
+    def _copy(self, k: int, twin: int, w: int, sid: int) -> None:
         """A probe at GPU count w that takes the twin's model and scenario (k, twin: their slots; the twin's GPU types
         include this mix's, so its model is this mix's; Probes.add says why its scenario serves)."""
         self.probed[k, w] = self.probes.add(None, row=self.probed[twin, w])
-        self.pending.append((k, w, support[3]))
-
-    def _probe(self, k: int, w: int, scn: Any, model: Any, support: tuple) -> None:
-        """A probe of mix slot k at GPU count w, evaluated with the others (`settle`)."""
-        self.probed[k, w] = self.probes.add(scn, model)
-        self.pending.append((k, w, support[3]))
+        self.pending.append((k, w, sid))
 
     def settle(self) -> None:
         """Every recorded probe's peak at micro-batch 1 in its slot; where some block has room for it (the largest
@@ -283,8 +298,12 @@ class Scan:
         the positions of the slots in that chunk)."""
         np = self.np
         which, cols = slots // self.width, slots % self.width
-        for c in np.unique(which).tolist():
-            at = np.flatnonzero(which == c)
+        if len(which) and (np.diff(which) >= 0).all():  # in slot order (settle's are): each chunk's slots a range
+            bounds = np.searchsorted(which, np.arange(int(which[-1]) + 2))
+            parts = ((c, np.arange(bounds[c], bounds[c + 1])) for c in np.flatnonzero(np.diff(bounds)).tolist())
+        else:
+            parts = ((c, np.flatnonzero(which == c)) for c in np.unique(which).tolist())
+        for c, at in parts:
             get(self.chunks[c])[(*index(at), cols[at])] = values[at]
 
 

@@ -79,8 +79,8 @@ def scale_case() -> None:
 
 
 MAX_CANDIDATES = 20_000_000
-"""Above this, a layout case runs only with --budget: DeepSeek-V3's 127.7 M configurations take about 23-26 s of CPU
-and 2.3 GB searched to the end (the scan keeps a few floats per candidate of each mix some GPU type supports, the
+"""Above this, a layout case runs only with --budget: DeepSeek-V3's 127.7 M configurations take about 18-21 s of CPU
+and 2.0 GB searched to the end (the scan keeps a few floats per candidate of each mix some GPU type supports, the
 classification two bytes per candidate of the mixes a block can run and five floats per candidate that fits)."""
 
 
@@ -92,7 +92,7 @@ def layout_cases(budget: float | None) -> None:
         size = len(Space(scn, _targets(scn, None, True, 1024), SearchSpace(**LAYOUTS)))
         if size > MAX_CANDIDATES and budget is None:
             print(f"{scenario}: {size:,} configurations, over {MAX_CANDIDATES:,}: not searched without --budget "
-                  "(about 23-26 s of CPU and 2.3 GB to the end)")
+                  "(about 18-21 s of CPU and 2.0 GB to the end)")
             continue
         start, cpu = time.perf_counter(), time.process_time()
         rec = recommend(scn, any_gpu=True, max_gpus=1024, layouts=True, time_budget_s=budget)

@@ -427,6 +427,18 @@ def test_all_linear_is_attention_plus_mlp_for_dense_models():
     assert spec.lora_params(16, "all-linear") == spec.lora_params(16, "attention") + spec.lora_params(16, "mlp")
 
 
+
+@pytest.mark.parametrize("name,fused", [("llama-3.1-8b", False), ("mixtral-8x7b", False), ("mixtral-8x7b", True),
+                                        ("deepseek-v3", True), ("olmoe-1b-7b", True)])
+def test_lora_layer_params_are_lora_params_block_by_block(name, fused):
+    """One block of each layer group, times its count, adds up to lora_params (a fused gate_up stack's shared A
+    included): what ZeRO-3 / FSDP gather with each block."""
+    spec = load_model(name)
+    for targets in ("all-linear", "mlp", "attention"):
+        per_layer = spec.lora_layer_params(16, targets, fused)
+        assert len(per_layer) == len(spec.layer_groups)
+        assert sum(p * n for p, (_, n) in zip(per_layer, spec.layer_groups)) == spec.lora_params(16, targets, fused)
+
 # ---- loading from files -------------------------------------------------------------------------------------
 
 TINY = dict(model_type="llama", hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,

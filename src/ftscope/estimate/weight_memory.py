@@ -15,6 +15,7 @@ Bytes per parameter, by where the weights live (N = GPUs that share a shard):
 from __future__ import annotations
 
 from ..spec.scenario import Scenario
+from .state_memory import trainable_params
 from .adapter_memory import (kbit_autocast_copies, kbit_fp32_params, largest_dequantized_linear,
                              peft_merged_expert_bytes)
 
@@ -117,33 +118,11 @@ def gathered_weight_bytes(scn: Scenario) -> float:
     param_dtype, DeepSpeed's bf16 module), and the LoRA adapters, parameters of the wrapped blocks gathered with
     them in the same dtype (about 5 % of a QLoRA gather at rank 64 on every linear)."""
     total = scn.model.total_params
-    adapters = _adapter_params(scn) * dense_gathered_bytes(scn)
+    adapters = (trainable_params(scn) if scn.mix.trains_lora else 0) * dense_gathered_bytes(scn)
     if scn.mix.method != "qlora":
         return total * gathered_bytes_per_weight(scn) + adapters
     quantized = quantized_params(scn)
     return quantized * gathered_bytes_per_weight(scn) + (total - quantized) * dense_gathered_bytes(scn) + adapters
-
-
-def _adapter_params(scn: Scenario) -> int:
-    mix = scn.mix
-    if not mix.trains_lora:
-        return 0
-    return scn.model.lora_params(mix.lora_rank, mix.lora_targets, fused_experts=scn.model.is_moe and mix.fused_experts)
-
-
-def _block_adapter_params(scn: Scenario, layer) -> int:
-    """LoRA parameters of one block (A: r x in, B: out x r per selected matrix and expert; a fused gate_up stack
-    shares one A, as in ModelSpec.lora_params)."""
-    mix = scn.mix
-    if not mix.trains_lora:
-        return 0
-    ids = scn.model.lora_target_ids(mix.lora_targets)
-    selected = [lin for lin in layer.linears if id(lin) in ids]
-    width = sum((lin.in_features + lin.out_features) * lin.count for lin in selected)
-    pair = [lin for lin in selected if lin.group == "experts" and lin.role in ("gate", "up")]
-    if scn.model.is_moe and mix.fused_experts and len(pair) == 2:
-        width -= pair[0].in_features * pair[0].count
-    return mix.lora_rank * width
 
 
 def gathered_unit_bytes(scn: Scenario) -> float:
@@ -151,10 +130,13 @@ def gathered_unit_bytes(scn: Scenario) -> float:
     4-bit matrices at `gathered_bytes_per_weight`, the rest of a QLoRA block (norms, routers, transformers 5's
     fused expert stacks) and its LoRA adapters in bf16; `gathered_weight_bytes` over one block."""
     per, dense = gathered_bytes_per_weight(scn), dense_gathered_bytes(scn)
-    fused = scn.mix.fused_experts
+    m, mix = scn.model, scn.mix
+    fused = mix.fused_experts
+    adapters_per_layer = (m.lora_layer_params(mix.lora_rank, mix.lora_targets, m.is_moe and fused) if mix.trains_lora
+                          else (0,) * len(m.layer_groups))
     out = 0.0
-    for layer, _ in scn.model.layer_groups:
-        adapters = _block_adapter_params(scn, layer) * dense
+    for (layer, _), lora in zip(m.layer_groups, adapters_per_layer):
+        adapters = lora * dense
         if scn.mix.method != "qlora":
             out = max(out, layer.params * per + adapters)
             continue

@@ -180,6 +180,13 @@ class ModelSpec:
         key = targets if isinstance(targets, str) else tuple(targets)
         return rank * _lora_width(self, key, fused_experts)
 
+    def lora_layer_params(self, rank: int, targets: str | Sequence[str], fused_experts: bool = False
+                          ) -> tuple[int, ...]:
+        """lora_params of one block of each layer group, in layer_groups' order (ZeRO-3 / FSDP gather a block's
+        adapters with it)."""
+        key = targets if isinstance(targets, str) else tuple(targets)
+        return tuple(rank * w for w in _lora_layer_widths(self, key, fused_experts))
+
 
 @lru_cache(maxsize=4096)
 def _active(model: ModelSpec, top_k: int | None) -> int:
@@ -213,10 +220,21 @@ def _lora_width(model: ModelSpec, targets: str | tuple[str, ...], fused_experts:
     if fused_experts:
         ids = {id(lin) for lin, _ in selected}
         for layer, n in model.layer_groups:
-            pair = [lin for lin in layer.linears if lin.group == "experts" and lin.role in ("gate", "up") and id(lin) in ids]
-            if len(pair) == 2:
-                width -= pair[0].in_features * pair[0].count * n
+            width -= _shared_a(layer, ids) * n
     return width
+
+
+@lru_cache(maxsize=4096)
+def _lora_layer_widths(model: ModelSpec, targets: str | tuple[str, ...], fused_experts: bool) -> tuple[int, ...]:
+    ids = {id(lin) for lin, _ in _lora_targets(model, targets)}
+    return tuple(sum((lin.in_features + lin.out_features) * lin.count for lin in layer.linears if id(lin) in ids)
+                 - (_shared_a(layer, ids) if fused_experts else 0) for layer, _ in model.layer_groups)
+
+
+def _shared_a(layer, ids: set[int]) -> int:
+    """A's width a fused gate_up expert stack saves when both its halves are targeted: PEFT gives it one adapter."""
+    pair = [lin for lin in layer.linears if lin.group == "experts" and lin.role in ("gate", "up") and id(lin) in ids]
+    return pair[0].in_features * pair[0].count if len(pair) == 2 else 0
 
 
 @lru_cache(maxsize=4096)

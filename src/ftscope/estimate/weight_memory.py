@@ -137,7 +137,7 @@ def gathered_unit_bytes(scn: Scenario) -> float:
     out = 0.0
     for (layer, _), lora in zip(m.layer_groups, adapters_per_layer):
         adapters = lora * dense
-        if scn.mix.method != "qlora":
+        if mix.method != "qlora":
             out = max(out, layer.params * per + adapters)
             continue
         quantized = sum(lin.params for lin in layer.linears

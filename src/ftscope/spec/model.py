@@ -184,8 +184,7 @@ class ModelSpec:
                           ) -> tuple[int, ...]:
         """lora_params of one block of each layer group, in layer_groups' order (ZeRO-3 / FSDP gather a block's
         adapters with it)."""
-        key = targets if isinstance(targets, str) else tuple(targets)
-        return tuple(rank * w for w in _lora_layer_widths(self, key, fused_experts))
+        return _lora_layer_params(self, rank, targets if isinstance(targets, str) else tuple(targets), fused_experts)
 
 
 @lru_cache(maxsize=4096)
@@ -225,13 +224,15 @@ def _lora_width(model: ModelSpec, targets: str | tuple[str, ...], fused_experts:
 
 
 @lru_cache(maxsize=4096)
-def _lora_layer_widths(model: ModelSpec, targets: str | tuple[str, ...], fused_experts: bool) -> tuple[int, ...]:
-    ids = {id(lin) for lin, _ in _lora_targets(model, targets)}
-    return tuple(sum((lin.in_features + lin.out_features) * lin.count for lin in layer.linears if id(lin) in ids)
-                 - (_shared_a(layer, ids) if fused_experts else 0) for layer, _ in model.layer_groups)
+def _lora_layer_params(model: ModelSpec, rank: int, targets: str | tuple[str, ...], fused_experts: bool
+                       ) -> tuple[int, ...]:
+    ids = _lora_target_ids(model, targets)
+    return tuple(rank * (sum((lin.in_features + lin.out_features) * lin.count for lin in layer.linears
+                             if id(lin) in ids) - (_shared_a(layer, ids) if fused_experts else 0))
+                 for layer, _ in model.layer_groups)
 
 
-def _shared_a(layer, ids: set[int]) -> int:
+def _shared_a(layer, ids: set[int] | frozenset[int]) -> int:
     """A's width a fused gate_up expert stack saves when both its halves are targeted: PEFT gives it one adapter."""
     pair = [lin for lin in layer.linears if lin.group == "experts" and lin.role in ("gate", "up") and id(lin) in ids]
     return pair[0].in_features * pair[0].count if len(pair) == 2 else 0

@@ -186,3 +186,42 @@ def test_the_floats_exposure_is_the_arrays_on_every_value(seed):
         none = [(s, u) for s, _, u in groups.pop("none", [])]
         got = G._fexposed(list(groups.values()), none, overlap, win["fwd_bwd"])
         assert (math.isnan(got) and math.isnan(want)) or (got == want and math.copysign(1, got) == math.copysign(1, want))
+
+
+PASS_MIXES = [{"method": "full"}, {"method": "lora", "gradient_checkpointing": True},
+              {"method": "qlora", "gradient_checkpointing": True, "checkpointing": "selective"},
+              {"method": "full", "gradient_checkpointing": True, "checkpointing": "per-op", "compile": True},
+              {"method": "lora", "gradient_checkpointing": True, "checkpoint_every": 2, "attention": "eager"},
+              {"method": "qlora", "experts_backend": "modules", "gradient_checkpointing": True}]
+
+
+@pytest.mark.parametrize("model", ["llama-2-7b", "mixtral-8x7b"])
+@pytest.mark.parametrize("mix", PASS_MIXES)
+def test_pass_seconds_are_pass_times_parts_and_attention(model, mix):
+    """pass_seconds (what a plan's micro_row makes) equals time.pass_times' parts and attention with ==, on GPU
+    types of every architecture and micro-batches from 1 to 64."""
+    from ftscope.estimate.compute import cached_ops
+    from ftscope.estimate.time import pass_times, rates
+    cal = load_calibration()
+    base = _scenario(model, mix, {})
+    for gpu in GPUS:
+        scn = base.with_(gpu=gpu_from_catalog(gpu))
+        eff = cal.for_gpu(scn.cluster.gpu.key)[0]
+        r = rates(scn, eff)
+        for batch in (1, 2, 7, 64):
+            seq = scn.workload.mean_padded_len(batch)
+            ops = cached_ops(scn, batch, seq)
+            mb, _, att = pass_times(ops, scn, eff, r)
+            assert G.pass_seconds(ops, scn.mix, r) == (mb["forward"], mb["backward"], mb["recompute"], mb["dequant"],
+                                                       att)
+
+
+def test_micro_row_reads_what_an_estimate_timed():
+    """micro_row takes the pass times an estimate of the sweep already made (micro_batch_times' memo) as they are."""
+    from ftscope.estimate.time import micro_batch_times
+    base = _scenario("llama-2-7b", {"method": "lora"}, {})
+    sh, cal = Shared(base), load_calibration()
+    eff = cal.for_gpu(base.cluster.gpu.key)[0]
+    (mb, _, att), _, _ = micro_batch_times(base, 3, eff, None, sh)
+    row = G.micro_row(sh, cal, eff, 3, base.cluster.gpu, lambda: base)
+    assert row == (mb["forward"], mb["backward"], mb["recompute"], mb["dequant"], att)

@@ -25,7 +25,8 @@ from .cost import price_of
 from .efficiency import Calibration, Efficiency
 from .weight_memory import gathered_weight_bytes
 from .shared import Shared
-from .time import ADAM_BYTES_PER_PARAM, OPTIMIZER_KERNELS, micro_batch_times
+from .compute import Op, cached_ops, compute_mix, recomputed
+from .time import _PASS_CACHE, ADAM_BYTES_PER_PARAM, OPTIMIZER_KERNELS, Rates, op_time, rates
 
 COMPENSATED_SUM = sys.version_info >= (3, 12)
 """Python 3.12's sum() of floats adds with Neumaier's compensation (gh-100425); before, left to right."""
@@ -93,15 +94,73 @@ def gpu_row(sh: Shared, scn: Scenario, cal: Calibration) -> tuple:
 def micro_row(sh: Shared, cal: Calibration, eff: Efficiency, batch: int, gpu: GpuSpec,
               scenario: Callable[[], Scenario]) -> tuple:
     """(forward, backward, recompute, dequant, attention) seconds of one micro-batch on this GPU type: time.py's
-    micro_batch_times (through the same memo), kept as a tuple per GPU type and micro-batch (`scenario`: makes
+    micro_batch_times (through the same memos: _micro_seconds), kept as a tuple per GPU type and micro-batch (`scenario`: makes
     one on that GPU when the values are not yet known)."""
     memo = sh.get(("grid_micro", id(cal)), dict, cal)
     key = (id(gpu), id(eff), batch)
     hit = memo.get(key)
     if hit is None:
-        mb, _, att = micro_batch_times(scenario(), batch, eff, None, sh)[0]
-        hit = memo[key] = (mb["forward"], mb["backward"], mb["recompute"], mb["dequant"], att)
+        hit = memo[key] = _micro_seconds(sh, scenario(), batch, eff)
     return hit
+
+
+def _micro_seconds(sh: Shared, scn: Scenario, batch: int, eff: Efficiency) -> tuple:
+    """micro_row's values made: time.py's micro_batch_times through its memos (the padded length and ops per
+    micro-batch, the rates per GPU type), or, where no estimate has timed this micro-batch yet, its passes
+    without the seconds per layer (pass_seconds)."""
+    known = sh.known((("micro", batch, id(eff)), id(scn.cluster.gpu)))  # micro_batch_times' own memo entry
+    if known is not None:
+        mb, _, att = known[0]
+        return (mb["forward"], mb["backward"], mb["recompute"], mb["dequant"], att)
+    seq = sh.get(("padded", batch), lambda: scn.workload.mean_padded_len(batch))
+    ops = sh.get(("ops", batch), lambda: cached_ops(scn, batch, seq))
+    r = sh.per_gpu(("rates", id(eff)), scn, lambda: rates(scn, eff), eff)
+    cached = _PASS_CACHE.get((scn.model, compute_mix(scn.mix), batch, seq, r))
+    if cached is not None:
+        mb, _, att = cached
+        return (mb["forward"], mb["backward"], mb["recompute"], mb["dequant"], att)
+    return pass_seconds(ops, scn.mix, r)
+
+
+def pass_seconds(ops: Sequence[Op], mix, r: Rates) -> tuple[float, float, float, float, float]:
+    """(forward, backward, recompute, dequant, attention) of time.pass_times(ops, scn, eff, r): its parts and
+    attention seconds, the same operations in the same order, without the seconds per layer (a ranking reads
+    none; tests/estimate/test_grid_time.py compares them with ==)."""
+    ckpt = mix.gradient_checkpointing
+    g0 = g1 = g2 = k0 = k1 = k2 = d0 = d1 = d2 = s0 = s2 = 0.0
+    attention = 0.0
+    sync, compiled = r.sync, r.compile_kernels
+    for op in ops:
+        kind = op.kind
+        rec = recomputed(op, mix) if ckpt else 0.0
+        if kind == "dispatch":
+            t = op.kernels * sync
+            s0 += t
+            s2 += t * rec
+            continue
+        t = op_time(op, r)
+        k = op.kernels * (compiled if op.fusible else 1.0)
+        back = 1.0 if kind == "dequant" else op.backward
+        g0 += t
+        g1 += t * back
+        g2 += t * rec
+        k0 += k
+        k1 += k * back
+        k2 += k * rec
+        if kind == "dequant":
+            d0 += t
+            d1 += t * back
+            d2 += t * rec
+        elif kind == "attention":
+            attention += t * (1 + back)
+    host = r.host
+    c0 = max(k0 * host / g0, 1.0) if g0 > 0 else 1.0  # host-bound passes stretch
+    c1 = max(k1 * host / g1, 1.0) if g1 > 0 else 1.0
+    c2 = max(k2 * host / g2, 1.0) if g2 > 0 else 1.0
+    deq = (d0, d1, d2)
+    scale = (c0, c1, c2)
+    return ((g0 - d0) * c0 + s0, (g1 - d1) * c1 + 0.0, (g2 - d2) * c2 + s2, sum(deq[i] * scale[i] for i in range(3)),
+            attention)
 
 
 SMALLEST = 1

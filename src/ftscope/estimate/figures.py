@@ -17,7 +17,7 @@ from .cost import price_of, run_steps
 from .efficiency import Calibration
 from .memory import MemoryModel, device_capacity, memory_model
 from .shared import Shared, shared_for
-from .solvers import BatchSolver
+from .solvers import BatchSolver, held_terms
 from .time import step_parts
 
 
@@ -300,9 +300,18 @@ def _uncut(mem: MemoryModel, phases: tuple, least: float) -> tuple:
     """(reserved peak, sanity of _breakdown_values' list, allocated, gradients, activations, temporary) of
     mem.breakdown(batch, seq) where the capacity does not cut its peak (`phases`: mem._points(batch, seq); `least`:
     mem.least_reserved)."""
-    totals = mem._reserved_of(phases)
-    top = max(totals)
-    i = totals.index(top)  # max(range(...), key=totals.__getitem__): the first of the largest (NaN: by identity)
+    terms = held_terms(mem, held=False)
+    if terms is None:
+        totals = mem._reserved_of(phases)
+        top = max(totals)
+        i = totals.index(top)  # max(range(...), key=totals.__getitem__): the first of the largest (NaN: by identity)
+    else:  # _reserved_of's one-stream totals, the first of the largest kept as max() and index() find it
+        ws, fr, pool = terms
+        top, i = None, 0
+        for j, (_, _, act, temp, alloc) in enumerate(phases):
+            total = alloc + ws + fr * (act + temp) + pool
+            if top is None or total > top:
+                top, i = total, j
     peak = max(top, least)
     _, grads, act, temp, allocated = phases[i]
     overhead = peak - allocated

@@ -176,15 +176,15 @@ class BatchSolver:
         return hit
 
 
-def held_terms(mem: MemoryModel) -> tuple[float, float, float] | None:
-    """(workspace bytes, held fragmentation share, other stream's pool) that MemoryModel._reserved_of(points,
-    held=True) adds to each phase point when nothing is on another stream (no gathered units, no gradient pool:
-    its first branch), read as it reads them; None otherwise (peaks then take _reserved_of itself)."""
+def held_terms(mem: MemoryModel, held: bool = True) -> tuple[float, float, float] | None:
+    """(workspace bytes, fragmentation share, other stream's pool) that MemoryModel._reserved_of(points, held) adds
+    to each phase point when nothing is on another stream (no gathered units, no gradient pool: its first branch),
+    read as it reads them; None otherwise (the totals then take _reserved_of itself)."""
     al, g, gp = mem.allocator, mem.stream_gathered, mem.gradient_pool
     if not (g == 0.0 and gp == 0.0 and copysign(1.0, g) > 0.0):
         return None
     fr = al.fragmentation_checkpointed if mem.checkpointing else al.fragmentation
-    return al.workspace_gib * GIB, min(fr, al.pinned), mem.stream_pool
+    return al.workspace_gib * GIB, (min(fr, al.pinned) if held else fr), mem.stream_pool
 
 
 def max_seq_len(mem: MemoryModel, batch: int, margin: float = 0.0, cap: int = SEQ_CAP) -> int:

@@ -115,11 +115,22 @@ def _micro_seconds(sh: Shared, scn: Scenario, batch: int, eff: Efficiency) -> tu
     seq = sh.get(("padded", batch), lambda: scn.workload.mean_padded_len(batch))
     ops = sh.get(("ops", batch), lambda: cached_ops(scn, batch, seq))
     r = sh.per_gpu(("rates", id(eff)), scn, lambda: rates(scn, eff), eff)
-    cached = _PASS_CACHE.get((scn.model, compute_mix(scn.mix), batch, seq, r))
+    key = (scn.model, compute_mix(scn.mix), batch, seq, r)  # time.py's _PASS_CACHE key
+    cached = _PASS_CACHE.get(key)
     if cached is not None:
         mb, _, att = cached
         return (mb["forward"], mb["backward"], mb["recompute"], mb["dequant"], att)
-    return pass_seconds(ops, scn.mix, r)
+    hit = _SECONDS.get(key)
+    if hit is None:
+        if len(_SECONDS) >= 4096:
+            _SECONDS.clear()
+        hit = _SECONDS[key] = pass_seconds(ops, scn.mix, r)
+    return hit
+
+
+_SECONDS: dict[tuple, tuple] = {}
+"""pass_seconds by time.py's _PASS_CACHE key: the sweeps of mixes that differ only in compute_mix's fields (ZeRO
+stage, offload, optimizer) share a micro-batch's passes on a GPU type, as pass_times' own cache lets them."""
 
 
 def pass_seconds(ops: Sequence[Op], mix, r: Rates) -> tuple[float, float, float, float, float]:

@@ -14,6 +14,7 @@ from ftscope.estimate.comm import collectives
 from ftscope.estimate.cost import price_of, run_steps
 from ftscope.estimate.efficiency import load_calibration
 from ftscope.estimate.memory import memory_model
+from ftscope.estimate.micro_seconds import micro_row
 from ftscope.estimate.shared import Shared
 from ftscope.estimate.time import step_parts
 from ftscope.spec.hardware import gpu_from_catalog
@@ -90,7 +91,7 @@ def test_the_arrays_equal_the_scalar_path_number_for_number(model, mix, wl):
             rows[id(gpu)] = len(table)
             table.append(G.gpu_row(sh, scn, cal))
         for batch in (1, 3, 16):
-            micro = G.micro_row(sh, cal, eff, batch, gpu, lambda: scn)
+            micro = micro_row(sh, cal, eff, batch, gpu, lambda: scn)
             cols.append((rows[id(gpu)], cl.world_size, cl.gpus_per_node, cl.nodes, cl.inter_node_gbs, batch, trainable,
                          *micro))
             want.append(_scalar(scn, batch, trainable, cal, sh))
@@ -138,7 +139,7 @@ def test_a_figure_that_is_not_a_finite_number_is_left_to_the_scalar_path():
     scn = base.with_(gpu=gpu_from_catalog("h100-80gb"), gpus_per_node=2)
     sh = Shared(base)
     row = G.gpu_row(sh, scn, cal)
-    micro = G.micro_row(sh, cal, cal.for_gpu("h100-80gb")[0], 4, scn.cluster.gpu, lambda: scn)
+    micro = micro_row(sh, cal, cal.for_gpu("h100-80gb")[0], 4, scn.cluster.gpu, lambda: scn)
     good = (0, 2, 2, 1, 25.0, 4, 10**7, *micro)
     nan = (0, 2, 2, 1, 25.0, 4, 10**7, float("nan"), *micro[1:])
     negative = (0, 2, 2, 1, 25.0, 4, 10**7, *micro[:3], -1.0, micro[4])
@@ -187,41 +188,3 @@ def test_the_floats_exposure_is_the_arrays_on_every_value(seed):
         got = G._fexposed(list(groups.values()), none, overlap, win["fwd_bwd"])
         assert (math.isnan(got) and math.isnan(want)) or (got == want and math.copysign(1, got) == math.copysign(1, want))
 
-
-PASS_MIXES = [{"method": "full"}, {"method": "lora", "gradient_checkpointing": True},
-              {"method": "qlora", "gradient_checkpointing": True, "checkpointing": "selective"},
-              {"method": "full", "gradient_checkpointing": True, "checkpointing": "per-op", "compile": True},
-              {"method": "lora", "gradient_checkpointing": True, "checkpoint_every": 2, "attention": "eager"},
-              {"method": "qlora", "experts_backend": "modules", "gradient_checkpointing": True}]
-
-
-@pytest.mark.parametrize("model", ["llama-2-7b", "mixtral-8x7b"])
-@pytest.mark.parametrize("mix", PASS_MIXES)
-def test_pass_seconds_are_pass_times_parts_and_attention(model, mix):
-    """pass_seconds (what a plan's micro_row makes) equals time.pass_times' parts and attention with ==, on GPU
-    types of every architecture and micro-batches from 1 to 64."""
-    from ftscope.estimate.compute import cached_ops
-    from ftscope.estimate.time import pass_times, rates
-    cal = load_calibration()
-    base = _scenario(model, mix, {})
-    for gpu in GPUS:
-        scn = base.with_(gpu=gpu_from_catalog(gpu))
-        eff = cal.for_gpu(scn.cluster.gpu.key)[0]
-        r = rates(scn, eff)
-        for batch in (1, 2, 7, 64):
-            seq = scn.workload.mean_padded_len(batch)
-            ops = cached_ops(scn, batch, seq)
-            mb, _, att = pass_times(ops, scn, eff, r)
-            assert G.pass_seconds(ops, scn.mix, r) == (mb["forward"], mb["backward"], mb["recompute"], mb["dequant"],
-                                                       att)
-
-
-def test_micro_row_reads_what_an_estimate_timed():
-    """micro_row takes the pass times an estimate of the sweep already made (micro_batch_times' memo) as they are."""
-    from ftscope.estimate.time import micro_batch_times
-    base = _scenario("llama-2-7b", {"method": "lora"}, {})
-    sh, cal = Shared(base), load_calibration()
-    eff = cal.for_gpu(base.cluster.gpu.key)[0]
-    (mb, _, att), _, _ = micro_batch_times(base, 3, eff, None, sh)
-    row = G.micro_row(sh, cal, eff, 3, base.cluster.gpu, lambda: base)
-    assert row == (mb["forward"], mb["backward"], mb["recompute"], mb["dequant"], att)

@@ -152,7 +152,7 @@ class _Site(NamedTuple):
     row: tuple | None
     """grid_time.gpu_row of the GPU type."""
     times: tuple
-    """grid_time.micro_row at the micro-batch (empty unless it fits and grid_time takes the mix)."""
+    """micro_seconds.micro_row at the micro-batch (empty unless it fits and grid_time takes the mix)."""
 
 
 _figures = partial(tuple.__new__, Figures)
@@ -166,7 +166,8 @@ _new_site = partial(tuple.__new__, _Site)
 def _grid(sh: Shared, sites: Sequence[tuple], which: Sequence[int], margin: float, tight_margin: float,
           cal: Calibration, scenario_of: Callable[[int], Scenario]) -> list[Figures | None]:
     """figures(scenario_of(i), margin, cal, tight_margin, sh) of each site i in `which`, in that order."""
-    from .grid_time import SMALLEST, hours_of, micro_row, takes  # numpy: imported by the first plan, not at start-up
+    from .grid_time import SMALLEST, hours_of, takes  # numpy: imported by the first plan, not at start-up
+    from .micro_seconds import micro_row
     base = sh.scenario
     timing = takes(base)
     # per (GPU count, GPUs per node, GPU type): what a site's figures read but its network (_site); per site, its
@@ -226,7 +227,7 @@ def _site(sh: Shared, gpu, world: int, gpn: int, i: int, margin: float, cal: Cal
     memory model solved once per capacity, its peak bytes once per micro-batch (figures builds the breakdown of
     every candidate to read its fit_bytes, which is MemoryModel.peak_bytes: the same sums). `per_gpu`: GPU type
     (id) -> (gpu, reason, efficiency, grid_time row); `micro`: micro_row's memo; `solvers`: the plan's BatchSolver
-    per GPU count, read before the memo's; `micro_row`: grid_time's (imported with numpy by _grid); `comm`: the
+    per GPU count, read before the memo's; `micro_row`: micro_seconds's (imported by _grid); `comm`: the
     sweep's _comm_fields."""
     wl = sh.scenario.workload
     at = solvers.get(world)

@@ -14,19 +14,17 @@ from __future__ import annotations
 
 import math
 import sys
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 
-from ..spec.hardware import GpuSpec
 from ..spec.scenario import Scenario
 from .comm import DDP_BUCKET_BYTES, _param_modules, gather_passes
 from .cost import price_of
-from .efficiency import Calibration, Efficiency
+from .efficiency import Calibration
 from .weight_memory import gathered_weight_bytes
 from .shared import Shared
-from .compute import Op, cached_ops, compute_mix, recomputed
-from .time import _PASS_CACHE, ADAM_BYTES_PER_PARAM, OPTIMIZER_KERNELS, Rates, op_time, rates
+from .time import ADAM_BYTES_PER_PARAM, OPTIMIZER_KERNELS
 
 COMPENSATED_SUM = sys.version_info >= (3, 12)
 """Python 3.12's sum() of floats adds with Neumaier's compensation (gh-100425); before, left to right."""
@@ -89,89 +87,6 @@ def gpu_row(sh: Shared, scn: Scenario, cal: Calibration) -> tuple:
            eff.step_overhead_s + eff.microbatch_overhead_s * scn.workload.gradient_accumulation,
            np.nan if price is None else price)
     return tuple(map(float, row))  # as np.array(..., float64) reads them (the float path reads them as they are)
-
-
-def micro_row(sh: Shared, cal: Calibration, eff: Efficiency, batch: int, gpu: GpuSpec,
-              scenario: Callable[[], Scenario]) -> tuple:
-    """(forward, backward, recompute, dequant, attention) seconds of one micro-batch on this GPU type: time.py's
-    micro_batch_times (through the same memos: _micro_seconds), kept as a tuple per GPU type and micro-batch (`scenario`: makes
-    one on that GPU when the values are not yet known)."""
-    memo = sh.get(("grid_micro", id(cal)), dict, cal)
-    key = (id(gpu), id(eff), batch)
-    hit = memo.get(key)
-    if hit is None:
-        hit = memo[key] = _micro_seconds(sh, scenario(), batch, eff)
-    return hit
-
-
-def _micro_seconds(sh: Shared, scn: Scenario, batch: int, eff: Efficiency) -> tuple:
-    """micro_row's values made: time.py's micro_batch_times through its memos (the padded length and ops per
-    micro-batch, the rates per GPU type), or, where no estimate has timed this micro-batch yet, its passes
-    without the seconds per layer (pass_seconds)."""
-    known = sh.known((("micro", batch, id(eff)), id(scn.cluster.gpu)))  # micro_batch_times' own memo entry
-    if known is not None:
-        mb, _, att = known[0]
-        return (mb["forward"], mb["backward"], mb["recompute"], mb["dequant"], att)
-    seq = sh.get(("padded", batch), lambda: scn.workload.mean_padded_len(batch))
-    ops = sh.get(("ops", batch), lambda: cached_ops(scn, batch, seq))
-    r = sh.per_gpu(("rates", id(eff)), scn, lambda: rates(scn, eff), eff)
-    key = (scn.model, compute_mix(scn.mix), batch, seq, r)  # time.py's _PASS_CACHE key
-    cached = _PASS_CACHE.get(key)
-    if cached is not None:
-        mb, _, att = cached
-        return (mb["forward"], mb["backward"], mb["recompute"], mb["dequant"], att)
-    hit = _SECONDS.get(key)
-    if hit is None:
-        if len(_SECONDS) >= 4096:
-            _SECONDS.clear()
-        hit = _SECONDS[key] = pass_seconds(ops, scn.mix, r)
-    return hit
-
-
-_SECONDS: dict[tuple, tuple] = {}
-"""pass_seconds by time.py's _PASS_CACHE key: the sweeps of mixes that differ only in compute_mix's fields (ZeRO
-stage, offload, optimizer) share a micro-batch's passes on a GPU type, as pass_times' own cache lets them."""
-
-
-def pass_seconds(ops: Sequence[Op], mix, r: Rates) -> tuple[float, float, float, float, float]:
-    """(forward, backward, recompute, dequant, attention) of time.pass_times(ops, scn, eff, r): its parts and
-    attention seconds, the same operations in the same order, without the seconds per layer (a ranking reads
-    none; tests/estimate/test_grid_time.py compares them with ==)."""
-    ckpt = mix.gradient_checkpointing
-    g0 = g1 = g2 = k0 = k1 = k2 = d0 = d1 = d2 = s0 = s2 = 0.0
-    attention = 0.0
-    sync, compiled = r.sync, r.compile_kernels
-    for op in ops:
-        kind = op.kind
-        rec = recomputed(op, mix) if ckpt else 0.0
-        if kind == "dispatch":
-            t = op.kernels * sync
-            s0 += t
-            s2 += t * rec
-            continue
-        t = op_time(op, r)
-        k = op.kernels * (compiled if op.fusible else 1.0)
-        back = 1.0 if kind == "dequant" else op.backward
-        g0 += t
-        g1 += t * back
-        g2 += t * rec
-        k0 += k
-        k1 += k * back
-        k2 += k * rec
-        if kind == "dequant":
-            d0 += t
-            d1 += t * back
-            d2 += t * rec
-        elif kind == "attention":
-            attention += t * (1 + back)
-    host = r.host
-    c0 = max(k0 * host / g0, 1.0) if g0 > 0 else 1.0  # host-bound passes stretch
-    c1 = max(k1 * host / g1, 1.0) if g1 > 0 else 1.0
-    c2 = max(k2 * host / g2, 1.0) if g2 > 0 else 1.0
-    deq = (d0, d1, d2)
-    scale = (c0, c1, c2)
-    return ((g0 - d0) * c0 + s0, (g1 - d1) * c1 + 0.0, (g2 - d2) * c2 + s2, sum(deq[i] * scale[i] for i in range(3)),
-            attention)
 
 
 SMALLEST = 1
@@ -306,6 +221,32 @@ def _floats(base: Scenario, table: list[tuple], cols: list[tuple]) -> list[tuple
     """hours_of one candidate at a time: step_columns' and hours_of's operations on each candidate's floats, in the
     same order (numpy's float64 arithmetic is the interpreter's), `live` read over all of them as there. A
     candidate whose arithmetic raises (a zero rate) is left to the scalar path, as the arrays' infinities are."""
+    hit = _SWEEP_TERMS.get(id(base))
+    if hit is None or hit[0] is not base:
+        if len(_SWEEP_TERMS) >= 256:
+            _SWEEP_TERMS.clear()
+        hit = _SWEEP_TERMS[id(base)] = (base, _sweep_terms(base))
+    mix, stage, ga, runs, per_grad, sharded, adam, gathered, passes, units, modules, work, sps = hit[1]
+    # table: gpu_row's floats; cols: ints (counts, micro-batch, parameters: below 2**53, so each operation with them
+    # rounds as with their floats, an int's product or quotient being exact or correctly rounded) and floats
+    live = all(c[6] > 0 for c in cols) and all(_link(table[c[0]][3], *c[1:5]) > 0 for c in cols)
+    out: list[tuple[float, float | None] | None] = []
+    for c in cols:
+        g = table[c[0]]
+        try:
+            out.append(_one(mix, stage, ga, runs, per_grad, sharded, adam, gathered, passes, units, modules, work, sps,
+                            live, g, c))
+        except (ZeroDivisionError, OverflowError, ValueError):
+            out.append(None)
+    return out
+
+
+_SWEEP_TERMS: dict[int, tuple] = {}
+"""_sweep_terms by the sweep's scenario (its id, the scenario kept with them): a sweep's plans read them on each call."""
+
+
+def _sweep_terms(base: Scenario) -> tuple:
+    """What _one reads of the sweep's scenario: the same values for every candidate of its plans."""
     mix, wl = base.mix, base.workload
     ga, stage = wl.gradient_accumulation, mix.shard_stage
     runs = ga + 0.0
@@ -319,18 +260,7 @@ def _floats(base: Scenario, table: list[tuple], cols: list[tuple]) -> list[tuple
     modules = _param_modules(base) / 1 if stage == 3 and not mix.fsdp else 0.0
     work = wl.samples_per_epoch() * wl.epochs
     sps = wl.samples_per_sequence()
-    # table: gpu_row's floats; cols: ints (counts, micro-batch, parameters: below 2**53, so each operation with them
-    # rounds as with their floats, an int's product or quotient being exact or correctly rounded) and floats
-    live = all(c[6] > 0 for c in cols) and all(_link(table[c[0]][3], *c[1:5]) > 0 for c in cols)
-    out: list[tuple[float, float | None] | None] = []
-    for c in cols:
-        g = table[c[0]]
-        try:
-            out.append(_one(mix, stage, ga, runs, per_grad, sharded, adam, gathered, passes, units, modules, work, sps,
-                            live, g, c))
-        except (ZeroDivisionError, OverflowError, ValueError):
-            out.append(None)
-    return out
+    return mix, stage, ga, runs, per_grad, sharded, adam, gathered, passes, units, modules, work, sps
 
 
 def _link(intra: float, world: float, gpn: float, nodes: float, inter: float) -> float:

@@ -155,3 +155,22 @@ def test_each_sites_capacity_is_the_estimates():
     for c in cands:
         site = placed[c.cluster.world_size, c.cluster.gpus_per_node, id(c.cluster.gpu)]
         assert site.cap == estimate(c).model_memory.capacity_bytes
+
+
+@pytest.mark.parametrize("model,mix", [("llama-2-7b", {"method": "full", "zero_stage": 3}),
+                                       ("llama-2-7b", {"method": "lora", "gradient_checkpointing": False}),
+                                       ("llama-2-7b", {"method": "full", "fsdp": "shard_grad_op"}),
+                                       ("mixtral-8x7b", None)])
+def test_uncut_reads_the_reserved_totals_peak(model, mix):
+    """_uncut's peak and the phase point it reads (its one-stream totals summed in place) are those of
+    MemoryModel._reserved_of's totals: max(), then the first of the largest."""
+    from ftscope.estimate.memory import memory_model
+    mem = memory_model(scn(model, mix).with_(gpu=gpu_from_catalog("h100-80gb"), gpus_per_node=4))
+    for batch in (1, 4, 64, 2048):
+        phases = mem._points(batch, 1024)
+        totals = mem._reserved_of(phases)
+        i = totals.index(max(totals))
+        _, grads, act, temp, allocated = phases[i]
+        peak = max(max(totals), mem.least_reserved)
+        got = F._uncut(mem, phases, mem.least_reserved)
+        assert (got[0], got[2:]) == (peak, (allocated, grads, act, temp))

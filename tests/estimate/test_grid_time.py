@@ -14,6 +14,7 @@ from ftscope.estimate.comm import collectives
 from ftscope.estimate.cost import price_of, run_steps
 from ftscope.estimate.efficiency import load_calibration
 from ftscope.estimate.memory import memory_model
+from ftscope.estimate.micro_seconds import micro_row
 from ftscope.estimate.shared import Shared
 from ftscope.estimate.time import step_parts
 from ftscope.spec.hardware import gpu_from_catalog
@@ -90,7 +91,7 @@ def test_the_arrays_equal_the_scalar_path_number_for_number(model, mix, wl):
             rows[id(gpu)] = len(table)
             table.append(G.gpu_row(sh, scn, cal))
         for batch in (1, 3, 16):
-            micro = G.micro_row(sh, cal, eff, batch, gpu, lambda: scn)
+            micro = micro_row(sh, cal, eff, batch, gpu, lambda: scn)
             cols.append((rows[id(gpu)], cl.world_size, cl.gpus_per_node, cl.nodes, cl.inter_node_gbs, batch, trainable,
                          *micro))
             want.append(_scalar(scn, batch, trainable, cal, sh))
@@ -138,7 +139,7 @@ def test_a_figure_that_is_not_a_finite_number_is_left_to_the_scalar_path():
     scn = base.with_(gpu=gpu_from_catalog("h100-80gb"), gpus_per_node=2)
     sh = Shared(base)
     row = G.gpu_row(sh, scn, cal)
-    micro = G.micro_row(sh, cal, cal.for_gpu("h100-80gb")[0], 4, scn.cluster.gpu, lambda: scn)
+    micro = micro_row(sh, cal, cal.for_gpu("h100-80gb")[0], 4, scn.cluster.gpu, lambda: scn)
     good = (0, 2, 2, 1, 25.0, 4, 10**7, *micro)
     nan = (0, 2, 2, 1, 25.0, 4, 10**7, float("nan"), *micro[1:])
     negative = (0, 2, 2, 1, 25.0, 4, 10**7, *micro[:3], -1.0, micro[4])
@@ -186,3 +187,4 @@ def test_the_floats_exposure_is_the_arrays_on_every_value(seed):
         none = [(s, u) for s, _, u in groups.pop("none", [])]
         got = G._fexposed(list(groups.values()), none, overlap, win["fwd_bwd"])
         assert (math.isnan(got) and math.isnan(want)) or (got == want and math.copysign(1, got) == math.copysign(1, want))
+

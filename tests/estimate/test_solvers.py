@@ -177,3 +177,21 @@ def test_a_solvers_points_and_per_batch_values_are_the_models():
     calls = []
     make = lambda m, b, seq: calls.append(b) or b * 2  # noqa: E731
     assert [solver.at_batch(b, make) for b in (3, 3, 5, 3)] == [6, 6, 10, 6] and calls == [3, 5]
+
+
+@pytest.mark.parametrize("kw", CASES + [
+    dict(model="llama-3.2-1b", mix={"method": "full", "fsdp": "full_shard"}, hw={"gpus_per_node": 8}),
+    dict(model="llama-3.2-1b", mix={"method": "lora", "fsdp": "shard_grad_op", "gradient_checkpointing": True},
+         hw={"gpus_per_node": 4}),
+    dict(model="llama-3.2-1b", mix={"method": "full", "loss": "chunked", "gradient_checkpointing": True}),
+    dict(model="llama-2-7b", mix={"method": "full", "zero_stage": 2, "activation_offload": True,
+                                  "gradient_checkpointing": True}, hw={"gpus_per_node": 2})])
+def test_a_solvers_peaks_are_peak_bytes(kw):
+    """BatchSolver.peak (its held totals summed with the model's terms read once, or _reserved_of itself where
+    another stream holds memory) equals MemoryModel.peak_bytes with ==."""
+    from ftscope.estimate.solvers import held_terms
+    mem = memory_model(scn(**kw))
+    solver = BatchSolver(mem, 1024)
+    for b in (1, 2, 5, 33, 400):
+        assert solver.peak(b) == mem.peak_bytes(b, 1024)
+    assert (held_terms(mem) is None) == (mem.stream_gathered != 0.0 or mem.gradient_pool != 0.0)

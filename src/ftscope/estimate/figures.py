@@ -17,7 +17,7 @@ from .cost import price_of, run_steps
 from .efficiency import Calibration
 from .memory import MemoryModel, device_capacity, memory_model
 from .shared import Shared, shared_for
-from .solvers import BatchSolver
+from .solvers import BatchSolver, held_terms
 from .time import step_parts
 
 
@@ -152,7 +152,7 @@ class _Site(NamedTuple):
     row: tuple | None
     """grid_time.gpu_row of the GPU type."""
     times: tuple
-    """grid_time.micro_row at the micro-batch (empty unless it fits and grid_time takes the mix)."""
+    """micro_seconds.micro_row at the micro-batch (empty unless it fits and grid_time takes the mix)."""
 
 
 _figures = partial(tuple.__new__, Figures)
@@ -166,7 +166,8 @@ _new_site = partial(tuple.__new__, _Site)
 def _grid(sh: Shared, sites: Sequence[tuple], which: Sequence[int], margin: float, tight_margin: float,
           cal: Calibration, scenario_of: Callable[[int], Scenario]) -> list[Figures | None]:
     """figures(scenario_of(i), margin, cal, tight_margin, sh) of each site i in `which`, in that order."""
-    from .grid_time import SMALLEST, hours_of, micro_row, takes  # numpy: imported by the first plan, not at start-up
+    from .grid_time import SMALLEST, hours_of, takes  # numpy: imported by the first plan, not at start-up
+    from .micro_seconds import micro_row
     base = sh.scenario
     timing = takes(base)
     # per (GPU count, GPUs per node, GPU type): what a site's figures read but its network (_site); per site, its
@@ -186,8 +187,9 @@ def _grid(sh: Shared, sites: Sequence[tuple], which: Sequence[int], margin: floa
         if site is None or site.gpu is not gpu:
             if memos is None:
                 memos = (sh.get(("grid_gpu", id(cal)), dict, cal), sh.get(("grid_micro", id(cal)), dict, cal), {},
-                         micro_row)
-            site = placed[world, gpn, id(gpu)] = _site(sh, gpu, world, i, margin, cal, timing, scenario_of, *memos)
+                         micro_row, sh.get(("comm_fields",), lambda: _comm_fields(base)))
+            site = placed[world, gpn, id(gpu)] = _site(sh, gpu, world, gpn, i, margin, cal, timing, scenario_of,
+                                                       *memos)
         if not site.fits:  # a misfit's figures, or None where a number is not finite
             out.append(site.figures)
             continue
@@ -218,14 +220,15 @@ def _grid(sh: Shared, sites: Sequence[tuple], which: Sequence[int], margin: floa
     return out
 
 
-def _site(sh: Shared, gpu, world: int, i: int, margin: float, cal: Calibration, timing: bool,
+def _site(sh: Shared, gpu, world: int, gpn: int, i: int, margin: float, cal: Calibration, timing: bool,
           scenario_of: Callable[[int], Scenario], per_gpu: dict, micro: dict, solvers: dict,
-          micro_row: Callable) -> _Site:
+          micro_row: Callable, comm: tuple) -> _Site:
     """The _Site of the sweep's scenario on `world` GPUs of this type (scenario_of(i) is one): per GPU count one
     memory model solved once per capacity, its peak bytes once per micro-batch (figures builds the breakdown of
     every candidate to read its fit_bytes, which is MemoryModel.peak_bytes: the same sums). `per_gpu`: GPU type
     (id) -> (gpu, reason, efficiency, grid_time row); `micro`: micro_row's memo; `solvers`: the plan's BatchSolver
-    per GPU count, read before the memo's; `micro_row`: grid_time's (imported with numpy by _grid)."""
+    per GPU count, read before the memo's; `micro_row`: micro_seconds's (imported by _grid); `comm`: the
+    sweep's _comm_fields."""
     wl = sh.scenario.workload
     at = solvers.get(world)
     if at is None:
@@ -236,7 +239,16 @@ def _site(sh: Shared, gpu, world: int, i: int, margin: float, cal: Calibration, 
         info = per_gpu[id(gpu)] = (gpu, *_gpu_info(sh, scenario_of(i), cal, timing))
     _, reason, eff, row = info
     mem = at.mem
-    cap = device_capacity(scenario_of(i), mem.allocator)  # memory_model's capacity at this site
+    # memory_model's capacity at this site: what it reads is the GPU, its count and layout, and the sweep's few
+    # comm_key fields, which the plans of a scenario's mixes share (no candidate scenario made to read it)
+    allocator = mem.allocator
+    key = (id(gpu), world, gpn, id(allocator), comm)
+    hit = _CAPACITIES.get(key)
+    if hit is None or hit[0] is not gpu or hit[1] is not allocator:
+        if len(_CAPACITIES) >= 65_536:
+            _CAPACITIES.clear()
+        hit = _CAPACITIES[key] = (gpu, allocator, device_capacity(scenario_of(i), allocator))
+    cap = hit[2]
     if not cap > 0:  # the estimate says why
         return _new_site((gpu, False, None, reason, 0.0, cap, 0, 0, row, ()))
     limit = cap * (1.0 - margin)
@@ -253,6 +265,19 @@ def _site(sh: Shared, gpu, world: int, i: int, margin: float, cal: Calibration, 
     if times is None:
         times = micro_row(sh, cal, eff, batch, gpu, lambda: scenario_of(i))
     return _new_site((gpu, True, None, reason, peak, cap, batch, mem.trainable_params, row, times))
+
+
+_CAPACITIES: dict[tuple, tuple] = {}
+"""device_capacity by (GPU id, GPUs in all, GPUs per node, allocator id, _comm_fields): (GPU, allocator, bytes), the
+GPU and allocator kept alive with their ids."""
+
+
+def _comm_fields(scn: Scenario) -> tuple:
+    """What comm_buffers.comm_key reads of a scenario but its cluster (the mix's parallel layout, sharding stage and
+    FP8, the NCCL version): with the GPU and its counts, all device_capacity reads."""
+    mix = scn.mix
+    return (mix.tensor_parallel, mix.pipeline_parallel, mix.context_parallel, mix.expert_parallel, mix.zero_stage,
+            mix.context_parallel_impl, getattr(mix, "fp8", False), scn.recipe.nccl_version)
 
 
 def _solver(sh: Shared, mem: MemoryModel, seq: int) -> BatchSolver:
@@ -276,9 +301,18 @@ def _uncut(mem: MemoryModel, phases: tuple, least: float) -> tuple:
     """(reserved peak, sanity of _breakdown_values' list, allocated, gradients, activations, temporary) of
     mem.breakdown(batch, seq) where the capacity does not cut its peak (`phases`: mem._points(batch, seq); `least`:
     mem.least_reserved)."""
-    totals = mem._reserved_of(phases)
-    top = max(totals)
-    i = totals.index(top)  # max(range(...), key=totals.__getitem__): the first of the largest (NaN: by identity)
+    terms = held_terms(mem, held=False)
+    if terms is None:
+        totals = mem._reserved_of(phases)
+        top = max(totals)
+        i = totals.index(top)  # max(range(...), key=totals.__getitem__): the first of the largest (NaN: by identity)
+    else:  # _reserved_of's one-stream totals, the first of the largest kept as max() and index() find it
+        ws, fr, pool = terms
+        top, i = None, 0
+        for j, (_, _, act, temp, alloc) in enumerate(phases):
+            total = alloc + ws + fr * (act + temp) + pool
+            if top is None or total > top:
+                top, i = total, j
     peak = max(top, least)
     _, grads, act, temp, allocated = phases[i]
     overhead = peak - allocated

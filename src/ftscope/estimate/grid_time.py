@@ -14,18 +14,17 @@ from __future__ import annotations
 
 import math
 import sys
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 
-from ..spec.hardware import GpuSpec
 from ..spec.scenario import Scenario
 from .comm import DDP_BUCKET_BYTES, _param_modules, gather_passes
 from .cost import price_of
-from .efficiency import Calibration, Efficiency
+from .efficiency import Calibration
 from .weight_memory import gathered_weight_bytes
 from .shared import Shared
-from .time import ADAM_BYTES_PER_PARAM, OPTIMIZER_KERNELS, micro_batch_times
+from .time import ADAM_BYTES_PER_PARAM, OPTIMIZER_KERNELS
 
 COMPENSATED_SUM = sys.version_info >= (3, 12)
 """Python 3.12's sum() of floats adds with Neumaier's compensation (gh-100425); before, left to right."""
@@ -88,20 +87,6 @@ def gpu_row(sh: Shared, scn: Scenario, cal: Calibration) -> tuple:
            eff.step_overhead_s + eff.microbatch_overhead_s * scn.workload.gradient_accumulation,
            np.nan if price is None else price)
     return tuple(map(float, row))  # as np.array(..., float64) reads them (the float path reads them as they are)
-
-
-def micro_row(sh: Shared, cal: Calibration, eff: Efficiency, batch: int, gpu: GpuSpec,
-              scenario: Callable[[], Scenario]) -> tuple:
-    """(forward, backward, recompute, dequant, attention) seconds of one micro-batch on this GPU type: time.py's
-    micro_batch_times (through the same memo), kept as a tuple per GPU type and micro-batch (`scenario`: makes
-    one on that GPU when the values are not yet known)."""
-    memo = sh.get(("grid_micro", id(cal)), dict, cal)
-    key = (id(gpu), id(eff), batch)
-    hit = memo.get(key)
-    if hit is None:
-        mb, _, att = micro_batch_times(scenario(), batch, eff, None, sh)[0]
-        hit = memo[key] = (mb["forward"], mb["backward"], mb["recompute"], mb["dequant"], att)
-    return hit
 
 
 SMALLEST = 1
@@ -236,6 +221,32 @@ def _floats(base: Scenario, table: list[tuple], cols: list[tuple]) -> list[tuple
     """hours_of one candidate at a time: step_columns' and hours_of's operations on each candidate's floats, in the
     same order (numpy's float64 arithmetic is the interpreter's), `live` read over all of them as there. A
     candidate whose arithmetic raises (a zero rate) is left to the scalar path, as the arrays' infinities are."""
+    hit = _SWEEP_TERMS.get(id(base))
+    if hit is None or hit[0] is not base:
+        if len(_SWEEP_TERMS) >= 256:
+            _SWEEP_TERMS.clear()
+        hit = _SWEEP_TERMS[id(base)] = (base, _sweep_terms(base))
+    mix, stage, ga, runs, per_grad, sharded, adam, gathered, passes, units, modules, work, sps = hit[1]
+    # table: gpu_row's floats; cols: ints (counts, micro-batch, parameters: below 2**53, so each operation with them
+    # rounds as with their floats, an int's product or quotient being exact or correctly rounded) and floats
+    live = all(c[6] > 0 for c in cols) and all(_link(table[c[0]][3], *c[1:5]) > 0 for c in cols)
+    out: list[tuple[float, float | None] | None] = []
+    for c in cols:
+        g = table[c[0]]
+        try:
+            out.append(_one(mix, stage, ga, runs, per_grad, sharded, adam, gathered, passes, units, modules, work, sps,
+                            live, g, c))
+        except (ZeroDivisionError, OverflowError, ValueError):
+            out.append(None)
+    return out
+
+
+_SWEEP_TERMS: dict[int, tuple] = {}
+"""_sweep_terms by the sweep's scenario (its id, the scenario kept with them): a sweep's plans read them on each call."""
+
+
+def _sweep_terms(base: Scenario) -> tuple:
+    """What _one reads of the sweep's scenario: the same values for every candidate of its plans."""
     mix, wl = base.mix, base.workload
     ga, stage = wl.gradient_accumulation, mix.shard_stage
     runs = ga + 0.0
@@ -249,18 +260,7 @@ def _floats(base: Scenario, table: list[tuple], cols: list[tuple]) -> list[tuple
     modules = _param_modules(base) / 1 if stage == 3 and not mix.fsdp else 0.0
     work = wl.samples_per_epoch() * wl.epochs
     sps = wl.samples_per_sequence()
-    # table: gpu_row's floats; cols: ints (counts, micro-batch, parameters: below 2**53, so each operation with them
-    # rounds as with their floats, an int's product or quotient being exact or correctly rounded) and floats
-    live = all(c[6] > 0 for c in cols) and all(_link(table[c[0]][3], *c[1:5]) > 0 for c in cols)
-    out: list[tuple[float, float | None] | None] = []
-    for c in cols:
-        g = table[c[0]]
-        try:
-            out.append(_one(mix, stage, ga, runs, per_grad, sharded, adam, gathered, passes, units, modules, work, sps,
-                            live, g, c))
-        except (ZeroDivisionError, OverflowError, ValueError):
-            out.append(None)
-    return out
+    return mix, stage, ga, runs, per_grad, sharded, adam, gathered, passes, units, modules, work, sps
 
 
 def _link(intra: float, world: float, gpn: float, nodes: float, inter: float) -> float:

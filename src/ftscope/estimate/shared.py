@@ -46,6 +46,10 @@ class Shared:
             self._kept.extend(alive)
         return hit
 
+    def known(self, key: tuple) -> Any:
+        """The value under `key` when made, else None (nothing made)."""
+        return self._memo.get(key)
+
     def per_gpu(self, name: Any, scn: Scenario, make: Callable[[], Any], *alive: Any) -> Any:
         """The value of `name` for this scenario's GPU type (`alive`: objects whose id() `name` holds)."""
         gpu = scn.cluster.gpu

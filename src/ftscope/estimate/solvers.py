@@ -8,8 +8,10 @@ sides, so it is exact on integers whatever the rounding.
 from __future__ import annotations
 
 import math
+from math import copysign
 from typing import Callable, NamedTuple
 
+from ..spec.hardware import GIB
 from .memory import MemoryModel
 
 SEQ_CAP = 4_194_304
@@ -115,6 +117,7 @@ class BatchSolver:
         self.checks: dict[tuple, object] = {}
         self.per_batch: dict[int, object] = {}
         self.recent: dict[int, tuple] = {}  # the phase points of the last few peaks (a solve's answer among them)
+        self.held: tuple | None | bool = False  # held_terms(mem), read on the first peak made
 
     def checked(self, cap: float, batch: int, check: Callable[[MemoryModel, float, int, float], object]) -> object:
         """check(mem, cap, batch, seq), made once per capacity and micro-batch (`check`: one pure function of them
@@ -138,7 +141,19 @@ class BatchSolver:
         if hit is None:
             mem, recent = self.mem, self.recent
             points = mem._points(batch, self.seq)
-            hit = self.peaks[batch] = max(self.least, *mem._reserved_of(points, held=True))  # peak_bytes
+            held = self.held
+            if held is False:
+                held = self.held = held_terms(mem)
+            if held is None:
+                hit = self.peaks[batch] = max(self.least, *mem._reserved_of(points, held=True))  # peak_bytes
+            else:  # _reserved_of(points, held=True) with one stream, its terms read once per model
+                ws, fr, pool = held
+                hit = self.least
+                for _, _, act, temp, alloc in points:
+                    total = alloc + ws + fr * (act + temp) + pool
+                    if total > hit:  # max(least, *totals): a later total replaces only when larger
+                        hit = total
+                self.peaks[batch] = hit
             if len(recent) >= 4:
                 recent.clear()
             recent[batch] = points
@@ -159,6 +174,17 @@ class BatchSolver:
                 self.slopes = list(dict.fromkeys(_per_sample(self.curves, self.seq)))
             hit = self.solved[limit] = _solve(limit, self.slopes, self.peak, BATCH_CAP, self.least)
         return hit
+
+
+def held_terms(mem: MemoryModel, held: bool = True) -> tuple[float, float, float] | None:
+    """(workspace bytes, fragmentation share, other stream's pool) that MemoryModel._reserved_of(points, held) adds
+    to each phase point when nothing is on another stream (no gathered units, no gradient pool: its first branch),
+    read as it reads them; None otherwise (the totals then take _reserved_of itself)."""
+    al, g, gp = mem.allocator, mem.stream_gathered, mem.gradient_pool
+    if not (g == 0.0 and gp == 0.0 and copysign(1.0, g) > 0.0):
+        return None
+    fr = al.fragmentation_checkpointed if mem.checkpointing else al.fragmentation
+    return al.workspace_gib * GIB, (min(fr, al.pinned) if held else fr), mem.stream_pool
 
 
 def max_seq_len(mem: MemoryModel, batch: int, margin: float = 0.0, cap: int = SEQ_CAP) -> int:

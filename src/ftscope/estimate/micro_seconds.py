@@ -1,0 +1,101 @@
+"""A plan's micro-batch seconds per GPU type: the (forward, backward, recompute, dequant, attention) seconds of a
+fitting candidate's micro-batch that grid_time.py's hours read, made where no estimate has made them.
+
+time.py's pass_times also sums every op's seconds per layer, which only an Estimate's breakdown reads; a plan times
+each new micro-batch on each GPU type it meets (its larger GPU counts shard the states, so their batches are new)
+and ranks without them. pass_seconds takes pass_times' sums in the same order, so each number is equal
+(tests/estimate/test_micro_seconds.py compares them with ==); a change to pass_times' passes must be made here too.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from ..spec.hardware import GpuSpec
+from ..spec.scenario import Scenario
+from .compute import Op, cached_ops, compute_mix, recomputed
+from .efficiency import Calibration, Efficiency
+from .shared import Shared
+from .time import _PASS_CACHE, Rates, op_time, rates
+
+
+def micro_row(sh: Shared, cal: Calibration, eff: Efficiency, batch: int, gpu: GpuSpec,
+              scenario: Callable[[], Scenario]) -> tuple:
+    """(forward, backward, recompute, dequant, attention) seconds of one micro-batch on this GPU type: time.py's
+    micro_batch_times (through its memos: _micro_seconds), kept as a tuple per GPU type and micro-batch
+    (`scenario`: makes one on that GPU when the values are not yet known)."""
+    memo = sh.get(("grid_micro", id(cal)), dict, cal)
+    key = (id(gpu), id(eff), batch)
+    hit = memo.get(key)
+    if hit is None:
+        hit = memo[key] = _micro_seconds(sh, scenario(), batch, eff)
+    return hit
+
+
+def _micro_seconds(sh: Shared, scn: Scenario, batch: int, eff: Efficiency) -> tuple:
+    """micro_row's values made: time.py's micro_batch_times through its memos (the padded length and ops per
+    micro-batch, the rates per GPU type), or, where no estimate has timed this micro-batch yet, its passes
+    without the seconds per layer (pass_seconds)."""
+    known = sh.known((("micro", batch, id(eff)), id(scn.cluster.gpu)))  # micro_batch_times' own memo entry
+    if known is not None:
+        mb, _, att = known[0]
+        return (mb["forward"], mb["backward"], mb["recompute"], mb["dequant"], att)
+    seq = sh.get(("padded", batch), lambda: scn.workload.mean_padded_len(batch))
+    ops = sh.get(("ops", batch), lambda: cached_ops(scn, batch, seq))
+    r = sh.per_gpu(("rates", id(eff)), scn, lambda: rates(scn, eff), eff)
+    key = (scn.model, compute_mix(scn.mix), batch, seq, r)  # time.py's _PASS_CACHE key
+    cached = _PASS_CACHE.get(key)
+    if cached is not None:
+        mb, _, att = cached
+        return (mb["forward"], mb["backward"], mb["recompute"], mb["dequant"], att)
+    hit = _SECONDS.get(key)
+    if hit is None:
+        if len(_SECONDS) >= 4096:
+            _SECONDS.clear()
+        hit = _SECONDS[key] = pass_seconds(ops, scn.mix, r)
+    return hit
+
+
+_SECONDS: dict[tuple, tuple] = {}
+"""pass_seconds by time.py's _PASS_CACHE key: the sweeps of mixes that differ only in compute_mix's fields (ZeRO
+stage, offload, optimizer) share a micro-batch's passes on a GPU type, as pass_times' own cache lets them."""
+
+
+def pass_seconds(ops: Sequence[Op], mix, r: Rates) -> tuple[float, float, float, float, float]:
+    """(forward, backward, recompute, dequant, attention) of time.pass_times(ops, scn, eff, r): its parts and
+    attention seconds, the same operations in the same order, without the seconds per layer (a ranking reads
+    none; tests/estimate/test_grid_time.py compares them with ==)."""
+    ckpt = mix.gradient_checkpointing
+    g0 = g1 = g2 = k0 = k1 = k2 = d0 = d1 = d2 = s0 = s2 = 0.0
+    attention = 0.0
+    sync, compiled = r.sync, r.compile_kernels
+    for op in ops:
+        kind = op.kind
+        rec = recomputed(op, mix) if ckpt else 0.0
+        if kind == "dispatch":
+            t = op.kernels * sync
+            s0 += t
+            s2 += t * rec
+            continue
+        t = op_time(op, r)
+        k = op.kernels * (compiled if op.fusible else 1.0)
+        back = 1.0 if kind == "dequant" else op.backward
+        g0 += t
+        g1 += t * back
+        g2 += t * rec
+        k0 += k
+        k1 += k * back
+        k2 += k * rec
+        if kind == "dequant":
+            d0 += t
+            d1 += t * back
+            d2 += t * rec
+        elif kind == "attention":
+            attention += t * (1 + back)
+    host = r.host
+    c0 = max(k0 * host / g0, 1.0) if g0 > 0 else 1.0  # host-bound passes stretch
+    c1 = max(k1 * host / g1, 1.0) if g1 > 0 else 1.0
+    c2 = max(k2 * host / g2, 1.0) if g2 > 0 else 1.0
+    deq = (d0, d1, d2)
+    scale = (c0, c1, c2)
+    return ((g0 - d0) * c0 + s0, (g1 - d1) * c1 + 0.0, (g2 - d2) * c2 + s2, sum(deq[i] * scale[i] for i in range(3)),
+            attention)

@@ -111,37 +111,22 @@ def classify(np, space: Space, by: str, cal: Calibration, accepts: dict[str, Cal
     peak, fixed_peak, safe_fixed_peak, terms = scan.gather(slots)
     split = scan.split[:, cols]
     sig = scan.sig[cols]
-    ok = scan.supported[:, cols][g_of] & scan.layout_ok[:, cols][w_of]
     world = np.array([b.world for b in space.blocks])
-    caps, safe_caps = scan.caps(cols)  # blocks x columns: the capacity reads the mix (NCCL's communicators)
-    # recommend._estimate runs the micro-batch the margin leaves whenever one does (micro-batch 1 within it), and
-    # keeping a global batch can switch that layout to accumulation, which holds more: there the margin's layout,
-    # not the full capacity's, decides whether the candidate fits
-    on_safe = peak[w_of] <= safe_caps
-    kept = peak[w_of] if fixed_peak is None else np.where(on_safe, safe_fixed_peak, fixed_peak)
-    fits, safe = kept <= caps, kept <= safe_caps
-    status = np.full((nb, len(cols)), UNSUPPORTED, np.int8)
-    status[ok & ~fits] = NO_FIT
-    status[ok & fits] = FITS
-    tier = (ok & fits & ~safe).astype(np.int8)
-    # the bounds only where a candidate fits (a few in a hundred of a large space): flat positions, row-major, so
-    # each block's are together and its columns ascend
-    at = np.flatnonzero(status.ravel() == FITS)
+    status, tier, at, on_safe_at, cap_at = _fits(np, scan, cols, peak, fixed_peak, safe_fixed_peak, margin)
     rows, at_col = np.divmod(at, len(cols))
     replicas = np.maximum(world[rows] // split[0][at_col], 1)  # data-parallel replicas (plan/layouts.replicas)
     per_replica = None if global_batch is None else np.maximum(global_batch // (replicas * split[1][at_col]), 1)
-    batch, batch_max = _micro_batch_bounds(np, terms, w_of, caps, rows, at_col, per_replica)
+    batch, batch_max = _micro_batch_bounds(np, terms, w_of, cap_at, rows, at_col, per_replica)
     tier_at = tier.ravel()[at]
     if margin:  # a safe candidate runs the batch that leaves the margin free, a tight one the full capacity's
-        safe_at = np.flatnonzero(on_safe.ravel()[at])
-        low, high = _micro_batch_bounds(np, terms, w_of, safe_caps, rows[safe_at], at_col[safe_at],
-                                        None if per_replica is None else per_replica[safe_at])
+        safe_at = np.flatnonzero(on_safe_at)
+        low, high = _micro_batch_bounds(np, terms, w_of, cap_at[safe_at] * (1.0 - margin), rows[safe_at],
+                                        at_col[safe_at], None if per_replica is None else per_replica[safe_at])
         batch[safe_at], batch_max[safe_at] = low, high
-    # one representative mix per compute signature that has a candidate to rank
-    mixes: dict[int, Any] = {}
-    for j in np.flatnonzero((status == FITS).any(axis=0)).tolist():
-        if sig[j] not in mixes:
-            mixes[sig[j]] = space.mix(int(cols[j]))
+    # one representative mix per compute signature that has a candidate to rank, in the order of its first column
+    fit_cols = np.unique(at_col)
+    _, first = np.unique(sig[fit_cols], return_index=True)
+    mixes: dict[int, Any] = {int(sig[j]): space.mix(int(cols[j])) for j in fit_cols[np.sort(first)].tolist()}
     hours, usd, unbounded = _time_bounds(np, space, cal, scan.on_gpu, g_of, sig, mixes, rows, at_col, batch,
                                          batch_max, replicas, stop_at, status.size > len(at))
     if unbounded.any():  # out of time: these fit, but without a bound they cannot be ranked
@@ -212,13 +197,52 @@ class AtFits:
     def __gt__(self, x):
         return self.dense() > x
 
+def _fits(np, scan: Scan, cols, peak, fixed_peak, safe_fixed_peak, margin: float):
+    """(status, tier, at, on_safe, cap) of the candidates of these columns: status and tier (int8, blocks x
+    columns, see Classification), the flat positions of the candidates that fit (ascending) and, at those, whether
+    the peak at micro-batch 1 leaves the margin free and the capacity (device_capacity: a block's usable bytes less
+    NCCL's, which read the mix's COMM_FIELDS: Scan.cap_columns). A candidate fits when its mix runs on the block
+    and its peak (the fixed-batch one with a global batch, at the margin's layout where it leaves one) is within
+    the capacity. Only a peak within the block's largest capacity can be, so the capacities are read only there:
+    a blocks x columns array of them was most of this stage's time and memory on a large space."""
+    nb, n = len(scan.g_of), len(cols)
+    g_of, w_of = scan.g_of, scan.w_of
+    # 1 + whether the mix runs on the block (GPU type supported, layout valid at its count): UNSUPPORTED or NO_FIT
+    status = (scan.supported[:, cols][g_of] & scan.layout_ok[:, cols][w_of]).view(np.int8)
+    status += UNSUPPORTED
+    tier = np.zeros((nb, n), np.int8)
+    capacity = (np.stack(scan.cap_columns, axis=1) if scan.cap_columns and n else np.zeros((nb, 1)))
+    room = np.fmax.reduce(capacity, axis=1)  # the largest capacity of each block: a peak above it fits no column
+    comm = scan.comm_of[cols]
+    near = []  # per block, the columns whose peak is within its room
+    for b in range(nb):
+        kept = peak[w_of[b]] if fixed_peak is None else fixed_peak[b]
+        near_b = kept <= room[b]
+        if safe_fixed_peak is not None and safe_fixed_peak is not fixed_peak:
+            near_b |= safe_fixed_peak[b] <= room[b]
+        near.append(np.flatnonzero(near_b))
+    r = np.repeat(np.arange(nb), [len(c) for c in near])
+    c = np.concatenate(near) if near else np.zeros(0, np.int64)
+    # the comparisons of the dense arrays, element by element, at those candidates
+    cap = capacity[r, comm[c]] if scan.cap_columns else np.zeros(len(c))
+    safe_cap = cap * (1.0 - margin)
+    at_one = peak[w_of[r], c]
+    on_safe = at_one <= safe_cap
+    kept = at_one if fixed_peak is None else np.where(on_safe, safe_fixed_peak[r, c], fixed_peak[r, c])
+    fit = (status[r, c] == NO_FIT) & (kept <= cap)
+    at = r[fit] * n + c[fit]
+    status.ravel()[at] = FITS
+    tier.ravel()[at[~(kept[fit] <= safe_cap[fit])]] = 1
+    return status, tier, at, on_safe[fit], cap[fit]
+
+
 def _micro_batch_bounds(np, terms, w_of, caps, rows, cols, per_replica):
     """Bounds on the micro-batch of each fitting candidate (its block in `rows`, its column in `cols`, block by
     block) will run (bounds.py, rule 2): the floor of min over phases of (capacity - fixed bytes) / slope, with the
     first sequence's slope for the lower bound and the slope at the cap for the upper; 1e-6 either side covers
     rounding (the engine checks the solver's answer against both). Clipped to [1, the solver's cap]; with a fixed
     global batch, to the global batch per replica (and pipeline stage), as recommend picks it (`per_replica`: that
-    cap per candidate, None without one). `caps`: blocks x columns, each candidate's capacity (Scan.caps)."""
+    cap per candidate, None without one). `caps`: each candidate's capacity."""
     low, high = np.ones(len(rows)), np.ones(len(rows))
     if not terms:
         return low, high
@@ -235,7 +259,7 @@ def _micro_batch_bounds(np, terms, w_of, caps, rows, cols, per_replica):
         if (at < 0).any():
             raise AssertionError("a fitting candidate without batch terms")
         fixed = terms["fixed"][:, at]
-        cap = caps[b, cols[span]]  # each candidate's capacity
+        cap = caps[span]
         lo = np.clip(np.floor(largest(fixed, terms["first"][:, at], cap) * (1 - 1e-6)), 1, BATCH_CAP)
         hi = np.clip(np.floor(largest(fixed, terms["far"][:, at], cap) * (1 + 1e-6)), 1, BATCH_CAP)
         if per_replica is not None:

@@ -17,12 +17,14 @@ from ..estimate.solvers import BATCH_CAP
 from .bounds import hours_per_gpu_second, seconds_per_sequence, shortest_sequence
 from .pass_bounds import (COMM_FIELDS, RATE_MIX_FIELDS, exposed_seconds_per_sequence, micro_batch_seconds_per_gpu,
                           rates_per_gpu, work_rates)
-from .scan import REFUSAL_FREE, Scan
+from .scan import REFUSAL_FREE, TERMS, Scan
 from .space import Space, with_mix
 
 UNSEARCHED, UNSUPPORTED, NO_FIT, FITS, FEASIBLE, OVER_BUDGET, OVER_DEADLINE = range(7)
 MIX_CHUNK = 256
 """Mixes between progress reports and clock checks."""
+MB_CHUNK = 4096
+"""Fitting candidates whose micro-batch bounds are computed together: their phases' arrays stay in cache."""
 
 
 @dataclass
@@ -246,26 +248,27 @@ def _micro_batch_bounds(np, terms, w_of, caps, rows, cols, per_replica):
     low, high = np.ones(len(rows)), np.ones(len(rows))
     if not terms:
         return low, high
-
-    def largest(fixed, per, cap):
-        with np.errstate(divide="ignore", invalid="ignore"):
-            return np.where(per > 0, (cap - fixed) / per, np.inf).min(axis=0)  # over the phases
-
-    high[:] = BATCH_CAP
-    starts = np.searchsorted(rows, np.arange(len(w_of) + 1))
-    for b in np.flatnonzero(np.diff(starts)).tolist():  # the blocks with a fitting candidate
-        span = slice(starts[b], starts[b + 1])
-        at = terms["row"][w_of[b], cols[span]]  # the probe of each candidate's mix at the block's GPU count
-        if (at < 0).any():
-            raise AssertionError("a fitting candidate without batch terms")
-        fixed = terms["fixed"][:, at]
-        cap = caps[span]
-        lo = np.clip(np.floor(largest(fixed, terms["first"][:, at], cap) * (1 - 1e-6)), 1, BATCH_CAP)
-        hi = np.clip(np.floor(largest(fixed, terms["far"][:, at], cap) * (1 + 1e-6)), 1, BATCH_CAP)
+    at = terms["row"][w_of[rows], cols]  # the probe of each candidate's mix at its block's GPU count
+    if (at < 0).any():
+        raise AssertionError("a fitting candidate without batch terms")
+    fixed, first, far = (terms[name] for name in TERMS)
+    for start in range(0, len(rows), MB_CHUNK):
+        span = slice(start, start + MB_CHUNK)
+        probe = at[span]
+        room = caps[span] - fixed[:, probe]
+        lo = np.clip(np.floor(_largest(np, room, first[:, probe]) * (1 - 1e-6)), 1, BATCH_CAP)
+        hi = np.clip(np.floor(_largest(np, room, far[:, probe]) * (1 + 1e-6)), 1, BATCH_CAP)
         if per_replica is not None:
             lo, hi = np.minimum(lo, per_replica[span]), np.minimum(hi, per_replica[span])
         low[span], high[span] = lo, hi
     return low, high
+
+
+def _largest(np, room, per):
+    """Per candidate (columns), the least over the phases (rows) of room / per where per > 0 (inf elsewhere)."""
+    out = np.full(room.shape, np.inf)
+    np.divide(room, per, out=out, where=per > 0)
+    return out.min(axis=0)
 
 
 def _time_bounds(np, space: Space, cal: Calibration, on_gpu: Sequence[Any], g_of, sig, representative, rows, cols,

@@ -202,15 +202,20 @@ class AtFits:
 def _fits(np, scan: Scan, cols, peak, fixed_peak, safe_fixed_peak, margin: float):
     """(status, tier, at, on_safe, cap) of the candidates of these columns: status and tier (int8, blocks x
     columns, see Classification), the flat positions of the candidates that fit (ascending) and, at those, whether
-    the peak at micro-batch 1 leaves the margin free and the capacity (device_capacity: a block's usable bytes less
-    NCCL's, which read the mix's COMM_FIELDS: Scan.cap_columns). A candidate fits when its mix runs on the block
-    and its peak (the fixed-batch one with a global batch, at the margin's layout where it leaves one) is within
-    the capacity. Only a peak within the block's largest capacity can be, so the capacities are read only there:
-    a blocks x columns array of them was most of this stage's time and memory on a large space."""
+    the peak at micro-batch 1 leaves the margin free (None without a margin) and the capacity (device_capacity: a
+    block's usable bytes less NCCL's, which read the mix's COMM_FIELDS: Scan.cap_columns). A candidate fits when
+    its mix runs on the block and its peak (the fixed-batch one with a global batch, at the margin's layout where
+    it leaves one) is within the capacity. Only a peak within the block's largest capacity can be, so the
+    capacities are read only there: a blocks x columns array of them was most of this stage's time and memory on a
+    large space."""
     nb, n = len(scan.g_of), len(cols)
     g_of, w_of = scan.g_of, scan.w_of
     # 1 + whether the mix runs on the block (GPU type supported, layout valid at its count): UNSUPPORTED or NO_FIT
-    status = (scan.supported[:, cols][g_of] & scan.layout_ok[:, cols][w_of]).view(np.int8)
+    runs = np.empty((nb, n), bool)
+    supported, layout_ok = scan.supported[:, cols], scan.layout_ok[:, cols]
+    for b in range(nb):  # a row at a time: no blocks x columns array per operand
+        np.logical_and(supported[g_of[b]], layout_ok[w_of[b]], out=runs[b])
+    status = runs.view(np.int8)
     status += UNSUPPORTED
     tier = np.zeros((nb, n), np.int8)
     capacity = (np.stack(scan.cap_columns, axis=1) if scan.cap_columns and n else np.zeros((nb, 1)))
@@ -228,14 +233,16 @@ def _fits(np, scan: Scan, cols, peak, fixed_peak, safe_fixed_peak, margin: float
     # the comparisons of the dense arrays, element by element, at those candidates
     cap = capacity[r, comm[c]] if scan.cap_columns else np.zeros(len(c))
     safe_cap = cap * (1.0 - margin)
-    at_one = peak[w_of[r], c]
-    on_safe = at_one <= safe_cap
-    kept = at_one if fixed_peak is None else np.where(on_safe, safe_fixed_peak[r, c], fixed_peak[r, c])
+    # without a margin nothing reads on_safe but the choice of peak, and both peaks are then one array
+    twins = fixed_peak is not None and safe_fixed_peak is fixed_peak
+    on_safe = peak[w_of[r], c] <= safe_cap if margin or not twins else None
+    kept = (peak[w_of[r], c] if fixed_peak is None else fixed_peak[r, c] if twins else
+            np.where(on_safe, safe_fixed_peak[r, c], fixed_peak[r, c]))
     fit = (status[r, c] == NO_FIT) & (kept <= cap)
     at = r[fit] * n + c[fit]
     status.ravel()[at] = FITS
     tier.ravel()[at[~(kept[fit] <= safe_cap[fit])]] = 1
-    return status, tier, at, on_safe[fit], cap[fit]
+    return status, tier, at, None if on_safe is None else on_safe[fit], cap[fit]
 
 
 def _micro_batch_bounds(np, terms, w_of, caps, rows, cols, per_replica):
@@ -358,10 +365,13 @@ def _read_bounds(np, per_seq, tables, lengths_of, singles, comm_at, comm_of, k_o
     0): the larger of the table at its length and its GPU type's micro-batch seconds over its largest micro-batch,
     plus its block's exposed communication (computed here for the blocks some candidate reads)."""
     k = k_of[fit_sig]
-    sel = np.flatnonzero(k >= 0)
-    if not len(sel):
+    if (k >= 0).all():  # every signature bounded (the clock did not stop them): no selection to gather
+        sel, block = slice(len(k)), rows  # seq_of may hold one more (micro-batch 1)
+    else:
+        sel = np.flatnonzero(k >= 0)
+        k, block = k[sel], rows[sel]
+    if not len(k):
         return
-    k, block = k[sel], rows[sel]
     gpu, n_gpus = g_of[block], len(singles[0])
     width = np.array([len(u) for u in lengths_of])  # lengths per signature
     at = k * n_gpus + gpu  # the candidate's GPU type's micro-batch seconds among every signature's

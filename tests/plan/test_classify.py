@@ -57,19 +57,6 @@ def test_a_clock_spent_after_the_scan_leaves_the_unbounded_fitting_candidates_un
     assert (got[want == FITS] == UNSEARCHED).all() and (got[want != FITS] == want[want != FITS]).all()
 
 
-def test_distinct_batches_are_what_np_unique_gives():
-    """The table of whole micro-batches present equals np.unique's values and inverse; anything else goes to
-    np.unique itself."""
-    from ftscope.plan.classify import _distinct_batches
-
-    rng = np.random.default_rng(3)
-    for batch in (np.floor(rng.uniform(1, 300, (40, 50))), np.array([[1.0, 65536.0, 7.0]]), np.array([[1.5, 2.0]])):
-        values, which = _distinct_batches(np, batch)
-        ref_values, ref_which = np.unique(batch, return_inverse=True)
-        assert values.tolist() == ref_values.tolist()
-        assert which.reshape(batch.shape).tolist() == ref_which.reshape(batch.shape).tolist()
-
-
 def test_only_mixes_some_block_can_run_have_columns():
     """A mix refused, or unsupported on every block, has no column: its candidates are counted unsupported; the
     positions of the others map to the space's candidate numbers in listing order."""

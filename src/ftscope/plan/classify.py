@@ -15,6 +15,7 @@ from ..estimate.cost import price_of
 from ..estimate.efficiency import Calibration
 from ..estimate.solvers import BATCH_CAP
 from .bounds import hours_per_gpu_second, seconds_per_sequence, shortest_sequence
+from .fit_test import fit_test
 from .pass_bounds import COMM_FIELDS, RATE_MIX_FIELDS, micro_batch_seconds_per_gpu, rates_per_gpu, work_rates
 from .scan import REFUSAL_FREE, TERMS, Scan
 from .space import Space, with_mix
@@ -110,17 +111,15 @@ def classify(np, space: Space, by: str, cal: Calibration, accepts: dict[str, Cal
     live &= runs
     cols = np.flatnonzero(live)
     dead = np.flatnonzero(scan.searched & ~live)
-    slots = scan.slot[cols]  # a live mix has one: some GPU type supports it
-    peak, fixed_peak, safe_fixed_peak, terms = scan.gather(slots)
+    fits, terms = fit_test(np, scan, cols, margin)  # a live mix has a slot: some GPU type supports it
+    status, tier, at, on_safe_at, cap_at = fits.status, fits.tier, fits.at, fits.on_safe, fits.capacity
     split = scan.split[:, cols]
     sig = scan.sig[cols]
     world = np.array([b.world for b in space.blocks])
-    status, tier, at, on_safe_at, cap_at = _fits(np, scan, cols, peak, fixed_peak, safe_fixed_peak, margin)
     rows, at_col = np.divmod(at, len(cols))
     replicas = np.maximum(world[rows] // split[0][at_col], 1)  # data-parallel replicas (plan/layouts.replicas)
     per_replica = None if global_batch is None else np.maximum(global_batch // (replicas * split[1][at_col]), 1)
     batch, batch_max = _micro_batch_bounds(np, terms, w_of, cap_at, rows, at_col, per_replica)
-    tier_at = tier.ravel()[at]
     if margin:  # a safe candidate runs the batch that leaves the margin free, a tight one the full capacity's
         safe_at = np.flatnonzero(on_safe_at)
         low, high = _micro_batch_bounds(np, terms, w_of, cap_at[safe_at] * (1.0 - margin), rows[safe_at],
@@ -136,8 +135,7 @@ def classify(np, space: Space, by: str, cal: Calibration, accepts: dict[str, Cal
         status[:, unbounded] = np.where(status[:, unbounded] == FITS, UNSEARCHED, status[:, unbounded])
         cut = True
     if by == "memory":
-        primary = (peak[w_of[rows], at_col] if fixed_peak is None else
-                   np.where(tier_at == 0, safe_fixed_peak[rows, at_col], fixed_peak[rows, at_col]))
+        primary = fits.peak
     else:
         primary = hours if by == "time" else np.where(np.isnan(usd), np.inf, usd)
     primary = np.where(status.ravel()[at] == FITS, primary, np.inf)  # the clock's unsearched ones too
@@ -199,52 +197,6 @@ class AtFits:
 
     def __gt__(self, x):
         return self.dense() > x
-
-def _fits(np, scan: Scan, cols, peak, fixed_peak, safe_fixed_peak, margin: float):
-    """(status, tier, at, on_safe, cap) of the candidates of these columns: status and tier (int8, blocks x
-    columns, see Classification), the flat positions of the candidates that fit (ascending) and, at those, whether
-    the peak at micro-batch 1 leaves the margin free (None without a margin) and the capacity (device_capacity: a
-    block's usable bytes less NCCL's, which read the mix's COMM_FIELDS: Scan.cap_columns). A candidate fits when
-    its mix runs on the block and its peak (the fixed-batch one with a global batch, at the margin's layout where
-    it leaves one) is within the capacity. Only a peak within the block's largest capacity can be, so the
-    capacities are read only there: a blocks x columns array of them was most of this stage's time and memory on a
-    large space."""
-    nb, n = len(scan.g_of), len(cols)
-    g_of, w_of = scan.g_of, scan.w_of
-    # 1 + whether the mix runs on the block (GPU type supported, layout valid at its count): UNSUPPORTED or NO_FIT
-    runs = np.empty((nb, n), bool)
-    supported, layout_ok = scan.supported[:, cols], scan.layout_ok[:, cols]
-    for b in range(nb):  # a row at a time: no blocks x columns array per operand
-        np.logical_and(supported[g_of[b]], layout_ok[w_of[b]], out=runs[b])
-    status = runs.view(np.int8)
-    status += UNSUPPORTED
-    tier = np.zeros((nb, n), np.int8)
-    capacity = (np.stack(scan.cap_columns, axis=1) if scan.cap_columns and n else np.zeros((nb, 1)))
-    room = np.fmax.reduce(capacity, axis=1)  # the largest capacity of each block: a peak above it fits no column
-    comm = scan.comm_of[cols]
-    near = []  # per block, the columns whose peak is within its room
-    for b in range(nb):
-        kept = peak[w_of[b]] if fixed_peak is None else fixed_peak[b]
-        near_b = kept <= room[b]
-        if safe_fixed_peak is not None and safe_fixed_peak is not fixed_peak:
-            near_b |= safe_fixed_peak[b] <= room[b]
-        near.append(np.flatnonzero(near_b))
-    r = np.repeat(np.arange(nb), [len(c) for c in near])
-    c = np.concatenate(near) if near else np.zeros(0, np.int64)
-    # the comparisons of the dense arrays, element by element, at those candidates
-    cap = capacity[r, comm[c]] if scan.cap_columns else np.zeros(len(c))
-    safe_cap = cap * (1.0 - margin)
-    # without a margin nothing reads on_safe but the choice of peak, and both peaks are then one array
-    twins = fixed_peak is not None and safe_fixed_peak is fixed_peak
-    on_safe = peak[w_of[r], c] <= safe_cap if margin or not twins else None
-    kept = (peak[w_of[r], c] if fixed_peak is None else fixed_peak[r, c] if twins else
-            np.where(on_safe, safe_fixed_peak[r, c], fixed_peak[r, c]))
-    fit = (status[r, c] == NO_FIT) & (kept <= cap)
-    at = r[fit] * n + c[fit]
-    status.ravel()[at] = FITS
-    tier.ravel()[at[~(kept[fit] <= safe_cap[fit])]] = 1
-    return status, tier, at, None if on_safe is None else on_safe[fit], cap[fit]
-
 
 def _micro_batch_bounds(np, terms, w_of, caps, rows, cols, per_replica):
     """Bounds on the micro-batch of each fitting candidate (its block in `rows`, its column in `cols`, block by

@@ -119,11 +119,12 @@ def test_bounds_kept_at_the_fitting_candidates_read_as_flat_arrays():
     for pos in range(12):
         got = kept.flat[pos]
         assert got == dense.flat[pos] or (np.isnan(got) and np.isnan(dense.flat[pos])), pos
+        assert type(got) is type(kept.flat[np.int64(pos)]) is np.float64  # a Python int reads like a numpy one
     some = np.array([0, 4, 11, 3])
     assert np.array_equal(kept.ravel()[some], dense.ravel()[some])
     assert np.array_equal(kept > 1.0, dense > 1.0)
     empty = AtFits(np, (2, 2), np.array([], np.int64), np.array([]), 0.0)
-    assert empty.flat[3] == 0.0 and np.array_equal(empty.ravel()[np.array([0, 1])], [0.0, 0.0])
+    assert empty.flat[3] == 0.0 and type(empty.flat[3]) is np.float64 and np.array_equal(empty.ravel()[np.array([0, 1])], [0.0, 0.0])
 
 
 def test_refusal_reads_no_refusal_free_field():

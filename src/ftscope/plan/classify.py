@@ -185,6 +185,9 @@ class AtFits:
 
     def __getitem__(self, pos):
         np = self.np
+        if isinstance(pos, int):  # one candidate (the engine's refinement and checks): no arrays made
+            j = int(self.at.searchsorted(pos))
+            return self.values[j] if j < len(self.at) and self.at[j] == pos else self.dtype.type(self.fill)
         j = np.minimum(np.searchsorted(self.at, pos), max(len(self.at) - 1, 0))
         if not len(self.at):
             return np.full(np.shape(pos), self.fill)[()]

@@ -191,3 +191,26 @@ def test_each_candidates_capacity_is_its_estimates():
             assert cap == usable_bytes(block.gpu) or block.world > 1
             seen.add(cap)
     assert len(seen) > 2 * len({b.gpu.key for b in space.blocks})  # counts and mixes move it
+
+
+def test_signatures_that_differ_only_in_equal_rates_share_their_time_bounds(monkeypatch):
+    """A signature whose ops_mix, checkpointing and rates equal an earlier one's (sdpa and flash attention: the
+    same ops and, on these GPU types, the same rates) reuses its numbers: fewer work_rates calls than signatures
+    with a bound, and every hours bound what a classification that computes each signature gives."""
+    from ftscope.plan import classify as module
+    scn = ftscope.load_scenario({"model": "olmoe-1b-7b", "hardware": {"gpu": "a100-80gb"}, "mix": {"method": "lora"},
+                                 "workload": {"micro_batch_size": "max", "seq_len": 4096, "num_samples": 1000}})
+    space = Space(scn, _targets(scn, ["a40:4", "h100-80gb:2"], False),
+                  SearchSpace(methods=("lora", "qlora"), sharding=((0, None),), offload=("none",),
+                              attention=("sdpa", "flash"), optimizer=("adamw",), experts_backend=("grouped_mm",)))
+    cal = load_calibration()
+    calls, work_rates, signature_work = [], module.work_rates, module._signature_work
+    monkeypatch.setattr(module, "work_rates", lambda *a: calls.append(a[1].mix.attention) or work_rates(*a))
+    shared, _ = classify(np, space, "time", cal, {"top": None}, None, None, None)
+    assert sorted(set(calls)) == ["sdpa"]  # every flash signature took its sdpa twin's numbers
+    monkeypatch.setattr(module, "_signature_work", lambda *a: signature_work(*a[:-1], {}))  # nothing kept
+    calls.clear()
+    every, _ = classify(np, space, "time", cal, {"top": None}, None, None, None)
+    assert sorted(set(calls)) == ["flash", "sdpa"]
+    assert (shared.full(np) == FITS).any()
+    assert shared.full(np, "hours").tobytes() == every.full(np, "hours").tobytes()

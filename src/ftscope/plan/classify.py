@@ -14,7 +14,7 @@ from typing import Any, Callable, Sequence
 from ..estimate.cost import price_of
 from ..estimate.efficiency import Calibration
 from ..estimate.solvers import BATCH_CAP
-from .bounds import hours_per_gpu_second, seconds_per_sequence, shortest_sequence
+from .bounds import hours_per_gpu_second, ops_mix, seconds_per_sequence, shortest_sequence
 from .fit_test import fit_test
 from .pass_bounds import COMM_FIELDS, RATE_MIX_FIELDS, micro_batch_seconds_per_gpu, rates_per_gpu, work_rates
 from .scan import REFUSAL_FREE, TERMS, Scan
@@ -234,6 +234,26 @@ def _largest(np, room, per):
     return out.min(axis=0)
 
 
+def _signature_work(np, first, rated, seqs, shortest: float, effs, memo: dict, passes: dict, done: dict):
+    """[work rates (GPU types x ops x (a, b, c, d) of op_rates_per_gpu(sequence_work(...)); one padded length
+    (packed): the work at that length alone, two op lists per fit instead of six), micro-batch seconds per GPU type,
+    None (the caller's one-length table)] of a signature's first mix `first` (`rated`: its rates_per_gpu), or None
+    without an op. Kept in `done` per ops_mix, checkpointing and rates: a signature that differs from an earlier one
+    only in what those leave out (sdpa or flash attention, whose rates are equal) has the same numbers."""
+    mix, each = first.mix, rated[0]
+    same = done.get(id(each))  # the rates kept in rates_per_gpu's memo: their id is not reused
+    if same is None:
+        same = done[id(each)] = done.setdefault(("rates", tuple(each)), len(done))
+    key = (ops_mix(mix), mix.gradient_checkpointing, mix.checkpointing, mix.checkpoint_every, same)
+    if key in done:
+        return done[key]
+    rates = (work_rates(np, first, float(seqs[0]), memo, True, [first], effs, each) if len(seqs) == 1
+             else work_rates(np, first, shortest, memo, False, [first], effs, each))
+    work = done[key] = None if rates is None else [
+        rates, micro_batch_seconds_per_gpu(np, [first], effs, 1, shortest, passes, rated), None]
+    return work
+
+
 def _time_bounds(np, space: Space, cal: Calibration, on_gpu: Sequence[Any], g_of, sig, representative, rows, cols,
                  batch, batch_max, replicas, stop_at: float | None = None, others: bool = False):
     """Lower bounds of hours and dollars per fitting candidate (its block in `rows`, its column in `cols`): per
@@ -256,6 +276,7 @@ def _time_bounds(np, space: Space, cal: Calibration, on_gpu: Sequence[Any], g_of
     per_seq = np.zeros(len(batch))
     memo: dict = {}
     passes: dict = {}  # micro_batch_seconds_per_gpu's op times per op list and rates
+    done: dict = {}  # _signature_work's: per rates object its class (equal rates, one number), per key its numbers
     comms: dict = {}  # exposed_seconds_per_sequence per distinct COMM_FIELDS value
     rate_memo: dict = {}  # rates_per_gpu per distinct RATE_MIX_FIELDS value
     effs = [cal.for_gpu(base.cluster.gpu.key)[0] for base in on_gpu]
@@ -286,21 +307,19 @@ def _time_bounds(np, space: Space, cal: Calibration, on_gpu: Sequence[Any], g_of
         rated = rate_memo.get(tuple(getattr(mix, f) for f in RATE_MIX_FIELDS))
         if rated is None:
             rated = rates_per_gpu(np, [with_mix(base, mix) for base in on_gpu], effs, rate_memo)
-        # GPU types x ops x (a, b, c, d) of op_rates_per_gpu(sequence_work(...)); one padded length (packed): the
-        # work at that length alone, two op lists per fit instead of six
-        rates = (work_rates(np, first, float(seqs[0]), memo, True, [first], effs, rated[0]) if len(seqs) == 1
-                 else work_rates(np, first, shortest, memo, False, [first], effs, rated[0]))
-        if rates is None:
+        work = _signature_work(np, first, rated, seqs, shortest, effs, memo, passes, done)
+        if work is None:
             continue
-        single = micro_batch_seconds_per_gpu(np, [first], effs, 1, shortest, passes, rated)
+        rates, single, table = work
         if len(seqs) == 1:
             used, at_used = one_length
+            table = work[2] = table if table is not None else seconds_per_sequence(np, rates, at_used)
         else:
             at = seq_of[fitting]
             rest = others and len(fitting) < len(g_of) * len(columns)
             used = np.unique(np.append(at, at_one) if rest else at)
-            at_used = np.broadcast_to(seqs[used], (len(on_gpu), len(used)))
-        tables.append(seconds_per_sequence(np, rates, at_used))
+            table = seconds_per_sequence(np, rates, np.broadcast_to(seqs[used], (len(on_gpu), len(used))))
+        tables.append(table)
         lengths_of.append(used)
         singles.append(single)
         comm = comm_of.setdefault(tuple(getattr(mix, f) for f in COMM_FIELDS), (len(comm_of), mix))[0]

@@ -126,7 +126,9 @@ def classify(np, space: Space, by: str, cal: Calibration, accepts: dict[str, Cal
                                         at_col[safe_at], None if per_replica is None else per_replica[safe_at])
         batch[safe_at], batch_max[safe_at] = low, high
     # one representative mix per compute signature that has a candidate to rank, in the order of its first column
-    fit_cols = np.unique(at_col)
+    fit_cols = np.zeros(len(cols), bool)
+    fit_cols[at_col] = True
+    fit_cols = np.flatnonzero(fit_cols)  # np.unique(at_col), without sorting millions
     _, first = np.unique(sig[fit_cols], return_index=True)
     mixes: dict[int, Any] = {int(sig[j]): space.mix(int(cols[j])) for j in fit_cols[np.sort(first)].tolist()}
     hours, usd, unbounded = _time_bounds(np, space, cal, scan.on_gpu, g_of, sig, mixes, rows, at_col, batch,
@@ -285,8 +287,9 @@ def _time_bounds(np, space: Space, cal: Calibration, on_gpu: Sequence[Any], g_of
     by_sig = np.argsort(sig, kind="stable")  # the columns of each signature, ascending, without a pass per signature
     starts = np.searchsorted(sig[by_sig], np.arange(len(sig) and int(sig.max()) + 2))
     fit_sig = sig[cols]
-    fit_by_sig = np.argsort(fit_sig, kind="stable")  # the fitting candidates of each signature, likewise
-    fit_starts = np.searchsorted(fit_sig[fit_by_sig], np.arange(len(sig) and int(sig.max()) + 2))
+    if len(seqs) > 1:  # the fitting candidates of each signature, likewise (their lengths make its table's)
+        fit_by_sig = np.argsort(fit_sig, kind="stable")
+        fit_starts = np.searchsorted(fit_sig[fit_by_sig], np.arange(len(sig) and int(sig.max()) + 2))
     unbounded = np.zeros(len(sig), bool)
     # per signature bounded, in order: its seconds per sequence (GPU types x its lengths), those lengths, its
     # micro-batch seconds per GPU type and its COMM_FIELDS value; read per candidate after the loop
@@ -301,7 +304,6 @@ def _time_bounds(np, space: Space, cal: Calibration, on_gpu: Sequence[Any], g_of
             break
         first = with_mix(on_gpu[0], mix)
         columns = by_sig[starts[s]:starts[s + 1]]
-        fitting = fit_by_sig[fit_starts[s]:fit_starts[s + 1]]
         if not len(columns):
             continue
         rated = rate_memo.get(tuple(getattr(mix, f) for f in RATE_MIX_FIELDS))
@@ -315,6 +317,7 @@ def _time_bounds(np, space: Space, cal: Calibration, on_gpu: Sequence[Any], g_of
             used, at_used = one_length
             table = work[2] = table if table is not None else seconds_per_sequence(np, rates, at_used)
         else:
+            fitting = fit_by_sig[fit_starts[s]:fit_starts[s + 1]]
             at = seq_of[fitting]
             rest = others and len(fitting) < len(g_of) * len(columns)
             used = np.unique(np.append(at, at_one) if rest else at)

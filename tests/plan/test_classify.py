@@ -57,19 +57,6 @@ def test_a_clock_spent_after_the_scan_leaves_the_unbounded_fitting_candidates_un
     assert (got[want == FITS] == UNSEARCHED).all() and (got[want != FITS] == want[want != FITS]).all()
 
 
-def test_distinct_batches_are_what_np_unique_gives():
-    """The table of whole micro-batches present equals np.unique's values and inverse; anything else goes to
-    np.unique itself."""
-    from ftscope.plan.classify import _distinct_batches
-
-    rng = np.random.default_rng(3)
-    for batch in (np.floor(rng.uniform(1, 300, (40, 50))), np.array([[1.0, 65536.0, 7.0]]), np.array([[1.5, 2.0]])):
-        values, which = _distinct_batches(np, batch)
-        ref_values, ref_which = np.unique(batch, return_inverse=True)
-        assert values.tolist() == ref_values.tolist()
-        assert which.reshape(batch.shape).tolist() == ref_which.reshape(batch.shape).tolist()
-
-
 def test_only_mixes_some_block_can_run_have_columns():
     """A mix refused, or unsupported on every block, has no column: its candidates are counted unsupported; the
     positions of the others map to the space's candidate numbers in listing order."""
@@ -132,11 +119,12 @@ def test_bounds_kept_at_the_fitting_candidates_read_as_flat_arrays():
     for pos in range(12):
         got = kept.flat[pos]
         assert got == dense.flat[pos] or (np.isnan(got) and np.isnan(dense.flat[pos])), pos
+        assert type(got) is type(kept.flat[np.int64(pos)]) is np.float64  # a Python int reads like a numpy one
     some = np.array([0, 4, 11, 3])
     assert np.array_equal(kept.ravel()[some], dense.ravel()[some])
     assert np.array_equal(kept > 1.0, dense > 1.0)
     empty = AtFits(np, (2, 2), np.array([], np.int64), np.array([]), 0.0)
-    assert empty.flat[3] == 0.0 and np.array_equal(empty.ravel()[np.array([0, 1])], [0.0, 0.0])
+    assert empty.flat[3] == 0.0 and type(empty.flat[3]) is np.float64 and np.array_equal(empty.ravel()[np.array([0, 1])], [0.0, 0.0])
 
 
 def test_refusal_reads_no_refusal_free_field():
@@ -203,3 +191,26 @@ def test_each_candidates_capacity_is_its_estimates():
             assert cap == usable_bytes(block.gpu) or block.world > 1
             seen.add(cap)
     assert len(seen) > 2 * len({b.gpu.key for b in space.blocks})  # counts and mixes move it
+
+
+def test_signatures_that_differ_only_in_equal_rates_share_their_time_bounds(monkeypatch):
+    """A signature whose ops_mix, checkpointing and rates equal an earlier one's (sdpa and flash attention: the
+    same ops and, on these GPU types, the same rates) reuses its numbers: fewer work_rates calls than signatures
+    with a bound, and every hours bound what a classification that computes each signature gives."""
+    from ftscope.plan import classify as module
+    scn = ftscope.load_scenario({"model": "olmoe-1b-7b", "hardware": {"gpu": "a100-80gb"}, "mix": {"method": "lora"},
+                                 "workload": {"micro_batch_size": "max", "seq_len": 4096, "num_samples": 1000}})
+    space = Space(scn, _targets(scn, ["a40:4", "h100-80gb:2"], False),
+                  SearchSpace(methods=("lora", "qlora"), sharding=((0, None),), offload=("none",),
+                              attention=("sdpa", "flash"), optimizer=("adamw",), experts_backend=("grouped_mm",)))
+    cal = load_calibration()
+    calls, work_rates, signature_work = [], module.work_rates, module._signature_work
+    monkeypatch.setattr(module, "work_rates", lambda *a: calls.append(a[1].mix.attention) or work_rates(*a))
+    shared, _ = classify(np, space, "time", cal, {"top": None}, None, None, None)
+    assert sorted(set(calls)) == ["sdpa"]  # every flash signature took its sdpa twin's numbers
+    monkeypatch.setattr(module, "_signature_work", lambda *a: signature_work(*a[:-1], {}))  # nothing kept
+    calls.clear()
+    every, _ = classify(np, space, "time", cal, {"top": None}, None, None, None)
+    assert sorted(set(calls)) == ["flash", "sdpa"]
+    assert (shared.full(np) == FITS).any()
+    assert shared.full(np, "hours").tobytes() == every.full(np, "hours").tobytes()

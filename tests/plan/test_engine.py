@@ -217,3 +217,29 @@ def test_the_ranking_order_is_lexsorts_chunk_by_chunk():
         bounds[rng.integers(0, max(n, 1), n // 20)] = np.nan
         tiers = rng.integers(0, 2, n).astype(np.int8)
         assert list(_ascending(np, bounds, tiers, chunk)) == np.lexsort((bounds, tiers)).tolist(), (n, chunk)
+
+
+def test_the_collector_is_paused_for_the_pruned_search_and_at_work_for_its_exhaustive_fallback(monkeypatch):
+    """The cyclic garbage collector is off while the pruned search runs and as it was afterwards; a broken bound
+    sends the search to the exhaustive one, which runs with the collector on and answers what it answers alone."""
+    import gc
+    from ftscope.plan import engine
+
+    scn, kw = GRID["dense, fixed global batch"]
+    seen = []
+    pruned = engine.Engine._pruned
+    monkeypatch.setattr(engine.Engine, "_pruned", lambda self: seen.append(gc.isenabled()) or pruned(self))
+    assert gc.isenabled()
+    recommend(scn, space=SPACE, **kw)
+    assert seen == [False] and gc.isenabled()
+    exhaustive = engine.Engine.exhaustive
+    monkeypatch.setattr(engine.Engine, "exhaustive", lambda self, *a: seen.append(gc.isenabled()) or
+                        exhaustive(self, *a))
+    check = engine.Engine._check
+    monkeypatch.setattr(engine.Engine, "_check", lambda self, c, idx, cls: setattr(self, "violations", 1))
+    broken = recommend(scn, space=SPACE, **kw)
+    monkeypatch.setattr(engine.Engine, "_check", check)
+    full = recommend(scn, space=SPACE, exhaustive=True, **kw)
+    assert seen[1:3] == [False, True] and gc.isenabled()
+    assert broken.summary.exhaustive and broken.summary.bound_violations == 1
+    assert _visible(broken) == _visible(full)

@@ -14,15 +14,19 @@ from typing import Any, Callable, Sequence
 from ..estimate.cost import price_of
 from ..estimate.efficiency import Calibration
 from ..estimate.solvers import BATCH_CAP
-from .bounds import hours_per_gpu_second, seconds_per_sequence, shortest_sequence
-from .pass_bounds import (COMM_FIELDS, RATE_MIX_FIELDS, exposed_seconds_per_sequence, micro_batch_seconds_per_gpu,
-                          rates_per_gpu, work_rates)
-from .scan import REFUSAL_FREE, Scan
+from .bounds import hours_per_gpu_second, ops_mix, seconds_per_sequence, shortest_sequence
+from .fit_test import fit_test
+from .pass_bounds import COMM_FIELDS, RATE_MIX_FIELDS, micro_batch_seconds_per_gpu, rates_per_gpu, work_rates
+from .scan import REFUSAL_FREE, TERMS, Scan
 from .space import Space, with_mix
+# read_bounds under its former name here: measurement scripts wrap classify._read_bounds
+from .time_tables import distinct_batches, read_bounds as _read_bounds
 
 UNSEARCHED, UNSUPPORTED, NO_FIT, FITS, FEASIBLE, OVER_BUDGET, OVER_DEADLINE = range(7)
 MIX_CHUNK = 256
 """Mixes between progress reports and clock checks."""
+MB_CHUNK = 4096
+"""Fitting candidates whose micro-batch bounds are computed together: their phases' arrays stay in cache."""
 
 
 @dataclass
@@ -107,49 +111,33 @@ def classify(np, space: Space, by: str, cal: Calibration, accepts: dict[str, Cal
     live &= runs
     cols = np.flatnonzero(live)
     dead = np.flatnonzero(scan.searched & ~live)
-    slots = scan.slot[cols]  # a live mix has one: some GPU type supports it
-    peak, fixed_peak, safe_fixed_peak, terms = scan.gather(slots)
+    fits, terms = fit_test(np, scan, cols, margin)  # a live mix has a slot: some GPU type supports it
+    status, tier, at, on_safe_at, cap_at = fits.status, fits.tier, fits.at, fits.on_safe, fits.capacity
     split = scan.split[:, cols]
     sig = scan.sig[cols]
-    ok = scan.supported[:, cols][g_of] & scan.layout_ok[:, cols][w_of]
     world = np.array([b.world for b in space.blocks])
-    caps, safe_caps = scan.caps(cols)  # blocks x columns: the capacity reads the mix (NCCL's communicators)
-    # recommend._estimate runs the micro-batch the margin leaves whenever one does (micro-batch 1 within it), and
-    # keeping a global batch can switch that layout to accumulation, which holds more: there the margin's layout,
-    # not the full capacity's, decides whether the candidate fits
-    on_safe = peak[w_of] <= safe_caps
-    kept = peak[w_of] if fixed_peak is None else np.where(on_safe, safe_fixed_peak, fixed_peak)
-    fits, safe = kept <= caps, kept <= safe_caps
-    status = np.full((nb, len(cols)), UNSUPPORTED, np.int8)
-    status[ok & ~fits] = NO_FIT
-    status[ok & fits] = FITS
-    tier = (ok & fits & ~safe).astype(np.int8)
-    # the bounds only where a candidate fits (a few in a hundred of a large space): flat positions, row-major, so
-    # each block's are together and its columns ascend
-    at = np.flatnonzero(status.ravel() == FITS)
     rows, at_col = np.divmod(at, len(cols))
     replicas = np.maximum(world[rows] // split[0][at_col], 1)  # data-parallel replicas (plan/layouts.replicas)
     per_replica = None if global_batch is None else np.maximum(global_batch // (replicas * split[1][at_col]), 1)
-    batch, batch_max = _micro_batch_bounds(np, terms, w_of, caps, rows, at_col, per_replica)
-    tier_at = tier.ravel()[at]
+    batch, batch_max = _micro_batch_bounds(np, terms, w_of, cap_at, rows, at_col, per_replica)
     if margin:  # a safe candidate runs the batch that leaves the margin free, a tight one the full capacity's
-        safe_at = np.flatnonzero(on_safe.ravel()[at])
-        low, high = _micro_batch_bounds(np, terms, w_of, safe_caps, rows[safe_at], at_col[safe_at],
-                                        None if per_replica is None else per_replica[safe_at])
+        safe_at = np.flatnonzero(on_safe_at)
+        low, high = _micro_batch_bounds(np, terms, w_of, cap_at[safe_at] * (1.0 - margin), rows[safe_at],
+                                        at_col[safe_at], None if per_replica is None else per_replica[safe_at])
         batch[safe_at], batch_max[safe_at] = low, high
-    # one representative mix per compute signature that has a candidate to rank
-    mixes: dict[int, Any] = {}
-    for j in np.flatnonzero((status == FITS).any(axis=0)).tolist():
-        if sig[j] not in mixes:
-            mixes[sig[j]] = space.mix(int(cols[j]))
+    # one representative mix per compute signature that has a candidate to rank, in the order of its first column
+    fit_cols = np.zeros(len(cols), bool)
+    fit_cols[at_col] = True
+    fit_cols = np.flatnonzero(fit_cols)  # np.unique(at_col), without sorting millions
+    _, first = np.unique(sig[fit_cols], return_index=True)
+    mixes: dict[int, Any] = {int(sig[j]): space.mix(int(cols[j])) for j in fit_cols[np.sort(first)].tolist()}
     hours, usd, unbounded = _time_bounds(np, space, cal, scan.on_gpu, g_of, sig, mixes, rows, at_col, batch,
                                          batch_max, replicas, stop_at, status.size > len(at))
     if unbounded.any():  # out of time: these fit, but without a bound they cannot be ranked
         status[:, unbounded] = np.where(status[:, unbounded] == FITS, UNSEARCHED, status[:, unbounded])
         cut = True
     if by == "memory":
-        primary = (peak[w_of[rows], at_col] if fixed_peak is None else
-                   np.where(tier_at == 0, safe_fixed_peak[rows, at_col], fixed_peak[rows, at_col]))
+        primary = fits.peak
     else:
         primary = hours if by == "time" else np.where(np.isnan(usd), np.inf, usd)
     primary = np.where(status.ravel()[at] == FITS, primary, np.inf)  # the clock's unsearched ones too
@@ -199,6 +187,9 @@ class AtFits:
 
     def __getitem__(self, pos):
         np = self.np
+        if isinstance(pos, int):  # one candidate (the engine's refinement and checks): no arrays made
+            j = int(self.at.searchsorted(pos))
+            return self.values[j] if j < len(self.at) and self.at[j] == pos else self.dtype.type(self.fill)
         j = np.minimum(np.searchsorted(self.at, pos), max(len(self.at) - 1, 0))
         if not len(self.at):
             return np.full(np.shape(pos), self.fill)[()]
@@ -218,30 +209,51 @@ def _micro_batch_bounds(np, terms, w_of, caps, rows, cols, per_replica):
     first sequence's slope for the lower bound and the slope at the cap for the upper; 1e-6 either side covers
     rounding (the engine checks the solver's answer against both). Clipped to [1, the solver's cap]; with a fixed
     global batch, to the global batch per replica (and pipeline stage), as recommend picks it (`per_replica`: that
-    cap per candidate, None without one). `caps`: blocks x columns, each candidate's capacity (Scan.caps)."""
+    cap per candidate, None without one). `caps`: each candidate's capacity."""
     low, high = np.ones(len(rows)), np.ones(len(rows))
     if not terms:
         return low, high
-
-    def largest(fixed, per, cap):
-        with np.errstate(divide="ignore", invalid="ignore"):
-            return np.where(per > 0, (cap - fixed) / per, np.inf).min(axis=0)  # over the phases
-
-    high[:] = BATCH_CAP
-    starts = np.searchsorted(rows, np.arange(len(w_of) + 1))
-    for b in np.flatnonzero(np.diff(starts)).tolist():  # the blocks with a fitting candidate
-        span = slice(starts[b], starts[b + 1])
-        at = terms["row"][w_of[b], cols[span]]  # the probe of each candidate's mix at the block's GPU count
-        if (at < 0).any():
-            raise AssertionError("a fitting candidate without batch terms")
-        fixed = terms["fixed"][:, at]
-        cap = caps[b, cols[span]]  # each candidate's capacity
-        lo = np.clip(np.floor(largest(fixed, terms["first"][:, at], cap) * (1 - 1e-6)), 1, BATCH_CAP)
-        hi = np.clip(np.floor(largest(fixed, terms["far"][:, at], cap) * (1 + 1e-6)), 1, BATCH_CAP)
+    at = terms["row"][w_of[rows], cols]  # the probe of each candidate's mix at its block's GPU count
+    if (at < 0).any():
+        raise AssertionError("a fitting candidate without batch terms")
+    fixed, first, far = (terms[name] for name in TERMS)
+    for start in range(0, len(rows), MB_CHUNK):
+        span = slice(start, start + MB_CHUNK)
+        probe = at[span]
+        room = caps[span] - fixed[:, probe]
+        lo = np.clip(np.floor(_largest(np, room, first[:, probe]) * (1 - 1e-6)), 1, BATCH_CAP)
+        hi = np.clip(np.floor(_largest(np, room, far[:, probe]) * (1 + 1e-6)), 1, BATCH_CAP)
         if per_replica is not None:
             lo, hi = np.minimum(lo, per_replica[span]), np.minimum(hi, per_replica[span])
         low[span], high[span] = lo, hi
     return low, high
+
+
+def _largest(np, room, per):
+    """Per candidate (columns), the least over the phases (rows) of room / per where per > 0 (inf elsewhere)."""
+    out = np.full(room.shape, np.inf)
+    np.divide(room, per, out=out, where=per > 0)
+    return out.min(axis=0)
+
+
+def _signature_work(np, first, rated, seqs, shortest: float, effs, memo: dict, passes: dict, done: dict):
+    """[work rates (GPU types x ops x (a, b, c, d) of op_rates_per_gpu(sequence_work(...)); one padded length
+    (packed): the work at that length alone, two op lists per fit instead of six), micro-batch seconds per GPU type,
+    None (the caller's one-length table)] of a signature's first mix `first` (`rated`: its rates_per_gpu), or None
+    without an op. Kept in `done` per ops_mix, checkpointing and rates: a signature that differs from an earlier one
+    only in what those leave out (sdpa or flash attention, whose rates are equal) has the same numbers."""
+    mix, each = first.mix, rated[0]
+    same = done.get(id(each))  # the rates kept in rates_per_gpu's memo: their id is not reused
+    if same is None:
+        same = done[id(each)] = done.setdefault(("rates", tuple(each)), len(done))
+    key = (ops_mix(mix), mix.gradient_checkpointing, mix.checkpointing, mix.checkpoint_every, same)
+    if key in done:
+        return done[key]
+    rates = (work_rates(np, first, float(seqs[0]), memo, True, [first], effs, each) if len(seqs) == 1
+             else work_rates(np, first, shortest, memo, False, [first], effs, each))
+    work = done[key] = None if rates is None else [
+        rates, micro_batch_seconds_per_gpu(np, [first], effs, 1, shortest, passes, rated), None]
+    return work
 
 
 def _time_bounds(np, space: Space, cal: Calibration, on_gpu: Sequence[Any], g_of, sig, representative, rows, cols,
@@ -256,7 +268,7 @@ def _time_bounds(np, space: Space, cal: Calibration, on_gpu: Sequence[Any], g_of
     of a table over every candidate)."""
     wl = space.scenario.workload
     shortest = shortest_sequence(space.scenario)
-    batches, which = _distinct_batches(np, np.append(batch, 1.0) if others else batch)
+    batches, which = distinct_batches(np, np.append(batch, 1.0) if others else batch)
     lengths = np.array([wl.mean_padded_len(int(b)) for b in batches.tolist()], float)
     # the distinct padded lengths (one when packed) and each candidate's: a signature's seconds per sequence are
     # computed per GPU type and length, then read per candidate
@@ -266,6 +278,7 @@ def _time_bounds(np, space: Space, cal: Calibration, on_gpu: Sequence[Any], g_of
     per_seq = np.zeros(len(batch))
     memo: dict = {}
     passes: dict = {}  # micro_batch_seconds_per_gpu's op times per op list and rates
+    done: dict = {}  # _signature_work's: per rates object its class (equal rates, one number), per key its numbers
     comms: dict = {}  # exposed_seconds_per_sequence per distinct COMM_FIELDS value
     rate_memo: dict = {}  # rates_per_gpu per distinct RATE_MIX_FIELDS value
     effs = [cal.for_gpu(base.cluster.gpu.key)[0] for base in on_gpu]
@@ -274,8 +287,9 @@ def _time_bounds(np, space: Space, cal: Calibration, on_gpu: Sequence[Any], g_of
     by_sig = np.argsort(sig, kind="stable")  # the columns of each signature, ascending, without a pass per signature
     starts = np.searchsorted(sig[by_sig], np.arange(len(sig) and int(sig.max()) + 2))
     fit_sig = sig[cols]
-    fit_by_sig = np.argsort(fit_sig, kind="stable")  # the fitting candidates of each signature, likewise
-    fit_starts = np.searchsorted(fit_sig[fit_by_sig], np.arange(len(sig) and int(sig.max()) + 2))
+    if len(seqs) > 1:  # the fitting candidates of each signature, likewise (their lengths make its table's)
+        fit_by_sig = np.argsort(fit_sig, kind="stable")
+        fit_starts = np.searchsorted(fit_sig[fit_by_sig], np.arange(len(sig) and int(sig.max()) + 2))
     unbounded = np.zeros(len(sig), bool)
     # per signature bounded, in order: its seconds per sequence (GPU types x its lengths), those lengths, its
     # micro-batch seconds per GPU type and its COMM_FIELDS value; read per candidate after the loop
@@ -290,27 +304,25 @@ def _time_bounds(np, space: Space, cal: Calibration, on_gpu: Sequence[Any], g_of
             break
         first = with_mix(on_gpu[0], mix)
         columns = by_sig[starts[s]:starts[s + 1]]
-        fitting = fit_by_sig[fit_starts[s]:fit_starts[s + 1]]
         if not len(columns):
             continue
         rated = rate_memo.get(tuple(getattr(mix, f) for f in RATE_MIX_FIELDS))
         if rated is None:
             rated = rates_per_gpu(np, [with_mix(base, mix) for base in on_gpu], effs, rate_memo)
-        # GPU types x ops x (a, b, c, d) of op_rates_per_gpu(sequence_work(...)); one padded length (packed): the
-        # work at that length alone, two op lists per fit instead of six
-        rates = (work_rates(np, first, float(seqs[0]), memo, True, [first], effs, rated[0]) if len(seqs) == 1
-                 else work_rates(np, first, shortest, memo, False, [first], effs, rated[0]))
-        if rates is None:
+        work = _signature_work(np, first, rated, seqs, shortest, effs, memo, passes, done)
+        if work is None:
             continue
-        single = micro_batch_seconds_per_gpu(np, [first], effs, 1, shortest, passes, rated)
+        rates, single, table = work
         if len(seqs) == 1:
             used, at_used = one_length
+            table = work[2] = table if table is not None else seconds_per_sequence(np, rates, at_used)
         else:
+            fitting = fit_by_sig[fit_starts[s]:fit_starts[s + 1]]
             at = seq_of[fitting]
             rest = others and len(fitting) < len(g_of) * len(columns)
             used = np.unique(np.append(at, at_one) if rest else at)
-            at_used = np.broadcast_to(seqs[used], (len(on_gpu), len(used)))
-        tables.append(seconds_per_sequence(np, rates, at_used))
+            table = seconds_per_sequence(np, rates, np.broadcast_to(seqs[used], (len(on_gpu), len(used))))
+        tables.append(table)
         lengths_of.append(used)
         singles.append(single)
         comm = comm_of.setdefault(tuple(getattr(mix, f) for f in COMM_FIELDS), (len(comm_of), mix))[0]
@@ -323,48 +335,3 @@ def _time_bounds(np, space: Space, cal: Calibration, on_gpu: Sequence[Any], g_of
     price = np.array([np.nan if p is None else p for p in prices])
     hours = per_seq * hours_per_gpu_second(space.scenario) / replicas
     return hours, hours * world[rows] * price[rows], unbounded
-
-
-def _read_bounds(np, per_seq, tables, lengths_of, singles, comm_at, comm_of, k_of, fit_sig, seq_of, n_seqs, rows,
-                 g_of, batch_max, bases, block_effs, shortest, comms) -> None:
-    """Each fitting candidate's seconds per sequence into `per_seq`, from its signature's (k_of; -1: none, it stays
-    0): the larger of the table at its length and its GPU type's micro-batch seconds over its largest micro-batch,
-    plus its block's exposed communication (computed here for the blocks some candidate reads)."""
-    k = k_of[fit_sig]
-    sel = np.flatnonzero(k >= 0)
-    if not len(sel):
-        return
-    k, block = k[sel], rows[sel]
-    gpu, n_gpus = g_of[block], len(singles[0])
-    width = np.array([len(u) for u in lengths_of])  # lengths per signature
-    at = k * n_gpus + gpu  # the candidate's GPU type's micro-batch seconds among every signature's
-    if (width == 1).all():  # one length per signature (packed): the tables line up with those
-        table = np.concatenate([t.ravel() for t in tables])[at]
-    else:
-        first_length = np.concatenate([[0], np.cumsum(width)[:-1]])
-        # each candidate's length's place among its signature's: a search over (signature, length) keys, ascending
-        keys = np.repeat(np.arange(len(width)), width) * n_seqs + np.concatenate(lengths_of)
-        place = np.searchsorted(keys, k * n_seqs + seq_of[sel]) - first_length[k]
-        table = np.concatenate([t.ravel() for t in tables])[n_gpus * first_length[k] + gpu * width[k] + place]
-    single = np.concatenate(singles)[at]
-    comm = np.array(comm_at)[k]
-    need = np.zeros((len(comm_of), len(bases)), bool)
-    need[comm, block] = True
-    exposed = np.empty((len(comm_of), len(bases)))
-    for c, mix in comm_of.values():
-        exposed[c] = exposed_seconds_per_sequence(np, bases, block_effs, mix, shortest, comms,
-                                                  np.flatnonzero(need[c]).tolist())
-    per_seq[sel] = np.maximum(table, single / batch_max[sel]) + exposed[comm, block]
-
-
-def _distinct_batches(np, batch):
-    """np.unique(batch, return_inverse=True) for micro-batch bounds, which are whole numbers in [1, BATCH_CAP]: a
-    table of the values present instead of sorting every candidate's (seconds on a space of millions)."""
-    whole = batch.astype(np.int64)
-    if not (whole.size and (whole == batch).all() and whole.min() >= 1 and whole.max() <= BATCH_CAP):
-        return np.unique(batch, return_inverse=True)
-    present = np.zeros(BATCH_CAP + 1, bool)
-    present[whole.ravel()] = True
-    values = np.flatnonzero(present)
-    position = np.cumsum(present) - 1  # the rank of each present value among them
-    return values.astype(batch.dtype), position[whole]

@@ -190,26 +190,26 @@ class Probes:
         self.seq = seq
         self.models: list[MemoryModel] = []
         self.rows: list[int] = []  # per probe: its model's row
-        self.scenarios: list[Scenario] = []  # per probe: its mix at its GPU count (on some GPU type)
-        self.first: list[Scenario] = []  # per model: the scenario of the probe that recorded it
+        # per model: the scenario of the probe that recorded it, kept as a scenario of its GPU count (`bases`) and the
+        # mix to put on it (`scenario`: the search records hundreds of thousands and reads a few)
+        self.bases: list[Scenario] = []
+        self.mixes: list[Mix] = []
+        self.worlds: list[int] = []  # per model: its GPU count
         self.arrays = None
         self.columns = Columns()  # the models not built (None in `models`): a columnar mix's, made as arrays
         self.column_rows: list[int] = []
         self.parts: list[MixPart | None] = []  # per model: its mix's part when not built, and its capacity
         self.capacities: list[float | None] = []
 
-    def add(self, scn: Scenario | None, model: MemoryModel | None = None, row: int | None = None) -> int:
-        """Record a probe of `model` (or of the model at `row`); its row. `scn` None: the scenario of the probe that
-        recorded that model (a fused attention kernel's twin: it differs only in the kernel, which neither its memory
-        model nor anything else the probes read of the scenario looks at)."""
-        if row is None:
-            row = len(self.models)
-            self.models.append(model)
-            self.first.append(scn)
-            self.parts.append(None)
-            self.capacities.append(None)
+    def add(self, scn: Scenario, model: MemoryModel) -> int:
+        """Record a probe of `model` on `scn`; its row."""
+        return self.add_models([scn], [model])[0]
+
+    def copy(self, row: int) -> int:
+        """Record a probe of the model at `row`, on the scenario of the probe that recorded it (a fused attention
+        kernel's twin: it differs only in the kernel, which neither its memory model nor anything else the probes
+        read of the scenario looks at); its row."""
         self.rows.append(row)
-        self.scenarios.append(self.first[row] if scn is None else scn)
         return row
 
     def add_models(self, scns: Sequence[Scenario], models: Sequence[MemoryModel]) -> range:
@@ -217,36 +217,45 @@ class Probes:
         start = len(self.models)
         rows = range(start, start + len(models))
         self.models += models
-        self.first += scns
+        self.bases += scns
+        self.mixes += [s.mix for s in scns]
+        self.worlds += [s.cluster.world_size for s in scns]
         self.rows += rows
-        self.scenarios += scns
         self.parts += [None] * len(models)
         self.capacities += [None] * len(models)
         return rows
 
-    def add_mix(self, part: MixPart, scns: Sequence[Scenario], capacities: Sequence[float]) -> range:
-        """Record a probe of each scenario (one mix, whose probe_part is `part`) at its device_capacity; their rows.
-        A columnar mix's models are not built: their arrays are made with the others' (estimate/memory_columns.py),
-        and a model only when a probe reads it (`model`)."""
+    def add_mix(self, part: MixPart, mix: Mix, bases: Sequence[Scenario], capacities: Sequence[float]) -> range:
+        """Record a probe of `mix` on each of `bases` (scenarios that differ from part.scn only in their cluster; the
+        probe's scenario is with_mix(base, mix)) at its device_capacity; their rows. A columnar mix's models are not
+        built: their arrays are made with the others' (estimate/memory_columns.py), and a model only when a probe
+        reads it (`model`); nor are their scenarios (`scenario`)."""
         if not columnar(part):
+            scns = [fast_replace(base, mix=mix) for base in bases]
             return self.add_models(scns, models_of(part, scns, capacities))
-        start = len(self.models)
-        rows = range(start, start + len(scns))
-        self.models += [None] * len(scns)
-        self.first += scns
+        start, n = len(self.models), len(bases)
+        rows = range(start, start + n)
+        worlds = [base.cluster.world_size for base in bases]
+        self.models += [None] * n
+        self.bases += bases
+        self.mixes += [mix] * n
+        self.worlds += worlds
         self.rows += rows
-        self.scenarios += scns
-        self.parts += [part] * len(scns)
+        self.parts += [part] * n
         self.capacities += capacities
         self.column_rows += rows
-        self.columns.add(part, [s.cluster.world_size for s in scns])
+        self.columns.add(part, worlds)
         return rows
+
+    def scenario(self, row: int) -> Scenario:
+        """The scenario of the probe that recorded the model at this row."""
+        return fast_replace(self.bases[row], mix=self.mixes[row])
 
     def model(self, row: int) -> MemoryModel:
         """The memory model at this row (built now if add_mix left it out: models_of's, as it would have built it)."""
         model = self.models[row]
         if model is None:
-            model = self.models[row] = models_of(self.parts[row], [self.first[row]], [self.capacities[row]])[0]
+            model = self.models[row] = models_of(self.parts[row], [self.scenario(row)], [self.capacities[row]])[0]
         return model
 
     def peaks_at_one(self, np):
@@ -269,32 +278,35 @@ class Probes:
         at 1 fits it (NaN: the mix does not run there); inf in every other cell."""
         arrays = self.arrays.subset(self.row_of[probes])
         at_one = _peaks(np, arrays, 1, self.seq)
-        scns = [self.scenarios[p] for p in probes.tolist()]
-        world = np.array([s.cluster.world_size for s in scns], np.int64)
-        split = np.array([(s.mix.model_parallel, s.mix.pipeline_parallel) for s in scns], np.int64).reshape(-1, 2)
+        rows = self.row_of[probes].tolist()
+        mixes, worlds = self.mixes, self.worlds
+        world = np.array([worlds[r] for r in rows], np.int64)
+        split = np.array([(mixes[r].model_parallel, mixes[r].pipeline_parallel) for r in rows],
+                         np.int64).reshape(-1, 2)
         reps, stages = np.maximum(world // split[:, 0], 1), split[:, 1]
         cap = np.maximum(1, global_batch // (reps * stages))
         at_cap = np.where(cap <= BATCH_CAP, _peaks(np, arrays, np.minimum(cap, BATCH_CAP), self.seq), np.inf)
         out = np.full(caps.shape, np.inf)
         runs = at_one[:, None] <= caps  # False where NaN
         capped = runs & (at_cap[:, None] <= caps)
-        accumulating = bool(scns) and scns[0].workload.gradient_accumulation > 1
+        accumulating = bool(rows) and self.bases[rows[0]].workload.gradient_accumulation > 1
         if capped.any():  # keep_global_batch's layout at the capped micro-batch, the same for every such capacity
             mb = np.maximum(1, np.minimum(cap, global_batch // (reps * stages)))
             ga = np.maximum(1, np.ceil(global_batch / (mb * reps)))
-            ignores = np.array([not reads_accumulation(s.mix) for s in scns], bool)
+            ignores = np.array([not reads_accumulation(mixes[r]) for r in rows], bool)
             same = ((ga > 1) == accumulating) | ignores  # equal models: this one's peaks
             kept = np.where(same, _peaks(np, arrays, mb, self.seq), np.nan)
             other = np.flatnonzero(~same & capped.any(axis=1))
             if accumulating and len(other):  # without accumulation, a mix that only drops its gradients in forward
-                drops = np.array([only_forward_gradients(scns[p].mix) for p in other.tolist()], bool)
+                drops = np.array([only_forward_gradients(mixes[rows[p]]) for p in other.tolist()], bool)
                 plain, other = other[drops], other[~drops]
                 if len(plain):
                     sub = arrays.subset(plain)
                     sub.gradients_in_forward = np.zeros(len(plain))
                     kept[plain] = sub.peaks(mb[plain], self.seq)
             if len(other):  # another accumulation: its own model (built together per mix and accumulation)
-                kept[other] = self._other_accumulation(np, [scns[p] for p in other.tolist()], ga[other], mb[other])
+                kept[other] = self._other_accumulation(np, [self.scenario(rows[p]) for p in other.tolist()],
+                                                       ga[other], mb[other])
             out = np.where(capped, kept[:, None], out)
         rest = runs & ~capped
         if not exact and accumulating:  # the peak at 1 stands for the solver's batch (fixed_batch_peak's reason)
@@ -303,7 +315,7 @@ class Probes:
         for p, b in zip(*np.nonzero(rest)):
             probe = solved.get(p)
             if probe is None:
-                probe = solved[p] = MemoryProbe(scns[p], self.seq, None, self.model(self.rows[probes[p]]))
+                probe = solved[p] = MemoryProbe(self.scenario(rows[p]), self.seq, None, self.model(rows[p]))
             out[p, b] = probe.fixed_batch_peak(float(caps[p, b]), global_batch, exact)
         return out
 

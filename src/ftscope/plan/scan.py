@@ -172,9 +172,9 @@ class Scan:
         if not probe:
             return
         at_world, caps = self.at_world, self.cap_at_world[comm]
-        scns = [with_mix(at_world[w], mix) for w in probe]
-        part = probe_part(scns[0], self.policies, floor)  # what the mix's models share
-        for w, row in zip(probe, self.probes.add_mix(part, scns, [caps[w] for w in probe])):
+        part = probe_part(with_mix(at_world[probe[0]], mix), self.policies, floor)  # what the mix's models share
+        rows = self.probes.add_mix(part, mix, [at_world[w] for w in probe], [caps[w] for w in probe])
+        for w, row in zip(probe, rows):
             probed[k, w] = row  # evaluated with the others (`settle`)
             pending.append((k, w, sid))
 
@@ -250,8 +250,8 @@ class Scan:
 
     def _copy(self, k: int, twin: int, w: int, sid: int) -> None:
         """A probe at GPU count w that takes the twin's model and scenario (k, twin: their slots; the twin's GPU types
-        include this mix's, so its model is this mix's; Probes.add says why its scenario serves)."""
-        self.probed[k, w] = self.probes.add(None, row=self.probed[twin, w])
+        include this mix's, so its model is this mix's; Probes.copy says why its scenario serves)."""
+        self.probed[k, w] = self.probes.copy(self.probed[twin, w])
         self.pending.append((k, w, sid))
 
     def settle(self) -> None:

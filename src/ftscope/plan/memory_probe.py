@@ -15,6 +15,7 @@ from ..estimate.memory import (MemoryModel, MixPart, frozen_weight_bytes, kbit_s
                                models_of, step_allocator, trainable_params)
 from ..estimate.memory_columns import Columns, columnar
 from ..estimate.memory_layout import activation_policy, state_split
+from ..estimate.weight_memory import forward_transients
 from ..estimate.solvers import BATCH_CAP, BatchSolver, phase_totals
 from ..estimate.state_memory import sharded_states, state_bytes
 from ..spec.mix import Mix
@@ -167,7 +168,13 @@ def probe_part(scn: Scenario, memo: dict | None = None, floor: "StateFloor | Non
             policy = memo[key] = activation_policy(activation_coefficients(
                 scn.model, activation_mix(scn.mix), scn.top_k, scn.recipe), scn)
     states = None if floor is None else (floor.trainable, floor.per, floor.frozen, floor.replicated)
-    return mix_part(scn, step_allocator(scn), policy, states)
+    transients = None
+    if memo is not None:
+        key = ("forward_transients", scn.model, scn.recipe, _transient_key(scn.mix))
+        transients = memo.get(key)
+        if transients is None:
+            transients = memo[key] = forward_transients(scn)
+    return mix_part(scn, step_allocator(scn), policy, states, transients)
 
 
 POLICY_FIELDS = tuple(f.name for f in fields(Mix) if f.name not in (
@@ -176,6 +183,16 @@ POLICY_FIELDS = tuple(f.name for f in fields(Mix) if f.name not in (
 sets ACTIVATION_FREE; activation_policy reads the checkpointing, compile and tensor, sequence, context and pipeline
 fields of those): every field but the six left out (tests/plan/test_memory_probe.py varies them)."""
 _policy_key = attrgetter(*POLICY_FIELDS)
+
+
+TRANSIENT_FREE = ("attention", "offload", "optimizer", "experts_top_k", "loss", "fused_elementwise", "lora_dropout",
+                  "checkpointing", "checkpoint_every", "tensor_parallel", "sequence_parallel", "tp_comm_overlap",
+                  "pipeline_parallel", "pipeline_schedule", "virtual_stages", "context_parallel",
+                  "context_parallel_impl", "expert_parallel", "optimizer_in_backward", "activation_offload")
+"""Mix fields weight_memory.forward_transients reads nowhere (nor what it calls: the gathered units, PEFT's merged
+experts, k-bit copies, trainable_params): probe_part keeps one per distinct value of the others (a search probes
+each method, sharding and checkpointing with hundreds of layouts; tests/plan/test_memory_probe.py varies each)."""
+_transient_key = attrgetter(*(f.name for f in fields(Mix) if f.name not in TRANSIENT_FREE))
 
 
 

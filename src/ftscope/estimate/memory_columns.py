@@ -54,8 +54,13 @@ class Columns:
 
     def arrays(self, np) -> ModelArrays:
         """ModelArrays of every recorded probe, in order (the fields models_of gives them, split by the layout)."""
-        heads = [split_head(part.head, part.share) if part.share != 1.0 or _host(part.scn.mix) else part.head
-                 for part in self.parts]  # as split_states splits it
+        heads, split = [], {}  # as split_states splits it, once per head object and share (one object per row)
+        for part in self.parts:
+            head = part.head
+            if part.share != 1.0 or _host(part.scn.mix):
+                key = id(head), part.share
+                head = split.get(key) or split.setdefault(key, split_head(head, part.share))
+            heads.append(head)
         p = np.array(self.part_of, np.int64)
         table = np.array([_numbers(part) for part in self.parts], float).reshape(len(self.parts), len(FIELDS))
         v = {name: table[:, i][p] for i, name in enumerate(FIELDS)}

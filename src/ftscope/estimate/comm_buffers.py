@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Sequence
 
 from ..spec.hardware import GpuSpec
 from ..spec.scenario import Scenario
@@ -296,7 +297,26 @@ class CommBytes:
         """comm_buffer_bytes of a scenario with this cluster, mix and NCCL version (only these it reads)."""
         if cluster.world_size <= 1:
             return 0.0
-        gpu = cluster.gpu
+        return self._sum(cluster.gpu, nccl_version, self._set(cluster, mix))
+
+    def of_clusters(self, clusters: Sequence, mix, nccl_versions: Sequence[str]) -> list[float]:
+        """`of` of each cluster and NCCL version with one mix: the set of communicators found once per GPU count and
+        node size (a search's capacity of one mix on every block)."""
+        sets: dict[tuple[int, int], int] = {}
+        out = []
+        for cluster, nccl_version in zip(clusters, nccl_versions):
+            if cluster.world_size <= 1:
+                out.append(0.0)
+                continue
+            shape = cluster.world_size, cluster.gpus_per_node
+            set_id = sets.get(shape)
+            if set_id is None:
+                set_id = sets[shape] = self._set(cluster, mix)
+            out.append(self._sum(cluster.gpu, nccl_version, set_id))
+        return out
+
+    def _set(self, cluster, mix) -> int:
+        """The id of the set of communicators of this cluster and mix."""
         key = (cluster.world_size, cluster.gpus_per_node, mix.tensor_parallel, mix.pipeline_parallel,
                mix.context_parallel, mix.expert_parallel, mix.zero_stage, mix.context_parallel_impl,
                getattr(mix, "fp8", False))
@@ -307,6 +327,10 @@ class CommBytes:
             set_id = self._sets[key] = self._ids.setdefault(shape, len(self._ids))
             if set_id == len(self._lists):
                 self._lists.append(comms)
+        return set_id
+
+    def _sum(self, gpu, nccl_version: str, set_id: int) -> float:
+        """The bytes of a set of communicators on this GPU type and NCCL version."""
         at = (id(gpu), nccl_version, set_id)
         value = self._sums.get(at)
         if value is None:

@@ -115,9 +115,8 @@ class Scan:
         if c is None:
             c = self.comm_ids[key] = len(self.cap_columns)
             # device_capacity(with_mix(base, mix)) of every block: its usable bytes less NCCL's
-            nccl = self.nccl
-            self.cap_columns.append(self.usable - self.np.array(
-                [nccl.of(base.cluster, mix, base.recipe.nccl_version) for base in self.bases], float))
+            self.cap_columns.append(self.usable - self.np.array(self.nccl.of_clusters(
+                [base.cluster for base in self.bases], mix, [base.recipe.nccl_version for base in self.bases]), float))
             self.cap_at_world.append(self.cap_columns[-1][self.world_block].tolist())
         return c
 

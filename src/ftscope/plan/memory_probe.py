@@ -215,8 +215,7 @@ class Probes:
         self.arrays = None
         self.columns = Columns()  # the models not built (None in `models`): a columnar mix's, made as arrays
         self.column_rows: list[int] = []
-        self.parts: list[MixPart | None] = []  # per model: its mix's part when not built, and its capacity
-        self.capacities: list[float | None] = []
+        self.capacities: list[float | None] = []  # per model not built: its capacity
 
     def add(self, scn: Scenario, model: MemoryModel) -> int:
         """Record a probe of `model` on `scn`; its row."""
@@ -238,7 +237,6 @@ class Probes:
         self.mixes += [s.mix for s in scns]
         self.worlds += [s.cluster.world_size for s in scns]
         self.rows += rows
-        self.parts += [None] * len(models)
         self.capacities += [None] * len(models)
         return rows
 
@@ -246,7 +244,7 @@ class Probes:
         """Record a probe of `mix` on each of `bases` (scenarios that differ from part.scn only in their cluster; the
         probe's scenario is with_mix(base, mix)) at its device_capacity; their rows. A columnar mix's models are not
         built: their arrays are made with the others' (estimate/memory_columns.py), and a model only when a probe
-        reads it (`model`); nor are their scenarios (`scenario`)."""
+        reads it (`model`); nor are their scenarios (`scenario`), and their part is not kept."""
         if not columnar(part):
             scns = [fast_replace(base, mix=mix) for base in bases]
             return self.add_models(scns, models_of(part, scns, capacities))
@@ -258,7 +256,6 @@ class Probes:
         self.mixes += [mix] * n
         self.worlds += worlds
         self.rows += rows
-        self.parts += [part] * n
         self.capacities += capacities
         self.column_rows += rows
         self.columns.add(part, worlds)
@@ -269,10 +266,13 @@ class Probes:
         return fast_replace(self.bases[row], mix=self.mixes[row])
 
     def model(self, row: int) -> MemoryModel:
-        """The memory model at this row (built now if add_mix left it out: models_of's, as it would have built it)."""
+        """The memory model at this row (built now if add_mix left it out: models_of's, as it would have built it;
+        its part made again, not kept: memory_models' part is the same with or without the search's memo and floor,
+        tests/plan/test_memory_probe.py)."""
         model = self.models[row]
         if model is None:
-            model = self.models[row] = models_of(self.parts[row], [self.scenario(row)], [self.capacities[row]])[0]
+            scn = self.scenario(row)
+            model = self.models[row] = models_of(probe_part(scn), [scn], [self.capacities[row]])[0]
         return model
 
     def peaks_at_one(self, np):

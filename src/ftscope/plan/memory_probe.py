@@ -212,7 +212,7 @@ class Probes:
         self.bases: list[Scenario] = []
         self.mixes: list[Mix] = []
         self.worlds: list[int] = []  # per model: its GPU count
-        self.arrays = None
+        self.arrays = self.at_one = None  # the models' arrays and peaks at micro-batch 1, once settled
         self.columns = Columns()  # the models not built (None in `models`): a columnar mix's, made as arrays
         self.column_rows: list[int] = []
         self.capacities: list[float | None] = []  # per model not built: its capacity
@@ -280,7 +280,8 @@ class Probes:
         built = [r for r, m in enumerate(self.models) if m is not None] if self.column_rows else range(len(self.models))
         self.arrays = _arrays(np, [self.models[r] for r in built], built, self.columns, self.column_rows)
         self.row_of = np.array(self.rows, np.int64)
-        return _peaks(np, self.arrays, 1, self.seq)[self.row_of]
+        self.at_one = _peaks(np, self.arrays, 1, self.seq)  # per model
+        return self.at_one[self.row_of]
 
     def batch_terms(self, np, probes):
         """MemoryProbe.batch_terms of these probes: (fixed, first, far), each an array phases x probes."""
@@ -293,32 +294,36 @@ class Probes:
     def fixed_batch_peaks(self, np, probes, caps, global_batch: int, exact: bool):
         """MemoryProbe.fixed_batch_peak of these probes on each capacity of `caps` (probes x blocks) where their peak
         at 1 fits it (NaN: the mix does not run there); inf in every other cell."""
-        arrays = self.arrays.subset(self.row_of[probes])
-        at_one = _peaks(np, arrays, 1, self.seq)
-        rows = self.row_of[probes].tolist()
-        mixes, worlds = self.mixes, self.worlds
-        world = np.array([worlds[r] for r in rows], np.int64)
-        split = np.array([(mixes[r].model_parallel, mixes[r].pipeline_parallel) for r in rows],
+        # what reads only the model is computed once per model (a twin's probes share their twin's) and spread
+        rows = self.row_of[probes]
+        used, inverse = np.unique(rows, return_inverse=True)
+        inverse = inverse.reshape(-1)
+        arrays, at_one = self.arrays.subset(used), self.at_one[rows]
+        mixes, worlds, models = self.mixes, self.worlds, used.tolist()
+        world = np.array([worlds[r] for r in models], np.int64)
+        split = np.array([(mixes[r].model_parallel, mixes[r].pipeline_parallel) for r in models],
                          np.int64).reshape(-1, 2)
         reps, stages = np.maximum(world // split[:, 0], 1), split[:, 1]
         cap = np.maximum(1, global_batch // (reps * stages))
-        at_cap = np.where(cap <= BATCH_CAP, _peaks(np, arrays, np.minimum(cap, BATCH_CAP), self.seq), np.inf)
+        at_cap = np.where(cap <= BATCH_CAP, _peaks(np, arrays, np.minimum(cap, BATCH_CAP), self.seq), np.inf)[inverse]
         out = np.full(caps.shape, np.inf)
         runs = at_one[:, None] <= caps  # False where NaN
         capped = runs & (at_cap[:, None] <= caps)
+        rows = rows.tolist()
         accumulating = bool(rows) and self.bases[rows[0]].workload.gradient_accumulation > 1
         if capped.any():  # keep_global_batch's layout at the capped micro-batch, the same for every such capacity
             mb = np.maximum(1, np.minimum(cap, global_batch // (reps * stages)))
             ga = np.maximum(1, np.ceil(global_batch / (mb * reps)))
-            ignores = np.array([not reads_accumulation(mixes[r]) for r in rows], bool)
+            ignores = np.array([not reads_accumulation(mixes[r]) for r in models], bool)
             same = ((ga > 1) == accumulating) | ignores  # equal models: this one's peaks
-            kept = np.where(same, _peaks(np, arrays, mb, self.seq), np.nan)
+            kept = np.where(same, _peaks(np, arrays, mb, self.seq), np.nan)[inverse]
+            mb, ga, same = mb[inverse], ga[inverse], same[inverse]
             other = np.flatnonzero(~same & capped.any(axis=1))
             if accumulating and len(other):  # without accumulation, a mix that only drops its gradients in forward
                 drops = np.array([only_forward_gradients(mixes[rows[p]]) for p in other.tolist()], bool)
                 plain, other = other[drops], other[~drops]
                 if len(plain):
-                    sub = arrays.subset(plain)
+                    sub = self.arrays.subset(self.row_of[probes[plain]])
                     sub.gradients_in_forward = np.zeros(len(plain))
                     kept[plain] = sub.peaks(mb[plain], self.seq)
             if len(other):  # another accumulation: its own model (built together per mix and accumulation)
@@ -389,4 +394,4 @@ def _arrays(np, models: list, rows: Sequence[int], columns: Columns, column_rows
 
 def _peaks(np, arrays, batch, seq):
     """MemoryProbe.peak of these models at this micro-batch (one, or one per model): the model's peak_bytes."""
-    return np.maximum(arrays.least_reserved, arrays.totals(batch, seq).max(axis=0))
+    return arrays.peaks(batch, seq)

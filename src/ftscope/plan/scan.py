@@ -103,10 +103,11 @@ class Scan:
 
     def caps(self, mixes: Any) -> tuple[Any, Any]:
         """The capacity (device_capacity) of every block (rows) for these mixes (columns), and the same less the
-        margin (the same product max_micro_batch's limit computes)."""
+        margin (the same product max_micro_batch's limit computes; without a margin the same array, x * 1.0 being x:
+        both read only)."""
         caps = self.np.stack(self.cap_columns, axis=1)[:, self.comm_of[mixes]] if self.cap_columns else \
             self.np.zeros((len(self.usable), len(mixes)))
-        return caps, caps * (1.0 - self.margin)
+        return caps, caps * (1.0 - self.margin) if self.margin else caps
 
     def _comm(self, mix: Any) -> int:
         """The column of this mix's capacities, made (a scenario per block) the first time its COMM_FIELDS are met."""

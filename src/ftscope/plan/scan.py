@@ -25,8 +25,9 @@ from .layouts import LAYOUT_FIELDS, layout_reason
 from .ranking import mix_complexity, refusal
 from .space import MIX_DIMENSIONS, Space, with_mix
 
-SLOT_CHUNK = 4096
-"""Slots (mixes some GPU type supports) the probe arrays start with, and the least they grow by."""
+SLOT_CHUNK, PROBE_CHUNK = 4096, 16384
+"""Slots (mixes some GPU type supports) the probe arrays start with, and the least they grow by; probes settle reads
+fixed-batch peaks of at a time."""
 
 
 class Scan:
@@ -303,24 +304,23 @@ class Scan:
             self.terms["row"] = np.full((len(self.worlds), self.slots), -1, np.int64)
             self.terms["row"][w[fit], slot[fit]] = np.arange(len(fit))
         if self.global_batch is not None and len(fit):
-            # the blocks at each fitting probe's GPU count (-1 pads the counts with fewer blocks), and their capacity
-            # where the probe's mix runs on the block's GPU type
-            per_world = max(len(b) for b in self.block_of_world)
-            table = np.full((len(self.block_of_world), per_world), -1, np.int64)
+            # per fitting probe, the blocks at its GPU count (-1 pads the counts with fewer blocks) and their capacity
+            # where its mix runs on the block's GPU type; PROBE_CHUNK probes at a time (no temporary of tens of MB)
+            table = np.full((len(self.block_of_world), max(len(b) for b in self.block_of_world)), -1, np.int64)
             for x, blocks in enumerate(self.block_of_world):
                 table[x, :len(blocks)] = blocks
-            blocks = table[w[fit]]
-            runs = (blocks >= 0) & np.take_along_axis(self.on_of[sid[fit]], self.g_of[blocks], axis=1)
-            comm = np.array(self.slot_comm, np.int64)[slot[fit]][:, None]  # each probe's capacity column
-            full = np.stack(self.cap_columns, axis=1)  # blocks x columns
-            for caps, get in ((full, lambda ch: ch.fixed_peak), (full * (1.0 - self.margin) if self.margin else None,
-                                                                 lambda ch: ch.safe_fixed_peak)):
-                if caps is None:
-                    continue
-                cells = np.where(runs, caps[blocks, comm], np.nan)
-                value = self.probes.fixed_batch_peaks(np, fit, cells, self.global_batch, self.exact_peaks)
+            full, slot_comm = np.stack(self.cap_columns, axis=1), np.array(self.slot_comm, np.int64)  # blocks x columns
+            gets = [(full, lambda ch: ch.fixed_peak)] + [(full * (1.0 - self.margin), lambda ch: ch.safe_fixed_peak)
+                                                         ] * bool(self.margin)
+            for some in (fit[at:at + PROBE_CHUNK] for at in range(0, len(fit), PROBE_CHUNK)):
+                blocks = table[w[some]]
+                runs = (blocks >= 0) & np.take_along_axis(self.on_of[sid[some]], self.g_of[blocks], axis=1)
+                comm = slot_comm[slot[some]][:, None]  # each probe's capacity column
                 p, j = np.nonzero(runs)
-                self._scatter(get, slot[fit][p], lambda at: (blocks[p[at], j[at]],), value[p, j])
+                for caps, get in gets:
+                    cells = np.where(runs, caps[blocks, comm], np.nan)
+                    value = self.probes.fixed_batch_peaks(np, some, cells, self.global_batch, self.exact_peaks)
+                    self._scatter(get, slot[some][p], lambda at: (blocks[p[at], j[at]],), value[p, j])
         self.pending = []
         self.probes, self.probed = Probes(self.seq), {}  # the settled models are not read again: free them now
 

@@ -87,7 +87,7 @@ def test_the_peak_at_micro_batch_one_keeps_the_allocator_floor():
         one = MemoryProbe(scn, 1024, model=mem)
         assert one.peak_at_one == one.peak(1) == mem.peak_bytes(1, 1024)
         many = Probes(1024)
-        many.add(scn, mem)
+        many.add_models([scn], [mem])
         assert many.peaks_at_one(np).tolist() == [mem.peak_bytes(1, 1024)]
 
 

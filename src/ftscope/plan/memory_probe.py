@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import fields
 from operator import attrgetter
-from typing import Sequence
+from typing import Callable, Sequence
 
 from ..estimate.activations import activation_coefficients, activation_mix
 from ..estimate.memory import (MemoryModel, MixPart, frozen_weight_bytes, kbit_state_bytes, memory_model, mix_part,
@@ -203,23 +203,21 @@ class Probes:
     falls back to one model or one MemoryProbe per probe. A probe is a memory model on one mix at one GPU count;
     probes of equal models (a fused attention kernel's twin) share its row."""
 
-    def __init__(self, seq: int) -> None:
-        self.seq = seq
+    def __init__(self, seq: int, mix_of: Callable[[int], Mix] | None = None) -> None:
+        self.seq, self.mix_of = seq, mix_of  # mix_of: a mix from its number (add_mix's `number`)
         self.models: list[MemoryModel] = []
         self.rows: list[int] = []  # per probe: its model's row
         # per model: the scenario of the probe that recorded it, kept as a scenario of its GPU count (`bases`) and the
         # mix to put on it (`scenario`: the search records hundreds of thousands and reads a few)
         self.bases: list[Scenario] = []
-        self.mixes: list[Mix] = []
+        self.mixes: list[Mix | int] = []  # (or its number: the garbage collector then does not walk each mix)
+        self.facts: list[tuple] = []  # per model: what fixed_batch_peaks reads of its mix (`_facts`)
+        self.made: dict[int, Mix] = {}  # the mixes made from their number, once each
         self.worlds: list[int] = []  # per model: its GPU count
         self.arrays = self.at_one = None  # the models' arrays and peaks at micro-batch 1, once settled
         self.columns = Columns()  # the models not built (None in `models`): a columnar mix's, made as arrays
         self.column_rows: list[int] = []
         self.capacities: list[float | None] = []  # per model not built: its capacity
-
-    def add(self, scn: Scenario, model: MemoryModel) -> int:
-        """Record a probe of `model` on `scn`; its row."""
-        return self.add_models([scn], [model])[0]
 
     def copy(self, row: int) -> int:
         """Record a probe of the model at `row`, on the scenario of the probe that recorded it (a fused attention
@@ -229,22 +227,25 @@ class Probes:
         return row
 
     def add_models(self, scns: Sequence[Scenario], models: Sequence[MemoryModel]) -> range:
-        """Record a probe of each model, on its scenario (add's, for many); their rows."""
+        """Record a probe of each model, on its scenario; their rows."""
         start = len(self.models)
         rows = range(start, start + len(models))
         self.models += models
         self.bases += scns
         self.mixes += [s.mix for s in scns]
+        self.facts += [_facts(s.mix) for s in scns]
         self.worlds += [s.cluster.world_size for s in scns]
         self.rows += rows
         self.capacities += [None] * len(models)
         return rows
 
-    def add_mix(self, part: MixPart, mix: Mix, bases: Sequence[Scenario], capacities: Sequence[float]) -> range:
+    def add_mix(self, part: MixPart, mix: Mix, bases: Sequence[Scenario], capacities: Sequence[float],
+                number: int | None = None) -> range:
         """Record a probe of `mix` on each of `bases` (scenarios that differ from part.scn only in their cluster; the
         probe's scenario is with_mix(base, mix)) at its device_capacity; their rows. A columnar mix's models are not
         built: their arrays are made with the others' (estimate/memory_columns.py), and a model only when a probe
-        reads it (`model`); nor are their scenarios (`scenario`), and their part is not kept."""
+        reads it (`model`); nor are their scenarios (`scenario`), and their part is not kept; nor the mix, when
+        `number` gives it to mix_of."""
         if not columnar(part):
             scns = [fast_replace(base, mix=mix) for base in bases]
             return self.add_models(scns, models_of(part, scns, capacities))
@@ -253,7 +254,8 @@ class Probes:
         worlds = [base.cluster.world_size for base in bases]
         self.models += [None] * n
         self.bases += bases
-        self.mixes += [mix] * n
+        self.mixes += [mix if number is None or self.mix_of is None else number] * n
+        self.facts += [_facts(mix)] * n
         self.worlds += worlds
         self.rows += rows
         self.capacities += capacities
@@ -263,7 +265,10 @@ class Probes:
 
     def scenario(self, row: int) -> Scenario:
         """The scenario of the probe that recorded the model at this row."""
-        return fast_replace(self.bases[row], mix=self.mixes[row])
+        mix = self.mixes[row]
+        if isinstance(mix, int):
+            mix = self.made.get(mix) or self.made.setdefault(mix, self.mix_of(mix))
+        return fast_replace(self.bases[row], mix=mix)
 
     def model(self, row: int) -> MemoryModel:
         """The memory model at this row (built now if add_mix left it out: models_of's, as it would have built it;
@@ -280,7 +285,7 @@ class Probes:
         built = [r for r, m in enumerate(self.models) if m is not None] if self.column_rows else range(len(self.models))
         self.arrays = _arrays(np, [self.models[r] for r in built], built, self.columns, self.column_rows)
         self.row_of = np.array(self.rows, np.int64)
-        self.at_one = _peaks(np, self.arrays, 1, self.seq)  # per model
+        self.at_one = self.arrays.peaks(1, self.seq)  # per model
         return self.at_one[self.row_of]
 
     def batch_terms(self, np, probes):
@@ -299,13 +304,12 @@ class Probes:
         used, inverse = np.unique(rows, return_inverse=True)
         inverse = inverse.reshape(-1)
         arrays, at_one = self.arrays.subset(used), self.at_one[rows]
-        mixes, worlds, models = self.mixes, self.worlds, used.tolist()
+        facts, worlds, models = self.facts, self.worlds, used.tolist()
         world = np.array([worlds[r] for r in models], np.int64)
-        split = np.array([(mixes[r].model_parallel, mixes[r].pipeline_parallel) for r in models],
-                         np.int64).reshape(-1, 2)
+        split = np.array([facts[r][:2] for r in models], np.int64).reshape(-1, 2)
         reps, stages = np.maximum(world // split[:, 0], 1), split[:, 1]
         cap = np.maximum(1, global_batch // (reps * stages))
-        at_cap = np.where(cap <= BATCH_CAP, _peaks(np, arrays, np.minimum(cap, BATCH_CAP), self.seq), np.inf)[inverse]
+        at_cap = np.where(cap <= BATCH_CAP, arrays.peaks(np.minimum(cap, BATCH_CAP), self.seq), np.inf)[inverse]
         out = np.full(caps.shape, np.inf)
         runs = at_one[:, None] <= caps  # False where NaN
         capped = runs & (at_cap[:, None] <= caps)
@@ -314,13 +318,13 @@ class Probes:
         if capped.any():  # keep_global_batch's layout at the capped micro-batch, the same for every such capacity
             mb = np.maximum(1, np.minimum(cap, global_batch // (reps * stages)))
             ga = np.maximum(1, np.ceil(global_batch / (mb * reps)))
-            ignores = np.array([not reads_accumulation(mixes[r]) for r in models], bool)
+            ignores = np.array([not facts[r][2] for r in models], bool)
             same = ((ga > 1) == accumulating) | ignores  # equal models: this one's peaks
-            kept = np.where(same, _peaks(np, arrays, mb, self.seq), np.nan)[inverse]
+            kept = np.where(same, arrays.peaks(mb, self.seq), np.nan)[inverse]
             mb, ga, same = mb[inverse], ga[inverse], same[inverse]
             other = np.flatnonzero(~same & capped.any(axis=1))
             if accumulating and len(other):  # without accumulation, a mix that only drops its gradients in forward
-                drops = np.array([only_forward_gradients(mixes[rows[p]]) for p in other.tolist()], bool)
+                drops = np.array([facts[rows[p]][3] for p in other.tolist()], bool)
                 plain, other = other[drops], other[~drops]
                 if len(plain):
                     sub = self.arrays.subset(self.row_of[probes[plain]])
@@ -340,7 +344,6 @@ class Probes:
                 probe = solved[p] = MemoryProbe(self.scenario(rows[p]), self.seq, None, self.model(rows[p]))
             out[p, b] = probe.fixed_batch_peak(float(caps[p, b]), global_batch, exact)
         return out
-
 
     def _other_accumulation(self, np, scns: list[Scenario], ga, mb):
         """memory_model(scn.with_(gradient_accumulation=ga)).peak_bytes(mb) of each, the models of one mix and
@@ -378,6 +381,11 @@ def only_forward_gradients(mix) -> bool:
     return mix.zero_stage == 0 and (mix.method != "full" or mix.loss == "fused_linear")
 
 
+def _facts(mix: Mix) -> tuple[int, int, bool, bool]:
+    """What fixed_batch_peaks reads of a probe's mix."""
+    return mix.model_parallel, mix.pipeline_parallel, reads_accumulation(mix), only_forward_gradients(mix)
+
+
 def _accumulating(scn: Scenario, ga: int) -> Scenario:
     """scn.with_(gradient_accumulation=ga), without re-checking the scenario (only the accumulation changes)."""
     return fast_replace(scn, workload=fast_replace(scn.workload, gradient_accumulation=ga))
@@ -390,8 +398,3 @@ def _arrays(np, models: list, rows: Sequence[int], columns: Columns, column_rows
     if not len(columns):
         return arrays
     return arrays.joined(np.array(rows, np.int64), columns.arrays(np), np.array(column_rows, np.int64))
-
-
-def _peaks(np, arrays, batch, seq):
-    """MemoryProbe.peak of these models at this micro-batch (one, or one per model): the model's peak_bytes."""
-    return arrays.peaks(batch, seq)

@@ -82,7 +82,7 @@ class Scan:
         # the Mix fields of the compute dimensions, read at once (a tuple: one-to-one with the dimensions' values)
         self.compute_key = _fields_of([f for d in space.dimensions if d.affects_compute for f in d.mix_fields])
         self.gpu_key, self.layout_key = _fields_of(GPU_FIELDS), _fields_of(LAYOUT_FIELDS)
-        self.probes = Probes(self.seq)  # every probe, evaluated together when the scan is done (settle)
+        self.probes = Probes(self.seq, space.mix)  # every probe, evaluated together when the scan is done (settle)
         self.policies: dict = {}  # memory_models' activation policies per distinct POLICY_FIELDS value
         self.floors: dict = {}  # StateFloor (and its `at` per GPU count) per distinct value of the fields it reads
         self.refused: dict = {}  # refusal per distinct value of the fields it reads (all but REFUSAL_FREE)
@@ -135,7 +135,7 @@ class Scan:
                 self.in_run = False
 
     def mix(self, k: int, mix: Any) -> None:
-        """Scan mix number k (refusal asked first, but in a run `run` asked for)."""
+        """Scan mix number k (space.mix(k); refusal asked first, but in a run `run` asked for)."""
         if not self.in_run:
             self.searched[k] = True
             if self.refuses(mix):
@@ -198,7 +198,7 @@ class Scan:
             return
         at_world, caps = self.at_world, self.cap_at_world[comm]
         part = probe_part(with_mix(at_world[probe[0]], mix), self.policies, floor)  # what the mix's models share
-        rows = self.probes.add_mix(part, mix, [at_world[w] for w in probe], [caps[w] for w in probe])
+        rows = self.probes.add_mix(part, mix, [at_world[w] for w in probe], [caps[w] for w in probe], mix_k)
         for w, row in zip(probe, rows):
             probed[k * nw + w] = row  # evaluated with the others (`settle`)
             pending += k, w, sid
@@ -322,7 +322,7 @@ class Scan:
                     value = self.probes.fixed_batch_peaks(np, some, cells, self.global_batch, self.exact_peaks)
                     self._scatter(get, slot[some][p], lambda at: (blocks[p[at], j[at]],), value[p, j])
         self.pending = []
-        self.probes, self.probed = Probes(self.seq), {}  # the settled models are not read again: free them now
+        self.probes, self.probed = Probes(self.seq, self.space.mix), {}  # the settled models are not read again
 
     def _scatter(self, get, slots, index, values) -> None:
         """Write values (one per slot) into each chunk's array `get(chunk)` at index(at) + the slots' columns (`at`:

@@ -284,9 +284,9 @@ class CommBytes:
     def __init__(self) -> None:
         self._sets: dict[tuple, int] = {}  # cluster shape and mix fields -> the id of its communicators' set
         self._ids: dict[tuple, int] = {}  # a set of communicators (as tuples) -> its id
-        self._lists: list[list[Communicator]] = []  # per id
+        self._lists: list[list[tuple[Communicator, tuple]]] = []  # per id: its communicators, each with its tuple
         self._sums: dict[tuple, float] = {}  # (GPU, NCCL version, set id) -> bytes
-        self._each: dict[tuple, float] = {}  # (GPU, NCCL version, communicator) -> bytes
+        self._each: dict[tuple, dict[tuple, float]] = {}  # (GPU, NCCL version) -> communicator (as a tuple) -> bytes
         self._gpus: dict[int, GpuSpec] = {}  # the GPUs keyed by id(), kept alive so that no id is reused
         self._builds: dict[str, NcclBuild] = {}
 
@@ -326,7 +326,7 @@ class CommBytes:
             shape = tuple((c.ranks, c.local_ranks, c.collectives, c.p2p_peers, c.bulk) for c in comms)
             set_id = self._sets[key] = self._ids.setdefault(shape, len(self._ids))
             if set_id == len(self._lists):
-                self._lists.append(comms)
+                self._lists.append(list(zip(comms, shape)))
         return set_id
 
     def _sum(self, gpu, nccl_version: str, set_id: int) -> float:
@@ -338,14 +338,16 @@ class CommBytes:
             build = self._builds.get(nccl_version)
             if build is None:
                 build = self._builds[nccl_version] = nccl_build(nccl_version)
-            value = self._sums[at] = sum(self._one(c, gpu, build, nccl_version) for c in self._lists[set_id])
-        return value
-
-    def _one(self, comm: Communicator, gpu: GpuSpec, build: NcclBuild, version: str) -> float:
-        key = (id(gpu), version, comm.ranks, comm.local_ranks, comm.collectives, comm.p2p_peers, comm.bulk)
-        value = self._each.get(key)
-        if value is None:
-            value = self._each[key] = communicator_bytes(comm, gpu, build)
+            each = self._each.get((id(gpu), nccl_version))
+            if each is None:
+                each = self._each[id(gpu), nccl_version] = {}
+            value = 0  # sum()'s start: the communicators' bytes added in order
+            for comm, key in self._lists[set_id]:
+                one = each.get(key)
+                if one is None:
+                    one = each[key] = communicator_bytes(comm, gpu, build)
+                value += one
+            self._sums[at] = value
         return value
 
 

@@ -284,7 +284,7 @@ class CommBytes:
     def __init__(self) -> None:
         self._sets: dict[tuple, int] = {}  # cluster shape and mix fields -> the id of its communicators' set
         self._ids: dict[tuple, int] = {}  # a set of communicators (as tuples) -> its id
-        self._lists: list[list[tuple[Communicator, tuple]]] = []  # per id: its communicators, each with its tuple
+        self._lists: list[tuple[list[Communicator], tuple]] = []  # per id: its communicators, and them as tuples
         self._sums: dict[tuple, float] = {}  # (GPU, NCCL version, set id) -> bytes
         self._each: dict[tuple, dict[tuple, float]] = {}  # (GPU, NCCL version) -> communicator (as a tuple) -> bytes
         self._gpus: dict[int, GpuSpec] = {}  # the GPUs keyed by id(), kept alive so that no id is reused
@@ -326,7 +326,7 @@ class CommBytes:
             shape = tuple((c.ranks, c.local_ranks, c.collectives, c.p2p_peers, c.bulk) for c in comms)
             set_id = self._sets[key] = self._ids.setdefault(shape, len(self._ids))
             if set_id == len(self._lists):
-                self._lists.append(list(zip(comms, shape)))
+                self._lists.append((comms, shape))
         return set_id
 
     def _sum(self, gpu, nccl_version: str, set_id: int) -> float:
@@ -342,7 +342,7 @@ class CommBytes:
             if each is None:
                 each = self._each[id(gpu), nccl_version] = {}
             value = 0  # sum()'s start: the communicators' bytes added in order
-            for comm, key in self._lists[set_id]:
+            for comm, key in zip(*self._lists[set_id]):
                 one = each.get(key)
                 if one is None:
                     one = each[key] = communicator_bytes(comm, gpu, build)

@@ -323,6 +323,9 @@ class Scan:
                     self._scatter(get, slot[some][p], lambda at: (blocks[p[at], j[at]],), value[p, j])
         self.pending = []
         self.probes, self.probed = Probes(self.seq, self.space.mix), {}  # the settled models are not read again
+        # nor the memos of the pass (StateFloors, activation policies: a hundred thousand objects the garbage
+        # collector would walk for the rest of the search; a pass that goes on makes them again, equal)
+        self.floors, self.policies = {}, {}
 
     def _scatter(self, get, slots, index, values) -> None:
         """Write values (one per slot) into each chunk's array `get(chunk)` at index(at) + the slots' columns (`at`:

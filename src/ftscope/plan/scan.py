@@ -76,7 +76,6 @@ class Scan:
         self.width = max(1, min(nm, SLOT_CHUNK))
         self.margin = margin
         self.chunks: list[_Chunk] = []
-        self.phases: int | None = None  # phases of the memory models, known from the first batch terms
         self.terms: dict[str, Any] = {}  # the fitting probes' batch terms (TERMS: phases x probes), "row" per slot
         self.signatures: dict[tuple, int] = {}
         # the Mix fields of the compute dimensions, read at once (a tuple: one-to-one with the dimensions' values)
@@ -247,10 +246,14 @@ class Scan:
         which, cols = slots // self.width, slots % self.width
         parts = [(c, np.flatnonzero(which == c)) for c in np.unique(which).tolist()]
 
+        in_order = bool((np.diff(slots) > 0).all())  # (classify's are) each chunk's slots a range: joined as they are
+
         def pick(get, shape, fill):
+            values = [get(self.chunks[c]) for c, _ in parts]
+            if in_order and values and all(v is not None for v in values):
+                return np.concatenate([np.take(v, cols[at], axis=-1) for v, (_, at) in zip(values, parts)], axis=-1)
             out = np.full(shape[:-1] + (len(slots),), fill)
-            for c, at in parts:
-                value = get(self.chunks[c])
+            for (c, at), value in zip(parts, values):
                 if value is not None:
                     out[..., at] = value[..., cols[at]]
             return out
@@ -299,7 +302,6 @@ class Scan:
         fit = np.flatnonzero(peak <= self.rooms[sid, w])
         if len(fit):
             terms = self.probes.batch_terms(np, fit)
-            self.phases = len(terms[0])
             self.terms = dict(zip(TERMS, terms))
             self.terms["row"] = np.full((len(self.worlds), self.slots), -1, np.int64)
             self.terms["row"][w[fit], slot[fit]] = np.arange(len(fit))
@@ -323,8 +325,7 @@ class Scan:
                     self._scatter(get, slot[some][p], lambda at: (blocks[p[at], j[at]],), value[p, j])
         self.pending = []
         self.probes, self.probed = Probes(self.seq, self.space.mix), {}  # the settled models are not read again
-        # nor the memos of the pass (StateFloors, activation policies: a hundred thousand objects the garbage
-        # collector would walk for the rest of the search; a pass that goes on makes them again, equal)
+        # nor the pass's memos (100k objects the garbage collector would walk; a pass that goes on makes them again)
         self.floors, self.policies = {}, {}
 
     def _scatter(self, get, slots, index, values) -> None:
@@ -370,7 +371,6 @@ class _Chunk:
     block (at the full capacity and, with a margin, less it)."""
 
     def __init__(self, np, worlds: int, blocks: int, width: int, fixed: bool, margin: bool) -> None:
-        self.np, self.worlds, self.width = np, worlds, width
         self.peak = np.full((worlds, width), np.inf)
         self.fixed_peak = np.full((blocks, width), np.inf) if fixed else None
         self.safe_fixed_peak = np.full((blocks, width), np.inf) if fixed and margin else self.fixed_peak

@@ -161,3 +161,26 @@ def test_shared_work_gives_each_runs_own_sum():
                 assert cb.comm_buffer_bytes(scn) == want
                 seen.add(want)
     assert len(seen) > 20
+
+
+def test_one_mix_on_many_clusters_gives_each_clusters_own_bytes():
+    """CommBytes.of_clusters (the scan's capacities of one mix on every block: the communicators found once per GPU
+    count and node size) answers `of` of each cluster and NCCL version, on several GPU types, counts, node sizes,
+    layouts and two NCCL versions, in any order."""
+    clusters, versions = [], []
+    for gpu in ("h100-80gb", "a100-80gb", "a40"):
+        for gpus, nodes in ((1, 1), (2, 1), (8, 1), (8, 2), (4, 4), (1, 8)):
+            for version in ("2.21", "2.19"):
+                clusters.append(_scn(gpus, nodes, gpu).cluster)
+                versions.append(version)
+    clusters, versions = clusters[::-1] + clusters, versions[::-1] + versions
+    checked = 0
+    for mix in ({}, {"zero_stage": 3}, {"tensor_parallel": 2, "sequence_parallel": True},
+                {"tensor_parallel": 2, "pipeline_parallel": 2, "sequence_parallel": True, "fp8": True},
+                {"context_parallel": 2, "context_parallel_impl": "all_to_all"}):
+        mix = _scn(8, **mix).mix
+        got = cb.CommBytes().of_clusters(clusters, mix, versions)
+        want = [cb.CommBytes().of(c, mix, v) for c, v in zip(clusters, versions)]
+        assert got == want and all(type(g) is float for g in got)
+        checked += sum(w > 0 for w in want)
+    assert checked > 100

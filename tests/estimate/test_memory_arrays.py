@@ -70,6 +70,8 @@ def test_reserved_totals_and_peaks_equal_each_models_own(models, batch, seq):
         assert totals[:, i].tolist() == m.reserved_totals(batch, seq), (i, m)
         assert reserved[:, i].tolist() == m._reserved_of(m._points(batch, seq)), (i, m)
         assert peaks[i] == m.peak_bytes(batch, seq), (i, m)
+    # the points' maximum taken a point at a time is the stacked array's, bit for bit
+    assert peaks.tobytes() == np.maximum(arrays.least_reserved, totals.max(axis=0)).tobytes()
 
 
 def test_one_batch_per_model(models):

@@ -214,3 +214,25 @@ def test_signatures_that_differ_only_in_equal_rates_share_their_time_bounds(monk
     assert sorted(set(calls)) == ["flash", "sdpa"]
     assert (shared.full(np) == FITS).any()
     assert shared.full(np, "hours").tobytes() == every.full(np, "hours").tobytes()
+
+
+def test_fixed_batch_peaks_settled_a_few_probes_at_a_time_are_the_same(monkeypatch):
+    """Scan.settle reads the fixed-batch peaks PROBE_CHUNK probes at a time: two at a time gives every array the
+    classification gives in one piece, with a fixed global batch, with and without a margin, by memory (solves)
+    and by cost."""
+    from ftscope.plan import scan as scan_module
+    scn = ftscope.load_scenario({"model": "olmoe-1b-7b", "hardware": {"gpu": "a100-80gb"}, "mix": {"method": "lora"},
+                                 "workload": {"micro_batch_size": 4, "seq_len": 2048, "num_samples": 1000}})
+    space = Space(scn, _targets(scn, ["t4:2", "a40:4", "h100-80gb:8"], False),
+                  SearchSpace(methods=("lora", "qlora", "full"), sharding=((0, None), (3, None)), offload=("none",),
+                              attention=("flash", "sdpa"), optimizer=("adamw",), tensor_parallel=((1, False), (2, True)),
+                              expert_parallel=(1, 2)))
+    cal = load_calibration()
+    for by, global_batch, margin in (("cost", 16, 0.0), ("memory", 16, 0.05), ("memory", 64, 0.0)):
+        whole, _ = classify(np, space, by, cal, {"top": None}, global_batch, None, None, margin)
+        monkeypatch.setattr(scan_module, "PROBE_CHUNK", 2)
+        pieces, _ = classify(np, space, by, cal, {"top": None}, global_batch, None, None, margin)
+        monkeypatch.undo()
+        for name in ("status", "primary", "hours", "usd", "micro_batch", "micro_batch_max", "tier"):
+            assert np.array_equal(pieces.full(np, name), whole.full(np, name), equal_nan=True), (by, name)
+        assert (whole.full(np) == FITS).sum() > 0

@@ -87,7 +87,7 @@ def test_the_peak_at_micro_batch_one_keeps_the_allocator_floor():
         one = MemoryProbe(scn, 1024, model=mem)
         assert one.peak_at_one == one.peak(1) == mem.peak_bytes(1, 1024)
         many = Probes(1024)
-        many.add(scn, mem)
+        many.add_models([scn], [mem])
         assert many.peaks_at_one(np).tolist() == [mem.peak_bytes(1, 1024)]
 
 
@@ -178,3 +178,35 @@ def test_a_state_floor_reads_no_floor_free_field(model):
             assert facts(got) == facts(want), (method, zero, fsdp, offload, optimizer, layout, name)
         moved += facts(StateFloor(replace(base, mix=replace(mix, optimizer="sgd")))) != facts(want)
     assert moved > 20
+
+
+@pytest.mark.parametrize("model, framework", [("llama-3.2-1b", "hf-trainer"), ("olmoe-1b-7b", "peft-kbit"),
+                                              ("mixtral-8x7b", "fsdp-qlora"), ("llama-3.2-1b", "torchtune-0.1"),
+                                              ("mixtral-8x7b", "llama-factory-2024")])
+def test_forward_transients_read_no_transient_free_field(model, framework):
+    """probe_part keeps one forward_transients per value of the Mix fields outside TRANSIENT_FREE: changing any of
+    these leaves it unchanged for every method, sharding, checkpointing, expert storage, compile and precision,
+    on dense and MoE models and recipes with and without k-bit copies; a field it reads moves it."""
+    from ftscope.estimate.weight_memory import forward_transients
+    from ftscope.plan.memory_probe import TRANSIENT_FREE
+    changes = dict(attention="eager", offload="optimizer+params", optimizer="paged_adamw_8bit", experts_top_k=1,
+                   loss="fused_linear", fused_elementwise=True, lora_dropout=0.1, checkpointing="selective",
+                   checkpoint_every=2, tensor_parallel=2, sequence_parallel=True, tp_comm_overlap=True,
+                   pipeline_parallel=2, pipeline_schedule="interleaved", virtual_stages=2, context_parallel=2,
+                   context_parallel_impl="all_to_all", expert_parallel=2, optimizer_in_backward=True,
+                   activation_offload=True)
+    assert set(changes) == set(TRANSIENT_FREE)
+    base = _scn(model, framework)
+    moved = 0
+    for method, (zero, fsdp), ckpt, backend, compile_, precision in itertools.product(
+            ("full", "lora", "qlora"), SHARDING, (False, True), ("grouped_mm", "modules"), (False, True),
+            ("bf16-mixed", "fp32")):
+        mix = replace(base.mix, method=method, zero_stage=zero, fsdp=fsdp, gradient_checkpointing=ckpt,
+                      experts_backend=backend, compile=compile_, precision=precision)
+        want = forward_transients(replace(base, mix=mix))
+        for name, value in changes.items():
+            got = forward_transients(replace(base, mix=replace(mix, **{name: value})))
+            assert got == want, (method, zero, fsdp, ckpt, backend, compile_, precision, name)
+        moved += forward_transients(replace(base, mix=replace(mix, method="qlora" if method != "qlora" else "lora"))
+                                    ) != want
+    assert moved > 50

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Sequence
 
 from ..spec.hardware import GpuSpec
 from ..spec.scenario import Scenario
@@ -283,9 +284,9 @@ class CommBytes:
     def __init__(self) -> None:
         self._sets: dict[tuple, int] = {}  # cluster shape and mix fields -> the id of its communicators' set
         self._ids: dict[tuple, int] = {}  # a set of communicators (as tuples) -> its id
-        self._lists: list[list[Communicator]] = []  # per id
+        self._lists: list[tuple[list[Communicator], tuple]] = []  # per id: its communicators, and them as tuples
         self._sums: dict[tuple, float] = {}  # (GPU, NCCL version, set id) -> bytes
-        self._each: dict[tuple, float] = {}  # (GPU, NCCL version, communicator) -> bytes
+        self._each: dict[tuple, dict[tuple, float]] = {}  # (GPU, NCCL version) -> communicator (as a tuple) -> bytes
         self._gpus: dict[int, GpuSpec] = {}  # the GPUs keyed by id(), kept alive so that no id is reused
         self._builds: dict[str, NcclBuild] = {}
 
@@ -296,7 +297,26 @@ class CommBytes:
         """comm_buffer_bytes of a scenario with this cluster, mix and NCCL version (only these it reads)."""
         if cluster.world_size <= 1:
             return 0.0
-        gpu = cluster.gpu
+        return self._sum(cluster.gpu, nccl_version, self._set(cluster, mix))
+
+    def of_clusters(self, clusters: Sequence, mix, nccl_versions: Sequence[str]) -> list[float]:
+        """`of` of each cluster and NCCL version with one mix: the set of communicators found once per GPU count and
+        node size (a search's capacity of one mix on every block)."""
+        sets: dict[tuple[int, int], int] = {}
+        out = []
+        for cluster, nccl_version in zip(clusters, nccl_versions):
+            if cluster.world_size <= 1:
+                out.append(0.0)
+                continue
+            shape = cluster.world_size, cluster.gpus_per_node
+            set_id = sets.get(shape)
+            if set_id is None:
+                set_id = sets[shape] = self._set(cluster, mix)
+            out.append(self._sum(cluster.gpu, nccl_version, set_id))
+        return out
+
+    def _set(self, cluster, mix) -> int:
+        """The id of the set of communicators of this cluster and mix."""
         key = (cluster.world_size, cluster.gpus_per_node, mix.tensor_parallel, mix.pipeline_parallel,
                mix.context_parallel, mix.expert_parallel, mix.zero_stage, mix.context_parallel_impl,
                getattr(mix, "fp8", False))
@@ -306,7 +326,11 @@ class CommBytes:
             shape = tuple((c.ranks, c.local_ranks, c.collectives, c.p2p_peers, c.bulk) for c in comms)
             set_id = self._sets[key] = self._ids.setdefault(shape, len(self._ids))
             if set_id == len(self._lists):
-                self._lists.append(comms)
+                self._lists.append((comms, shape))
+        return set_id
+
+    def _sum(self, gpu, nccl_version: str, set_id: int) -> float:
+        """The bytes of a set of communicators on this GPU type and NCCL version."""
         at = (id(gpu), nccl_version, set_id)
         value = self._sums.get(at)
         if value is None:
@@ -314,14 +338,16 @@ class CommBytes:
             build = self._builds.get(nccl_version)
             if build is None:
                 build = self._builds[nccl_version] = nccl_build(nccl_version)
-            value = self._sums[at] = sum(self._one(c, gpu, build, nccl_version) for c in self._lists[set_id])
-        return value
-
-    def _one(self, comm: Communicator, gpu: GpuSpec, build: NcclBuild, version: str) -> float:
-        key = (id(gpu), version, comm.ranks, comm.local_ranks, comm.collectives, comm.p2p_peers, comm.bulk)
-        value = self._each.get(key)
-        if value is None:
-            value = self._each[key] = communicator_bytes(comm, gpu, build)
+            each = self._each.get((id(gpu), nccl_version))
+            if each is None:
+                each = self._each[id(gpu), nccl_version] = {}
+            value = 0  # sum()'s start: the communicators' bytes added in order
+            for comm, key in zip(*self._lists[set_id]):
+                one = each.get(key)
+                if one is None:
+                    one = each[key] = communicator_bytes(comm, gpu, build)
+                value += one
+            self._sums[at] = value
         return value
 
 

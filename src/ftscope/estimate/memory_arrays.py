@@ -159,23 +159,31 @@ class ModelArrays:
     def totals(self, batch, seq, held: bool = True):
         """MemoryModel.reserved_totals (held: True) or the reserved bytes (_reserved_of) of every model: an array of
         points x models."""
+        out = list(self._totals(batch, seq, held))
+        return self.np.array(out).reshape(len(out), self.n)
+
+    def _totals(self, batch, seq, held: bool = True):
+        """`totals`, one point (an array over the models) at a time."""
         np = self.np
         fr = self.fragmentation[1 if held else 0]
         g, pool, ws, gp = self.stream_gathered, self.stream_pool, self.workspace, self.gradient_pool
-        out = []
         pts = self.points(batch, seq)
         for i, (act, temp, allocated, grads) in enumerate(pts):
             last = i == len(pts) - 1
             own = 0.0 if last else g  # the optimizer step gathers nothing on the other stream
             if held:  # what releasing the cache leaves: idle pools go
-                out.append(allocated - own + ws + fr * (act + temp - own) + (0.0 if last else pool))
+                yield allocated - own + ws + fr * (act + temp - own) + (0.0 if last else pool)
             else:
-                out.append(allocated - own - np.minimum(grads, gp) + ws + fr * (act + temp - own) + pool + gp)
-        return np.array(out).reshape(len(pts), self.n)
+                yield allocated - own - np.minimum(grads, gp) + ws + fr * (act + temp - own) + pool + gp
 
     def peaks(self, batch, seq):
-        """MemoryModel.peak_bytes of every model: max(least_reserved, every phase point's total)."""
-        return self.np.maximum(self.least_reserved, self.totals(batch, seq).max(axis=0))
+        """MemoryModel.peak_bytes of every model: max(least_reserved, every phase point's total); the points' maximum
+        taken a point at a time, as totals(...).max(axis=0) takes it, without the points x models array (tens of MB
+        for a search's models, each one fresh pages)."""
+        top = None
+        for total in self._totals(batch, seq):
+            top = total if top is None else self.np.maximum(top, total)
+        return self.np.maximum(self.least_reserved, top)
 
 
 def _rows(np, objects: list) -> tuple[Any, list]:

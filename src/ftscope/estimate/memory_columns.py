@@ -10,7 +10,7 @@ optimizer fused into backward) is not `columnar`: its models are built one by on
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 from .head_gradient import split_head
 from .memory_part import MixPart
@@ -37,10 +37,15 @@ FIELDS = ("mp", "num_w", "num_g", "num_o", "num_t4", "kbit", "bucket", "ot1", "f
 
 class Columns:
     """Probes recorded a mix at a time (`add`: its MixPart, which columnar accepts, and GPU counts), their models'
-    arrays made at once (`arrays`)."""
+    arrays made at once (`arrays`). What the arrays read of a part is taken when it is added, so the parts (a search
+    adds hundreds of thousands) need not be kept."""
 
     def __init__(self) -> None:
-        self.parts: list[MixPart] = []
+        self.numbers: list[tuple] = []  # per part: its FIELDS (_numbers)
+        self.heads: list = []  # per part: its head gradient, as split_states splits it
+        self.acts: list = []  # per part: its activation coefficients
+        self.allocators: list = []  # per part: its allocator model
+        self.split: dict[tuple, Any] = {}  # (head gradient, share) -> the split head: one object per distinct value
         self.part_of: list[int] = []
         self.world: list[int] = []
 
@@ -48,16 +53,23 @@ class Columns:
         return len(self.world)
 
     def add(self, part: MixPart, worlds: Sequence[int]) -> None:
-        self.part_of += [len(self.parts)] * len(worlds)
-        self.parts.append(part)
+        self.part_of += [len(self.numbers)] * len(worlds)
+        self.numbers.append(_numbers(part))
+        head = part.head
+        if part.share != 1.0 or _host(part.scn.mix):  # as split_states splits it, once per distinct head and share
+            # (equal heads split equally: split_head multiplies each of their fields by the share)
+            key = head, part.share
+            split = self.split.get(key)
+            head = split if split is not None else self.split.setdefault(key, split_head(head, part.share))
+        self.heads.append(head)
+        self.acts.append(part.acts)
+        self.allocators.append(part.allocator)
         self.world += worlds
 
     def arrays(self, np) -> ModelArrays:
         """ModelArrays of every recorded probe, in order (the fields models_of gives them, split by the layout)."""
-        heads = [split_head(part.head, part.share) if part.share != 1.0 or _host(part.scn.mix) else part.head
-                 for part in self.parts]  # as split_states splits it
         p = np.array(self.part_of, np.int64)
-        table = np.array([_numbers(part) for part in self.parts], float).reshape(len(self.parts), len(FIELDS))
+        table = np.array(self.numbers, float).reshape(len(self.numbers), len(FIELDS))
         v = {name: table[:, i][p] for i, name in enumerate(FIELDS)}
         b = {name: v[name] != 0 for name in FIELDS[FIELDS.index("sw"):]}
         n = np.array(self.world, np.int64) // v["mp"].astype(np.int64)  # models_of's n: the data-parallel shards
@@ -92,7 +104,7 @@ class Columns:
                        stream_gathered=held, stream_pool=held, reserved_floor=zero, small_pool_step=zero,
                        gradient_pool=zero)
         tables = []
-        for objects in ([part.acts for part in self.parts], heads, [part.allocator for part in self.parts]):
+        for objects in (self.acts, self.heads, self.allocators):
             which, distinct = _rows(np, objects)
             tables.append((which[p], distinct))
         return ModelArrays.of_columns(np, columns, b["ckpt"], b["offload"], *tables)

@@ -38,12 +38,13 @@ class MixPart(NamedTuple):
 
 
 def mix_part(scn: Scenario, allocator: AllocatorModel, policy: tuple | None = None,
-             states: tuple | None = None) -> MixPart:
-    """build_memory_models' part that reads no cluster (`policy`, `states`: as there)."""
+             states: tuple | None = None, transients: tuple[float, float] | None = None) -> MixPart:
+    """build_memory_models' part that reads no cluster (`policy`, `states`: as there; `transients`:
+    forward_transients(scn) when the caller has it)."""
     m, mix = scn.model, scn.mix
     trainable, per, frozen, kbit = states or (trainable_params(scn), state_bytes(scn), frozen_weight_bytes(scn),
                                               kbit_state_bytes(scn))
-    transient, block = forward_transients(scn)  # reads no shard count: a gathered unit is whole
+    transient, block = transients or forward_transients(scn)  # reads no shard count: a gathered unit is whole
     acts, checkpointing = policy or activation_policy(activation_coefficients(m, activation_mix(mix), scn.top_k,
                                                                               scn.recipe), scn)
     paged_share = (min(paged_state_params(scn) / max(trainable, 1), 1.0) if mix.optimizer.startswith("paged_")

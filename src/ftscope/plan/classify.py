@@ -149,7 +149,7 @@ def classify(np, space: Space, by: str, cal: Calibration, accepts: dict[str, Cal
 
 def _scan_mixes(space: Space, scan: Scan, progress: Callable[[str, int, int | None], None] | None,
                 scan_until: float | None) -> bool:
-    """The pass over every mix (scan.mix), in runs of mixes that differ only in fields refusal does not read, a refused
+    """The pass over every mix (scan.run), in runs of mixes that differ only in fields refusal does not read, a refused
     run skipped whole; progress and the clock read about every MIX_CHUNK mixes. True when the clock stopped it."""
     nb, nm = len(space.blocks), space.mixes_per_block
     check = 0  # the next mix number at which to report progress and read the clock
@@ -160,11 +160,7 @@ def _scan_mixes(space: Space, scan: Scan, progress: Callable[[str, int, int | No
                 progress("classify", start * nb, nb * nm)
             if scan_until is not None and time.perf_counter() > scan_until:
                 return True
-        if scan.refuses(first):
-            scan.searched[start:start + n] = True
-            continue
-        for k, mix in enumerate(run(), start):
-            scan.mix(k, mix)
+        scan.run(start, n, first, run())
     return False
 
 

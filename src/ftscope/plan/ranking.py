@@ -17,11 +17,11 @@ _OFFLOAD_WEIGHT = {"none": 0, "optimizer": 2, "optimizer+params": 4}
 
 def mix_complexity(mix: Mix) -> int:
     """How much machinery a mix needs; among equally good candidates the simpler one wins."""
+    # bools as 0 / 1, written out (a search asks for every mix it scans)
     return (mix.shard_stage + (1 if mix.fsdp else 0) + _OFFLOAD_WEIGHT[mix.offload]
-            + (1 if mix.optimizer != "adamw" else 0) + (1 if mix.attention == "flash" else 0)
-            + (1 if mix.method == "qlora" else 0) + (1 if mix.gradient_checkpointing else 0)
-            + sum(1 for degree in (mix.tensor_parallel, mix.pipeline_parallel, mix.context_parallel,
-                                   mix.expert_parallel) if degree > 1))
+            + (mix.optimizer != "adamw") + (mix.attention == "flash") + (mix.method == "qlora")
+            + (1 if mix.gradient_checkpointing else 0) + (mix.tensor_parallel > 1) + (mix.pipeline_parallel > 1)
+            + (mix.context_parallel > 1) + (mix.expert_parallel > 1))
 
 
 def complexity(scn: Scenario) -> int:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import fields
 from operator import attrgetter
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from ..estimate.comm_buffers import CommBytes
 from ..estimate.memory import FUSED_ATTENTION, memory_mix, usable_bytes
@@ -25,8 +25,9 @@ from .layouts import LAYOUT_FIELDS, layout_reason
 from .ranking import mix_complexity, refusal
 from .space import MIX_DIMENSIONS, Space, with_mix
 
-SLOT_CHUNK = 4096
-"""Slots (mixes some GPU type supports) the probe arrays start with, and the least they grow by."""
+SLOT_CHUNK, PROBE_CHUNK = 4096, 16384
+"""Slots (mixes some GPU type supports) the probe arrays start with, and the least they grow by; probes settle reads
+fixed-batch peaks of at a time."""
 
 
 class Scan:
@@ -48,8 +49,7 @@ class Scan:
         # usable bytes per block: the most any mix can reserve there (a bound: the pruning reads it); each mix's
         # capacity (device_capacity) is this less NCCL's buffers, which read COMM_FIELDS: one column per value met
         self.usable = np.array([usable_bytes(b.gpu) for b in space.blocks], float)
-        self.comm_of = np.zeros(nm, np.int64)  # per mix: its column of `cap_columns`
-        self.slot_comm: list[int] = []  # the same per slot
+        self.slot_comm: list[int] = []  # per slot: its mix's column of `cap_columns` (comm_of per mix)
         self.comm_ids: dict[tuple, int] = {}
         self.cap_columns: list[Any] = []
         self.comm_key = _fields_of(COMM_FIELDS)
@@ -58,41 +58,43 @@ class Scan:
         self.world_block = [next(i for i, b in enumerate(space.blocks) if b.world == w) for w in worlds]  # at_world's
         self.cap_at_world: list[list[float]] = []  # per column: the capacity of each at_world scenario
         self.seq = space.scenario.workload.peak_seq_len()
-        self.searched, self.valid = np.zeros(nm, bool), np.zeros(nm, bool)
-        self.supported = np.zeros((len(gpus), nm), bool)
-        self.layout_ok = np.zeros((len(worlds), nm), bool)  # the layout runs on this GPU count (plan/layouts.py)
-        self.split = np.ones((2, nm), np.int64)  # model-parallel group size and pipeline stages of each mix
+        self.searched = np.zeros(nm, bool)
+        self.in_run = False  # True while `run` scans a run whose refusal it asked for
+        # what the pass learns per mix is recorded as plain tuples (numpy writes one at a time were a tenth of the
+        # pass), made into the PER_MIX arrays when read (`_per_mix`). Per valid mix: k, complexity, signature,
+        self.recorded: list[tuple[int, int, int, int, int, int]] = []  # model-parallel size, stages, support id
+        self.accepted: dict[str, list[bool]] = {name: [] for name in accepts}  # per valid mix, as `recorded`
+        self.slotted: list[tuple[int, int]] = []  # per slot: its mix, its layout id (`layouts`)
+        self.made: tuple[int, int] | None = None  # the lengths of `recorded` and `slotted` the arrays were made of
+        self.per_mix: dict[str, Any] = {}
+        self.twin_slots: dict[int, tuple[int, int]] = {}  # per mix with a slot (when twins are shared): slot, support
+        self.covers: dict[tuple[int, int], bool] = {}  # per two support ids: the first's GPU types include the other's
         # the probes' results are kept per slot: one column per mix that some GPU type supports, taken in order
         # (a search of millions of mixes runs a fifth of them), in chunks of SLOT_CHUNK slots added as slots are
         # taken (no copy on growth) and gathered once at the end (`gather`)
-        self.slot = np.full(nm, -1, np.int64)
         self.slots = 0
         self.width = max(1, min(nm, SLOT_CHUNK))
         self.margin = margin
         self.chunks: list[_Chunk] = []
-        self.phases: int | None = None  # phases of the memory models, known from the first batch terms
         self.terms: dict[str, Any] = {}  # the fitting probes' batch terms (TERMS: phases x probes), "row" per slot
-        self.sig = np.zeros(nm, np.int32)
         self.signatures: dict[tuple, int] = {}
-        self.accept = {name: np.zeros(nm, bool) for name in accepts}
-        self.complexity = np.zeros(nm, np.int16)
         # the Mix fields of the compute dimensions, read at once (a tuple: one-to-one with the dimensions' values)
         self.compute_key = _fields_of([f for d in space.dimensions if d.affects_compute for f in d.mix_fields])
         self.gpu_key, self.layout_key = _fields_of(GPU_FIELDS), _fields_of(LAYOUT_FIELDS)
-        self.probes = Probes(self.seq)  # every probe, evaluated together when the scan is done (settle)
+        self.probes = Probes(self.seq, space.mix)  # every probe, evaluated together when the scan is done (settle)
         self.policies: dict = {}  # memory_models' activation policies per distinct POLICY_FIELDS value
         self.floors: dict = {}  # StateFloor (and its `at` per GPU count) per distinct value of the fields it reads
         self.refused: dict = {}  # refusal per distinct value of the fields it reads (all but REFUSAL_FREE)
         self.refusal_key = _fields_of([f.name for f in fields(Mix) if f.name not in REFUSAL_FREE])
         self.floor_key = _fields_of([f.name for f in fields(Mix) if f.name not in FLOOR_FREE])
-        self.probed: dict[tuple[int, int], int] = {}  # (slot, GPU count index) -> the probe's model row
-        self.pending: list[tuple[int, int, int]] = []  # per probe not settled yet: slot, GPU count index, support id
+        self.probed: dict[int, int] = {}  # per slot x GPU counts + GPU count index: the probe's model row
+        self.pending: list[int] = []  # per probe not settled yet: slot, GPU count index, support id (flat)
         self.on_of: Any = []  # per support id: supported per GPU type (an array once the scan is done)
         self.rooms: Any = []  # per support id: the largest capacity per GPU count
         self.twin_offset = _twin_offsets(space) if share_twins else {}
         self.block_of_world = [np.flatnonzero(self.w_of == x) for x in range(len(worlds))]
-        self.layouts: dict[tuple, list[int]] = {}
-        self.gpu_support: dict[tuple, Any] = {}  # per distinct GPU_FIELDS value: supported per GPU type, room
+        self.layouts: dict[tuple, tuple[list[int], int]] = {}  # per distinct LAYOUT_FIELDS value: runs, layout id
+        self.gpu_support: dict[tuple, Any] = {}  # per distinct GPU_FIELDS value: room, support id (`on_of`)
         self.worlds = worlds
         self.room = np.full((len(worlds), len(gpus)), -np.inf)  # largest capacity per GPU count and type
         for b in range(nb):
@@ -101,10 +103,11 @@ class Scan:
 
     def caps(self, mixes: Any) -> tuple[Any, Any]:
         """The capacity (device_capacity) of every block (rows) for these mixes (columns), and the same less the
-        margin (the same product max_micro_batch's limit computes)."""
+        margin (the same product max_micro_batch's limit computes; without a margin the same array, x * 1.0 being x:
+        both read only)."""
         caps = self.np.stack(self.cap_columns, axis=1)[:, self.comm_of[mixes]] if self.cap_columns else \
             self.np.zeros((len(self.usable), len(mixes)))
-        return caps, caps * (1.0 - self.margin)
+        return caps, caps * (1.0 - self.margin) if self.margin else caps
 
     def _comm(self, mix: Any) -> int:
         """The column of this mix's capacities, made (a scenario per block) the first time its COMM_FIELDS are met."""
@@ -113,43 +116,64 @@ class Scan:
         if c is None:
             c = self.comm_ids[key] = len(self.cap_columns)
             # device_capacity(with_mix(base, mix)) of every block: its usable bytes less NCCL's
-            nccl = self.nccl
-            self.cap_columns.append(self.usable - self.np.array(
-                [nccl.of(base.cluster, mix, base.recipe.nccl_version) for base in self.bases], float))
+            self.cap_columns.append(self.usable - self.np.array(self.nccl.of_clusters(
+                [base.cluster for base in self.bases], mix, [base.recipe.nccl_version for base in self.bases]), float))
             self.cap_at_world.append(self.cap_columns[-1][self.world_block].tolist())
         return c
 
+    def run(self, start: int, n: int, first: Any, mixes: Iterable[Any]) -> None:
+        """Scan a run of n mixes from number `start` (`first` the first of `mixes`) that differ only in REFUSAL_FREE
+        fields: refusal decided once for all of them."""
+        self.searched[start:start + n] = True
+        if not self.refuses(first):
+            self.in_run = True
+            try:
+                for k, mix in enumerate(mixes, start):
+                    self.mix(k, mix)
+            finally:
+                self.in_run = False
+
     def mix(self, k: int, mix: Any) -> None:
-        np = self.np
-        self.searched[k] = True
-        if self.refuses(mix):
-            return
-        self.valid[k] = True
-        self.complexity[k] = mix_complexity(mix)
+        """Scan mix number k (space.mix(k); refusal asked first, but in a run `run` asked for)."""
+        if not self.in_run:
+            self.searched[k] = True
+            if self.refuses(mix):
+                return
+        mix_k = k
         for name, f in self.accepts.items():
-            self.accept[name][k] = f is None or f(mix)
-        self.sig[k] = self.signatures.setdefault(self.compute_key(mix), len(self.signatures))
-        self.split[:, k] = mix.model_parallel, mix.pipeline_parallel
-        key = self.gpu_key(mix)
-        support = self.gpu_support.get(key)
+            self.accepted[name].append(f is None or f(mix))
+        support = self.gpu_support.get(self.gpu_key(mix))
         if support is None:  # unsupported_reason, whose mix and model rules refusal just read
-            model = self.space.scenario.model
+            model, np = self.space.scenario.model, self.np
             on = np.array([gpu_problem(mix, model, base.cluster.gpu) is None for base in self.on_gpu])
-            # per GPU count the largest capacity of the GPU types it runs on, and support as plain bools
+            # per GPU count the largest capacity of the GPU types it runs on
             room = self.room[:, on].max(axis=1).tolist() if on.any() else None
-            support = self.gpu_support[key] = on, room, on.tolist(), len(self.gpu_support)
+            support = self.gpu_support[self.gpu_key(mix)] = room, len(self.gpu_support)
             self.on_of.append(on)
             self.rooms.append(room or [-np.inf] * len(self.worlds))
-        on, room = support[:2]
-        self.supported[:, k] = on
+        room, sid = support
+        self.recorded.append((mix_k, mix_complexity(mix), self.signatures.setdefault(
+            self.compute_key(mix), len(self.signatures)), mix.model_parallel, mix.pipeline_parallel, sid))
         if room is None:
             return
-        mix_k, k = k, self._take_slot(k)  # from here on, k is the mix's slot
-        comm = self.comm_of[mix_k] = self._comm(mix)
+        k = self.slots  # the mix's slot: the next free one, a chunk added when the last one is full
+        if k == len(self.chunks) * self.width:
+            self.chunks.append(_Chunk(self.np, len(self.at_world), len(self.space.blocks), self.width,
+                                      self.global_batch is not None, bool(self.margin)))
+        self.slots += 1
+        comm = self._comm(mix)
         self.slot_comm.append(comm)
-        twin = self._twin(mix_k, mix, on)
-        runs = self._layout_runs(mix)
-        self.layout_ok[runs, mix_k] = True
+        twin = self._twin(mix_k, mix, sid) if self.twin_offset else None
+        if self.twin_offset:
+            self.twin_slots[mix_k] = k, sid
+        key = self.layout_key(mix)
+        layout = self.layouts.get(key)
+        if layout is None:  # the GPU counts (indices) whose layout check passes, per distinct LAYOUT_FIELDS value
+            layout = self.layouts[key] = [w for w, base in enumerate(self.at_world)
+                                          if layout_reason(with_mix(base, mix), self.global_batch) is None], \
+                len(self.layouts)
+        runs = layout[0]
+        self.slotted.append((mix_k, layout[1]))
         if not runs:
             return
         floor_key = self.floor_key(mix)
@@ -158,25 +182,25 @@ class Scan:
             hit = self.floors[floor_key] = StateFloor(with_mix(self.at_world[0], mix)), [None] * len(self.worlds)
         floor, by_w = hit
         probe = []
-        probed, pending, sid = self.probed, self.pending, support[3]
+        probed, pending, nw = self.probed, self.pending, len(self.worlds)
         for w in runs:
             at = by_w[w]
             if at is None:
                 at = by_w[w] = floor.at(self.worlds[w])
             if at > room[w]:
                 continue  # does not fit on any block at this count: no model (peak stays inf, NO_FIT)
-            if twin is not None and (twin, w) in probed:
+            if twin is not None and twin * nw + w in probed:
                 self._copy(k, twin, w, sid)
             else:
                 probe.append(w)
         if not probe:
             return
         at_world, caps = self.at_world, self.cap_at_world[comm]
-        scns = [with_mix(at_world[w], mix) for w in probe]
-        part = probe_part(scns[0], self.policies, floor)  # what the mix's models share
-        for w, row in zip(probe, self.probes.add_mix(part, scns, [caps[w] for w in probe])):
-            probed[k, w] = row  # evaluated with the others (`settle`)
-            pending.append((k, w, sid))
+        part = probe_part(with_mix(at_world[probe[0]], mix), self.policies, floor)  # what the mix's models share
+        rows = self.probes.add_mix(part, mix, [at_world[w] for w in probe], [caps[w] for w in probe], mix_k)
+        for w, row in zip(probe, rows):
+            probed[k * nw + w] = row  # evaluated with the others (`settle`)
+            pending += k, w, sid
 
     def refuses(self, mix: Any) -> bool:
         """Whether ranking.refusal refuses this mix, decided once per distinct value of the fields its rules read."""
@@ -186,18 +210,32 @@ class Scan:
             refused = self.refused[key] = refusal(self.space.scenario.model, mix) is not None
         return refused
 
-    def _take_slot(self, k: int) -> int:
-        """The next free slot for mix k, a chunk added when the last one is full."""
-        if self.slots == len(self.chunks) * self.width:
-            self.chunks.append(_Chunk(self.np, len(self.at_world), len(self.space.blocks), self.width,
-                                      self.global_batch is not None, bool(self.margin)))
-        self.slot[k] = self.slots
-        self.slots += 1
-        return self.slots - 1
-
-    def _at(self, slot: int) -> tuple[_Chunk, int]:
-        """The chunk that holds a slot, and the slot's column in it."""
-        return self.chunks[slot // self.width], slot % self.width
+    def _per_mix(self) -> dict[str, Any]:
+        """The per-mix arrays of what `recorded`, `accepted` and `slotted` hold (made again when they grew): valid,
+        complexity, sig, split (model-parallel group size and pipeline stages), supported (GPU types x mixes), accept
+        (per name); slot, comm_of (the mix's column of `cap_columns`), layout_ok (GPU counts x mixes)."""
+        if self.made != (len(self.recorded), len(self.slotted)):
+            np, nm, nw = self.np, self.space.mixes_per_block, len(self.worlds)
+            on_of = np.array(self.on_of, bool).reshape(-1, len(self.on_gpu))
+            rec = np.array(self.recorded, np.int64).reshape(-1, 6)
+            k = rec[:, 0]
+            a = self.per_mix = dict(valid=np.zeros(nm, bool), complexity=np.zeros(nm, np.int16),
+                                   sig=np.zeros(nm, np.int32), split=np.ones((2, nm), np.int64),
+                                   supported=np.zeros((len(self.on_gpu), nm), bool), slot=np.full(nm, -1, np.int64),
+                                   comm_of=np.zeros(nm, np.int64), layout_ok=np.zeros((nw, nm), bool))
+            a["valid"][k], a["complexity"][k], a["sig"][k] = True, rec[:, 1], rec[:, 2]
+            a["split"][:, k], a["supported"][:, k] = rec[:, 3:5].T, on_of[rec[:, 5]].T
+            a["accept"] = {name: np.zeros(nm, bool) for name in self.accepts}
+            for name, values in self.accepted.items():
+                a["accept"][name][k] = values
+            slotted = np.array(self.slotted, np.int64).reshape(-1, 2)
+            ks, table = slotted[:, 0], np.zeros((len(self.layouts), nw), bool)
+            for runs, lid in self.layouts.values():
+                table[lid, runs] = True
+            a["slot"][ks], a["comm_of"][ks] = np.arange(len(ks)), self.slot_comm
+            a["layout_ok"][:, ks] = table[slotted[:, 1]].T
+            self.made = len(self.recorded), len(self.slotted)
+        return self.per_mix
 
     def gather(self, slots: Any) -> tuple[Any, Any, Any, dict[str, Any]]:
         """(peak, fixed_peak, safe_fixed_peak, terms) of these slots, in their order, as single arrays (the fixed
@@ -208,10 +246,14 @@ class Scan:
         which, cols = slots // self.width, slots % self.width
         parts = [(c, np.flatnonzero(which == c)) for c in np.unique(which).tolist()]
 
+        in_order = bool((np.diff(slots) > 0).all())  # (classify's are) each chunk's slots a range: joined as they are
+
         def pick(get, shape, fill):
+            values = [get(self.chunks[c]) for c, _ in parts]
+            if in_order and values and all(v is not None for v in values):
+                return np.concatenate([np.take(v, cols[at], axis=-1) for v, (_, at) in zip(values, parts)], axis=-1)
             out = np.full(shape[:-1] + (len(slots),), fill)
-            for c, at in parts:
-                value = get(self.chunks[c])
+            for (c, at), value in zip(parts, values):
                 if value is not None:
                     out[..., at] = value[..., cols[at]]
             return out
@@ -227,32 +269,25 @@ class Scan:
             terms = dict(self.terms, row=self.terms["row"][:, slots])
         return peak, fixed, safe, terms
 
-    def _layout_runs(self, mix: Any) -> list[int]:
-        """The GPU counts (indices) whose layout check passes, per distinct value of the fields it reads."""
-        key = self.layout_key(mix)
-        runs = self.layouts.get(key)
-        if runs is None:
-            runs = self.layouts[key] = [w for w, base in enumerate(self.at_world)
-                                        if layout_reason(with_mix(base, mix), self.global_batch) is None]
-        return runs
-
-    def _twin(self, k: int, mix: Any, on: Any) -> int | None:
-        """An earlier mix with the same memory_mix (a fused attention kernel's FUSED_ATTENTION sibling), whose
-        probes this one may copy: equal memory models give equal peaks and solves. Only when every GPU type that
-        supports this mix supports the twin, so the twin solved every block this mix needs."""
+    def _twin(self, k: int, mix: Any, sid: int) -> int | None:
+        """The slot of an earlier mix with the same memory_mix (a fused attention kernel's FUSED_ATTENTION sibling),
+        whose probes this one may copy: equal memory models give equal peaks and solves. Only when every GPU type
+        that supports this mix supports the twin, so the twin solved every block this mix needs."""
         offset = self.twin_offset.get(mix.attention)
-        if offset is None:
+        hit = None if offset is None else self.twin_slots.get(k - offset)  # a mix some GPU type supports has a slot
+        if hit is None:
             return None
-        twin = k - offset
-        if not (self.valid[twin] and (self.supported[:, twin] | ~on).all()):
-            return None
-        return int(self.slot[twin])  # the twin has a slot: some GPU type supports it
+        covers = self.covers.get((hit[1], sid))
+        if covers is None:
+            covers = self.covers[hit[1], sid] = bool((self.on_of[hit[1]] | ~self.on_of[sid]).all())
+        return hit[0] if covers else None
 
     def _copy(self, k: int, twin: int, w: int, sid: int) -> None:
         """A probe at GPU count w that takes the twin's model and scenario (k, twin: their slots; the twin's GPU types
-        include this mix's, so its model is this mix's; Probes.add says why its scenario serves)."""
-        self.probed[k, w] = self.probes.add(None, row=self.probed[twin, w])
-        self.pending.append((k, w, sid))
+        include this mix's, so its model is this mix's; Probes.copy says why its scenario serves)."""
+        nw = len(self.worlds)
+        self.probed[k * nw + w] = self.probes.copy(self.probed[twin * nw + w])
+        self.pending += k, w, sid
 
     def settle(self) -> None:
         """Every recorded probe's peak at micro-batch 1 in its slot; where some block has room for it (the largest
@@ -267,31 +302,31 @@ class Scan:
         fit = np.flatnonzero(peak <= self.rooms[sid, w])
         if len(fit):
             terms = self.probes.batch_terms(np, fit)
-            self.phases = len(terms[0])
             self.terms = dict(zip(TERMS, terms))
             self.terms["row"] = np.full((len(self.worlds), self.slots), -1, np.int64)
             self.terms["row"][w[fit], slot[fit]] = np.arange(len(fit))
         if self.global_batch is not None and len(fit):
-            # the blocks at each fitting probe's GPU count (-1 pads the counts with fewer blocks), and their capacity
-            # where the probe's mix runs on the block's GPU type
-            per_world = max(len(b) for b in self.block_of_world)
-            table = np.full((len(self.block_of_world), per_world), -1, np.int64)
+            # per fitting probe, the blocks at its GPU count (-1 pads the counts with fewer blocks) and their capacity
+            # where its mix runs on the block's GPU type; PROBE_CHUNK probes at a time (no temporary of tens of MB)
+            table = np.full((len(self.block_of_world), max(len(b) for b in self.block_of_world)), -1, np.int64)
             for x, blocks in enumerate(self.block_of_world):
                 table[x, :len(blocks)] = blocks
-            blocks = table[w[fit]]
-            runs = (blocks >= 0) & np.take_along_axis(self.on_of[sid[fit]], self.g_of[blocks], axis=1)
-            comm = np.array(self.slot_comm, np.int64)[slot[fit]][:, None]  # each probe's capacity column
-            full = np.stack(self.cap_columns, axis=1)  # blocks x columns
-            for caps, get in ((full, lambda ch: ch.fixed_peak), (full * (1.0 - self.margin) if self.margin else None,
-                                                                 lambda ch: ch.safe_fixed_peak)):
-                if caps is None:
-                    continue
-                cells = np.where(runs, caps[blocks, comm], np.nan)
-                value = self.probes.fixed_batch_peaks(np, fit, cells, self.global_batch, self.exact_peaks)
+            full, slot_comm = np.stack(self.cap_columns, axis=1), np.array(self.slot_comm, np.int64)  # blocks x columns
+            gets = [(full, lambda ch: ch.fixed_peak)] + [(full * (1.0 - self.margin), lambda ch: ch.safe_fixed_peak)
+                                                         ] * bool(self.margin)
+            for some in (fit[at:at + PROBE_CHUNK] for at in range(0, len(fit), PROBE_CHUNK)):
+                blocks = table[w[some]]
+                runs = (blocks >= 0) & np.take_along_axis(self.on_of[sid[some]], self.g_of[blocks], axis=1)
+                comm = slot_comm[slot[some]][:, None]  # each probe's capacity column
                 p, j = np.nonzero(runs)
-                self._scatter(get, slot[fit][p], lambda at: (blocks[p[at], j[at]],), value[p, j])
+                for caps, get in gets:
+                    cells = np.where(runs, caps[blocks, comm], np.nan)
+                    value = self.probes.fixed_batch_peaks(np, some, cells, self.global_batch, self.exact_peaks)
+                    self._scatter(get, slot[some][p], lambda at: (blocks[p[at], j[at]],), value[p, j])
         self.pending = []
-        self.probes, self.probed = Probes(self.seq), {}  # the settled models are not read again: free them now
+        self.probes, self.probed = Probes(self.seq, self.space.mix), {}  # the settled models are not read again
+        # nor the pass's memos (100k objects the garbage collector would walk; a pass that goes on makes them again)
+        self.floors, self.policies = {}, {}
 
     def _scatter(self, get, slots, index, values) -> None:
         """Write values (one per slot) into each chunk's array `get(chunk)` at index(at) + the slots' columns (`at`:
@@ -305,6 +340,12 @@ class Scan:
             parts = ((c, np.flatnonzero(which == c)) for c in np.unique(which).tolist())
         for c, at in parts:
             get(self.chunks[c])[(*index(at), cols[at])] = values[at]
+
+
+PER_MIX = ("valid", "complexity", "sig", "split", "supported", "accept", "slot", "comm_of", "layout_ok")
+"""Scan's per-mix arrays, read as attributes (`_per_mix` says what each holds)."""
+for _name in PER_MIX:
+    setattr(Scan, _name, property(lambda self, name=_name: self._per_mix()[name]))
 
 
 COMM_FIELDS = ("tensor_parallel", "pipeline_parallel", "context_parallel", "expert_parallel", "zero_stage",
@@ -330,7 +371,6 @@ class _Chunk:
     block (at the full capacity and, with a margin, less it)."""
 
     def __init__(self, np, worlds: int, blocks: int, width: int, fixed: bool, margin: bool) -> None:
-        self.np, self.worlds, self.width = np, worlds, width
         self.peak = np.full((worlds, width), np.inf)
         self.fixed_peak = np.full((blocks, width), np.inf) if fixed else None
         self.safe_fixed_peak = np.full((blocks, width), np.inf) if fixed and margin else self.fixed_peak

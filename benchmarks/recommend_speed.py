@@ -8,7 +8,8 @@
 3. With --scale, a 70B model on four GPU types from 1 to 1,024 GPUs each (multi-node above 8).
 4. With --layouts, parallel layouts (`recommend --any-gpu --max-gpus 1024 --layouts`: tensor + sequence parallel
    1-8, pipeline 1-16, context 1-2, expert 1-64) for Llama-3.1-405B full fine-tuning and DeepSeek-V3 LoRA on every
-   GPU type with a price, 1 to 1,024 GPUs (target: <= 10 s each). A --time-budget caps each run (DeepSeek-V3's
+   GPU type with a price, 1 to 1,024 GPUs (target: <= 10 s each), with the heap settings the CLI takes
+   (src/ftscope/heap.py). A --time-budget caps each run (DeepSeek-V3's
    space is about 30x the 405B's) and the line says how much of the space it covered.
 Run: .venv/bin/python benchmarks/recommend_speed.py [--repeat 3] [--exhaustive] [--scale] [--layouts [--budget S]]
 """
@@ -85,7 +86,9 @@ classification two bytes per candidate of the mixes a block can run and five flo
 
 
 def layout_cases(budget: float | None) -> None:
+    from ftscope.heap import keep_large_allocations
     from ftscope.plan.recommend import _targets
+    keep_large_allocations()  # as `ftscope recommend` does before its search (src/ftscope/heap.py)
     from ftscope.plan.space import LAYOUTS, SearchSpace, Space
     for scenario in LAYOUT_CASES:
         scn = ftscope.load_scenario(ROOT / scenario)

@@ -18,7 +18,7 @@ MAX_MODULE_LINES = 400
 WAIVED_FUNCTIONS: set[str] = set()
 """Functions allowed over the limit while another change rewrites them (none today)."""
 
-LAYER = {"errors": 0, "catalog": 0, "data": 0, "version": 0, "files": 0, "spec": 1, "estimate": 2, "plan": 3,
+LAYER = {"errors": 0, "catalog": 0, "data": 0, "version": 0, "files": 0, "heap": 0, "spec": 1, "estimate": 2, "plan": 3,
          "measure": 4, "validate": 4, "studies": 4, "integrations": 4, "report": 5, "cli": 6, "cli_io": 6,
          "cli_measure": 6, "cli_quick": 6, "cli_catalog": 6, "cli_validate": 6, "cli_warnings": 6, "options": 6,
          "serve": 6, "": 7}

@@ -172,6 +172,7 @@ def recommend(
 ) -> None:
     """The best optimization mix for your model, data and GPUs: every valid combination of method,
     checkpointing, ZeRO/FSDP, offload, attention, optimizer and GPU count, ranked and explained."""
+    from .heap import keep_large_allocations
     from .plan.recommend import ENGINES, RANK_BY, parse_gpu_budget, recommend as run_recommend
     from .report.progress import SearchProgress
     from .spec.frameworks import FORMATS
@@ -193,6 +194,7 @@ def recommend(
     opt.out_file(plot_file, "--plot file", (".png", ".svg"))
     opt.input_file(calibration, "calibration file")
     scn, fw = load_input(scenario, overrides, show_scenario, json_out or all_rows or csv_out)
+    keep_large_allocations()  # a one-shot search: its large arrays reuse the heap (heap.py says why)
     with SearchProgress() as progress:
         result = run_recommend(scn, gpus=split(gpus) or None, any_gpu=any_gpu, max_gpus=max_gpus, layouts=layouts,
                                budget_usd=budget_usd, deadline_hours=deadline_hours, by=by, top=top, exhaustive=exhaustive,

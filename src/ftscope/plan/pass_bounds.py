@@ -147,37 +147,46 @@ def work_rates(np, scn: Scenario, seq: float, memo: dict, one_length: bool, scns
         if base is None:
             parts = memo[key] = ()
         else:
-            ops, kinds, cls, flops, bytes_, stream_of = base
-            if pp > 1:  # _staged_slopes: a block op's fits times 1 / stages, the head's whole
-                part = np.array([1.0 if op.head else 1.0 / pp for op in ops])[:, None]
-                flops, bytes_ = flops * part, bytes_ * part
-            passes = np.array([1.0 + op.backward + recomputed(op, mix) for op in ops])[:, None]
-            parts = memo[key] = (base, np.concatenate([flops * passes, bytes_ * passes], axis=1))
+            ops, kinds, cls, flops, bytes_, stream_of, per = base
+            staged = per.get(pp)
+            if staged is None:
+                staged = per[pp] = (flops, bytes_)
+                if pp > 1:  # _staged_slopes: a block op's fits times 1 / stages, the head's whole
+                    part = np.array([1.0 if op.head else 1.0 / pp for op in ops])[:, None]
+                    staged = per[pp] = (flops * part, bytes_ * part)
+            ckpt = key[4:]
+            passes = per.get(ckpt)
+            if passes is None:
+                passes = per[ckpt] = np.array([1.0 + op.backward + recomputed(op, mix) for op in ops])[:, None]
+            parts = memo[key] = (base, np.concatenate([staged[0] * passes, staged[1] * passes], axis=1))
     if not parts:
         return None
     base, work = parts
     divisor = memo.get(("divisor", id(base), id(each)))  # op_rates_per_gpu's rate and stream per op, GPU and term
     if divisor is None or divisor[0] is not base or divisor[1] is not each:
-        _, kinds, cls, _, _, stream_of = base
+        _, kinds, cls, _, _, stream_of, _ = base
         rate, stream = rate_table(np, kinds, scns, effs, each, memo)
-        by = np.concatenate([np.repeat(rate[:, cls][:, :, None], 2, axis=2),
-                             np.repeat(stream[:, stream_of][:, :, None], 2, axis=2)], axis=2)
-        divisor = memo[("divisor", id(base), id(each))] = (base, each, by, by > 0)  # both kept: no id reuse
-    g, n, terms = divisor[2].shape  # laid out op by op, as _rated_ops' arrays are (seconds_per_sequence's sums
-    out = np.zeros((n, g, terms)).transpose(1, 0, 2)  # follow the layout)
-    np.divide(work, divisor[2], out=out, where=divisor[3])  # _rated_ops' where(rate > 0, work / rate, 0)
+        by = np.concatenate([np.repeat(rate[:, cls].T[:, :, None], 2, axis=2),
+                             np.repeat(stream[:, stream_of].T[:, :, None], 2, axis=2)], axis=2)  # ops x GPUs x 4
+        # no rate: a quotient by 1 set to 0 afterwards, the same numbers (np.divide's where= took 3x the time)
+        safe, zero = np.where(by > 0, by, 1.0), np.flatnonzero(~(by > 0))
+        divisor = memo[("divisor", id(base), id(each))] = (base, each, safe, zero)  # both kept: no id reuse
+    out = work[:, None, :] / divisor[2]  # _rated_ops' where(rate > 0, work / rate, 0)
+    out.ravel()[divisor[3]] = 0.0
     out *= SAFETY
-    return out
+    # GPUs x ops x 4, laid out op by op as _rated_ops' arrays are (seconds_per_sequence sums in the layout's order)
+    return out.transpose(1, 0, 2)
 
 
 def _slope_arrays(np, ops: list[Op], flops, bytes_):
-    """(ops, op classes, class per op, FLOPs fits, bytes fits, stream column per op) of op_slopes' ops and fits
-    (ops x 2 each), None without an op."""
+    """(ops, op classes, class per op, FLOPs fits, bytes fits, stream column per op, a dict for work_rates: the
+    fits per pipeline's stages and the passes per checkpointing) of op_slopes' ops and fits (ops x 2 each), None
+    without an op."""
     if not ops:
         return None
     kinds: dict = {}  # op class -> column of the rate table, as op_rates_per_gpu numbers them
     cls = np.array([kinds.setdefault((op.fusible, op.kind, op.fp8, op.grouped), len(kinds)) for op in ops])
-    return ops, kinds, cls, flops, bytes_, np.array([1 if op.fusible else 0 for op in ops])
+    return ops, kinds, cls, flops, bytes_, np.array([1 if op.fusible else 0 for op in ops]), {}
 
 
 def _one_length_arrays(np, scn: Scenario, seq: float):

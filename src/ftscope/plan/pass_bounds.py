@@ -94,21 +94,45 @@ def _op_matrices(np, ops: Sequence[Op], r: dict[str, Any]):
     for a fusible op); per op: whether it is a dispatch and a dequantization. What every signature with these ops
     and rates shares (checkpointing changes only the passes' factors)."""
     n = len(r["floor"])
-    times, kernels = np.zeros((len(ops), n)), np.zeros((len(ops), n))
+    times = np.zeros((len(ops), n))
     dispatch = np.array([op.kind == "dispatch" for op in ops], bool)
-    gemms = []
+    gemms, fused, plain, deq = [], [], [], []  # by op_time's formula; plain: a stream op without FLOPs
     for i, op in enumerate(ops):
-        if not dispatch[i]:
-            if op.kind == "matmul" and not op.fusible:
+        if not dispatch[i]:  # (a dispatch's time is 0: its launches are the host's, _pass_seconds' syncs)
+            kind = op.kind
+            if kind == "dequant":
+                deq.append(i)
+            elif op.fusible:
+                fused.append(i)
+            elif kind == "matmul":
                 gemms.append(i)
+            elif kind == "stream" and not op.flops:
+                plain.append(i)
             else:
                 times[i] = _op_time(np, op, r)
-            kernels[i] = op.kernels * (r["compile_kernels"] if op.fusible else 1.0)
     if gemms:
         times[gemms] = _matmul_times(np, [ops[i] for i in gemms], r)
+    # _op_time's formulas on a column of ops at once: the same float operations, element by element
+    if deq:
+        b, k = _column(np, ops, deq, "bytes"), _column(np, ops, deq, "kernels")
+        times[deq] = b / r["dequant"] + k * r["floor"]
+    if plain:
+        b, k = _column(np, ops, plain, "bytes"), _column(np, ops, plain, "kernels")
+        times[plain] = b / r["stream"] + k * r["floor"]
+    if fused:
+        b, k = _column(np, ops, fused, "bytes"), _column(np, ops, fused, "kernels")
+        times[fused] = b * r["compile_bytes"] / r["stream"] + k * r["compile_kernels"] * r["floor"]
+    fusible = np.array([op.fusible for op in ops], bool)[:, None]
+    kernels = np.where(dispatch[:, None], 0.0, _column(np, ops, range(len(ops)), "kernels")
+                       * np.where(fusible, r["compile_kernels"], 1.0))
     dequant = np.array([op.kind == "dequant" for op in ops], bool)
     launches = np.array([op.kernels if op.kind == "dispatch" else 0.0 for op in ops])
     return times, kernels, dispatch, dequant, launches
+
+
+def _column(np, ops: Sequence[Op], rows: Any, name: str):
+    """One field of these ops as a column of floats (ops x 1)."""
+    return np.array([getattr(ops[i], name) for i in rows], float)[:, None]
 
 
 def _staged(np, ops: Sequence[Op], matrices: tuple, share: float) -> tuple:

@@ -121,16 +121,20 @@ def _lora_ops(scn: Scenario, lin, n: int, tokens: float, c: float, used: float, 
     return [a_ops, b_ops]
 
 
+_LAYER_OF = {"attention": "attention", "mlp": "mlp", "experts": "experts", "router": "router", "mamba": "mamba",
+             "shared_expert": "experts"}
+"""Op.layer of a linear's group (any other group: router)."""
+
+
 def _linear_ops(scn: Scenario, layer, lin, n: int, tokens: float, c: float, lay: Layout, lora: frozenset) -> list[Op]:
-    mix = scn.mix
+    mix, group, adapted = scn.mix, lin.group, id(lin) in lora
     full = mix.method == "full"
     # frozen weights need input gradients only; PEFT's LoRA on a fused expert stack trains W + B @ A, whose
     # weight gradient the grouped GEMM computes in full
-    merged = mix.fused_experts and lin.group == "experts" and id(lin) in lora
+    merged = group == "experts" and adapted and mix.fused_experts
     bwd = 2.0 if (full or merged) else 1.0
-    lt = lin.group if lin.group in ("attention", "mlp", "experts", "router", "mamba") else (
-        "experts" if lin.group == "shared_expert" else "router")
-    if lin.group == "experts":
+    lt = _LAYER_OF.get(group, "router")
+    if group == "experts":
         ops = _expert_op(scn, lin, n, tokens, bwd, c, lay)
         used = _expected_experts_hit(tokens * lay.ep, scn.top_k, lin.count) / lay.ep
     else:
@@ -138,8 +142,8 @@ def _linear_ops(scn: Scenario, layer, lin, n: int, tokens: float, c: float, lay:
         byts = c * (w + tokens * (lin.in_features + lin.out_features) / lay.tp)
         # torch's checkpoint stops recomputing at the block's last saved tensor: the dense down projection's
         # input, unless a LoRA adapter on it saves later ones (then lora_B is the skipped op)
-        rec = not (lin.role == "down" and layer.ffn == "dense" and (full or id(lin) not in lora))
-        fp8 = mix.fp8 and lin.group != "router"
+        rec = not (lin.role == "down" and layer.ffn == "dense" and (full or not adapted))
+        fp8 = mix.fp8 and group != "router"
         ops = [_new(Op, ("matmul", lt, 2.0 * tokens * w * n, byts * n, n, tokens, bwd, rec, False,
                          max(lin.out_features // lay.tp, 1), lin.in_features, 1, 0.0, fp8, False, False))]
         if fp8:  # cast input and weight to FP8 (read bf16, write fp8) in forward, the output gradient in backward;
@@ -148,7 +152,7 @@ def _linear_ops(scn: Scenario, layer, lin, n: int, tokens: float, c: float, lay:
             cast = 3.0 * (tokens * lin.in_features / lay.tp + w)
             ops.append(_new(Op, ("stream", "norms_other", 0.0, cast * n, 2 * n, tokens, 1.0, True, False, 0, 0, 1,
                                  0.0, False, True, False)))
-        if mix.method == "qlora" and lin.group != "router":
+        if mix.method == "qlora" and group != "router":
             ops.append(_new(Op, ("dequant", lt, 0.0, (kbit_bytes_per_weight(scn) + 2.0) * w * n, n, 1, 1.0, True,
                                  False, 0, 0, 1, 0.0, False, False, False)))
         used = 1.0
@@ -160,7 +164,7 @@ def _linear_ops(scn: Scenario, layer, lin, n: int, tokens: float, c: float, lay:
         ops.append(_new(Op, ("matmul", "experts", 2 * merge * n, 2 * c * 2 * lin.params / lay.tp / lay.ep * n,
                              2 * 2 * n, lin.out_features, 1.0, True, False, lin.in_features, mix.lora_rank, 1, 0.0,
                              False, False, False)))
-    elif id(lin) in lora:
+    elif adapted:
         ops += _lora_ops(scn, lin, n, tokens, c, used, lay)
     return ops
 

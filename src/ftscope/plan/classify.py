@@ -16,7 +16,7 @@ from ..estimate.efficiency import Calibration
 from ..estimate.solvers import BATCH_CAP
 from .bounds import hours_per_gpu_second, ops_mix, seconds_per_sequence, shortest_sequence
 from .fit_test import fit_test
-from .pass_bounds import COMM_FIELDS, RATE_MIX_FIELDS, micro_batch_seconds_per_gpu, rates_per_gpu, work_rates
+from .pass_bounds import comm_key, micro_batch_seconds_per_gpu, rate_key, rates_per_gpu, work_rates
 from .scan import REFUSAL_FREE, TERMS, Scan
 from .space import Space, with_mix
 # read_bounds under its former name here: measurement scripts wrap classify._read_bounds
@@ -310,7 +310,7 @@ def _time_bounds(np, space: Space, cal: Calibration, on_gpu: Sequence[Any], g_of
         columns = by_sig[starts[s]:starts[s + 1]]
         if not len(columns):
             continue
-        rated = rate_memo.get(tuple(getattr(mix, f) for f in RATE_MIX_FIELDS))
+        rated = rate_memo.get(rate_key(mix))
         if rated is None:
             rated = rates_per_gpu(np, [with_mix(base, mix) for base in on_gpu], effs, rate_memo)
         work = _signature_work(np, first, rated, seqs, shortest, effs, memo, passes, done)
@@ -329,7 +329,7 @@ def _time_bounds(np, space: Space, cal: Calibration, on_gpu: Sequence[Any], g_of
         tables.append(table)
         lengths_of.append(used)
         singles.append(single)
-        comm = comm_of.setdefault(tuple(getattr(mix, f) for f in COMM_FIELDS), (len(comm_of), mix))[0]
+        comm = comm_of.setdefault(comm_key(mix), (len(comm_of), mix))[0]
         k_of[s] = len(singles) - 1
         comm_at.append(comm)
     _read_bounds(np, per_seq, tables, lengths_of, singles, comm_at, comm_of, k_of, fit_sig, seq_of, len(seqs), rows,

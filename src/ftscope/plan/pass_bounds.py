@@ -7,6 +7,7 @@ order); tests/plan/test_pass_bounds.py checks the numbers against micro_batch_se
 from __future__ import annotations
 
 import math
+from operator import attrgetter
 from typing import Any, Sequence
 
 from ..estimate.comm import model_parallel
@@ -245,12 +246,14 @@ def _one_length_arrays(np, scn: Scenario, seq: float):
 RATE_MIX_FIELDS = ("precision", "attention", "compile")
 """The Mix fields time.rates reads (with the GPU and the efficiency; tests/plan/test_pass_bounds.py varies the
 others)."""
+rate_key = attrgetter(*RATE_MIX_FIELDS)
+"""A mix's RATE_MIX_FIELDS values, a tuple."""
 
 
 def rates_per_gpu(np, scns: Sequence[Scenario], effs: Sequence[Efficiency], memo: dict):
     """(time.rates of each scenario, the RATE_FIELDS as arrays over them), kept in `memo` per distinct
     RATE_MIX_FIELDS value: the scenarios of one search's calls are one mix on the same GPU types."""
-    key = tuple(getattr(scns[0].mix, f) for f in RATE_MIX_FIELDS)
+    key = rate_key(scns[0].mix)
     hit = memo.get(key)
     if hit is None:
         each = [rates(s, e) for s, e in zip(scns, effs)]
@@ -328,6 +331,8 @@ COMM_FIELDS = ("precision", "gradient_checkpointing", "checkpointing", "tensor_p
                "tp_comm_overlap", "pipeline_parallel", "virtual_stages", "context_parallel", "context_parallel_impl",
                "expert_parallel", "experts_top_k")
 """The Mix fields comm.model_parallel and the layout read (tests/plan/test_pass_bounds.py varies the others)."""
+comm_key = attrgetter(*COMM_FIELDS)
+"""A mix's COMM_FIELDS values, a tuple (attrgetter: the search makes one per signature)."""
 
 
 def exposed_seconds_per_sequence(np, bases: Sequence[Scenario], effs: Sequence[Efficiency], mix: Any, seq: float,
@@ -338,7 +343,7 @@ def exposed_seconds_per_sequence(np, bases: Sequence[Scenario], effs: Sequence[E
     latency term), so a step's are at least ga x micro-batch times one sequence's at the shortest length. Kept
     per distinct COMM_FIELDS value in `memo`. `blocks`: the only blocks whose number is read (the others may be
     NaN), each computed once per value: most blocks have no candidate of a given layout that fits."""
-    key = tuple(getattr(mix, f) for f in COMM_FIELDS)
+    key = comm_key(mix)
     hit = memo.get(key)
     if hit is None:  # the first mix of the value stands for it, whichever block is asked for later
         hit = memo[key] = (mix, np.full(len(bases), np.nan))

@@ -177,7 +177,10 @@ def work_rates(np, scn: Scenario, seq: float, memo: dict, one_length: bool, scns
             if staged is None:
                 staged = per[pp] = (flops, bytes_)
                 if pp > 1:  # _staged_slopes: a block op's fits times 1 / stages, the head's whole
-                    part = np.array([1.0 if op.head else 1.0 / pp for op in ops])[:, None]
+                    head = per.get("head")
+                    if head is None:
+                        head = per["head"] = np.array([op.head for op in ops], bool)[:, None]
+                    part = np.where(head, 1.0, 1.0 / pp)
                     staged = per[pp] = (flops * part, bytes_ * part)
             ckpt = key[4:]
             passes = per.get(ckpt)

@@ -65,6 +65,11 @@ class Op(NamedTuple):
     """Outside the blocks (LM head and loss): on the last pipeline stage only."""
 
 
+_new = tuple.__new__
+"""_new(Op, (every field, in Op's order)) makes an Op without NamedTuple's __new__ call and its keyword defaults:
+a tenth of micro_batch_ops' time, which the search's bounds call thousands of times."""
+
+
 def _expected_experts_hit(tokens: float, k: int, experts: int) -> float:
     """Expected number of experts that receive at least one of tokens x k routed slots."""
     if experts <= 0:
@@ -89,12 +94,14 @@ def _expert_op(scn: Scenario, lin, n: int, tokens: float, bwd: float, c: float, 
         kernels = hit if mix.experts_backend in ("eager", "modules") else 1.0
         rows, groups = slots / max(hit, 1.0), (max(int(round(hit)), 1) if grouped else 1)
     byts = w_bytes + c * slots * (lin.in_features + lin.out_features) / lay.tp
-    ops = [Op("matmul", "experts", flops * n, byts * n, kernels * n, rows, bwd, grouped=grouped,
-              n=max(lin.out_features // lay.tp, 1), k=lin.in_features, groups=groups)]
+    ops = [_new(Op, ("matmul", "experts", flops * n, byts * n, kernels * n, rows, bwd, True, grouped,
+                     max(lin.out_features // lay.tp, 1), lin.in_features, groups, 0.0, False, False, False))]
     if mix.method == "qlora" and not mix.fused_experts:  # bitsandbytes quantizes per-expert modules only
-        ops.append(Op("dequant", "experts", 0.0, (kbit_bytes_per_weight(scn) + 2.0) * w * hit * n, hit * n, 1, 1.0))
+        ops.append(_new(Op, ("dequant", "experts", 0.0, (kbit_bytes_per_weight(scn) + 2.0) * w * hit * n, hit * n,
+                             1, 1.0, True, False, 0, 0, 1, 0.0, False, False, False)))
     if mix.experts_backend in ("eager", "modules") and lin.role == "down":
-        ops.append(Op("dispatch", "experts", 0.0, 0.0, hit * n, 1, 1.0))
+        ops.append(_new(Op, ("dispatch", "experts", 0.0, 0.0, hit * n, 1, 1.0, True, False, 0, 0, 1, 0.0, False,
+                             False, False)))
     return ops
 
 
@@ -105,25 +112,29 @@ def _lora_ops(scn: Scenario, lin, n: int, tokens: float, c: float, used: float, 
     t = tokens * (scn.top_k if lin.group == "experts" else 1)
     per = used if mix.experts_backend in ("eager", "modules") else 1.0
     extra = PEFT_ADAPTER_KERNELS if mix.precision in ("bf16-mixed", "fp16-mixed") else PEFT_ADAPTER_KERNELS - 1
-    a_ops = Op("matmul", "lora", 2.0 * t * rank * lin.in_features / lay.tp * n,
-               c * t * (lin.in_features / lay.tp + rank) * n, (1 + extra / 2) * n * per, t, 2.0,
-               n=rank, k=max(lin.in_features // lay.tp, 1))
-    b_ops = Op("matmul", "lora", 2.0 * t * rank * lin.out_features / lay.tp * n,
-               c * t * (rank + lin.out_features / lay.tp) * n, (1 + extra / 2) * n * per, t, 2.0,
-               n=max(lin.out_features // lay.tp, 1), k=rank)
+    a_ops = _new(Op, ("matmul", "lora", 2.0 * t * rank * lin.in_features / lay.tp * n,
+                      c * t * (lin.in_features / lay.tp + rank) * n, (1 + extra / 2) * n * per, t, 2.0, True, False,
+                      rank, max(lin.in_features // lay.tp, 1), 1, 0.0, False, False, False))
+    b_ops = _new(Op, ("matmul", "lora", 2.0 * t * rank * lin.out_features / lay.tp * n,
+                      c * t * (rank + lin.out_features / lay.tp) * n, (1 + extra / 2) * n * per, t, 2.0, True, False,
+                      max(lin.out_features // lay.tp, 1), rank, 1, 0.0, False, False, False))
     return [a_ops, b_ops]
 
 
+_LAYER_OF = {"attention": "attention", "mlp": "mlp", "experts": "experts", "router": "router", "mamba": "mamba",
+             "shared_expert": "experts"}
+"""Op.layer of a linear's group (any other group: router)."""
+
+
 def _linear_ops(scn: Scenario, layer, lin, n: int, tokens: float, c: float, lay: Layout, lora: frozenset) -> list[Op]:
-    mix = scn.mix
+    mix, group, adapted = scn.mix, lin.group, id(lin) in lora
     full = mix.method == "full"
     # frozen weights need input gradients only; PEFT's LoRA on a fused expert stack trains W + B @ A, whose
     # weight gradient the grouped GEMM computes in full
-    merged = mix.fused_experts and lin.group == "experts" and id(lin) in lora
+    merged = group == "experts" and adapted and mix.fused_experts
     bwd = 2.0 if (full or merged) else 1.0
-    lt = lin.group if lin.group in ("attention", "mlp", "experts", "router", "mamba") else (
-        "experts" if lin.group == "shared_expert" else "router")
-    if lin.group == "experts":
+    lt = _LAYER_OF.get(group, "router")
+    if group == "experts":
         ops = _expert_op(scn, lin, n, tokens, bwd, c, lay)
         used = _expected_experts_hit(tokens * lay.ep, scn.top_k, lin.count) / lay.ep
     else:
@@ -131,26 +142,29 @@ def _linear_ops(scn: Scenario, layer, lin, n: int, tokens: float, c: float, lay:
         byts = c * (w + tokens * (lin.in_features + lin.out_features) / lay.tp)
         # torch's checkpoint stops recomputing at the block's last saved tensor: the dense down projection's
         # input, unless a LoRA adapter on it saves later ones (then lora_B is the skipped op)
-        rec = not (lin.role == "down" and layer.ffn == "dense" and (full or id(lin) not in lora))
-        fp8 = mix.fp8 and lin.group != "router"
-        ops = [Op("matmul", lt, 2.0 * tokens * w * n, byts * n, n, tokens, bwd, recompute=rec,
-                  n=max(lin.out_features // lay.tp, 1), k=lin.in_features, fp8=fp8)]
+        rec = not (lin.role == "down" and layer.ffn == "dense" and (full or not adapted))
+        fp8 = mix.fp8 and group != "router"
+        ops = [_new(Op, ("matmul", lt, 2.0 * tokens * w * n, byts * n, n, tokens, bwd, rec, False,
+                         max(lin.out_features // lay.tp, 1), lin.in_features, 1, 0.0, fp8, False, False))]
         if fp8:  # cast input and weight to FP8 (read bf16, write fp8) in forward, the output gradient in backward;
             # elementwise work a fusing stack folds into the producer (Transformer Engine's LayerNormLinear and
             # fused activations emit FP8, Inductor fuses torchao's casts), so compile's factors apply
             cast = 3.0 * (tokens * lin.in_features / lay.tp + w)
-            ops.append(Op("stream", "norms_other", 0.0, cast * n, 2 * n, tokens, 1.0, fusible=True))
-        if mix.method == "qlora" and lin.group != "router":
-            ops.append(Op("dequant", lt, 0.0, (kbit_bytes_per_weight(scn) + 2.0) * w * n, n, 1, 1.0))
+            ops.append(_new(Op, ("stream", "norms_other", 0.0, cast * n, 2 * n, tokens, 1.0, True, False, 0, 0, 1,
+                                 0.0, False, True, False)))
+        if mix.method == "qlora" and group != "router":
+            ops.append(_new(Op, ("dequant", lt, 0.0, (kbit_bytes_per_weight(scn) + 2.0) * w * n, n, 1, 1.0, True,
+                                 False, 0, 0, 1, 0.0, False, False, False)))
         used = 1.0
     if merged:
         # PEFT merges W + B @ A for the whole stack whatever the token count; the experts module reads the
         # parametrized weight twice per forward (two merges, one of them in the graph: backward dA + dB = one
         # merge's FLOPs twice). Inside the experts module, where the profiler's hooks see it.
         merge = 2.0 * mix.lora_rank * lin.in_features * lin.out_features * lin.count / lay.tp / lay.ep
-        ops.append(Op("matmul", "experts", 2 * merge * n, 2 * c * 2 * lin.params / lay.tp / lay.ep * n, 2 * 2 * n,
-                      lin.out_features, 1.0, n=lin.in_features, k=mix.lora_rank))
-    elif id(lin) in lora:
+        ops.append(_new(Op, ("matmul", "experts", 2 * merge * n, 2 * c * 2 * lin.params / lay.tp / lay.ep * n,
+                             2 * 2 * n, lin.out_features, 1.0, True, False, lin.in_features, mix.lora_rank, 1, 0.0,
+                             False, False, False)))
+    elif adapted:
         ops += _lora_ops(scn, lin, n, tokens, c, used, lay)
     return ops
 
@@ -171,8 +185,8 @@ def _attention_op(scn: Scenario, n: int, batch: int, seq: float, c: float, lay: 
         byts += (4 + 2 + 4) * 2 * batch * heads * seq * seq / lay.cp  # scores written, softmaxed, read
         kernels = 6.0
     kernel_seq = seq / lay.cp if mix.context_parallel_impl == "ring" else seq
-    return Op("attention", "attention", flops * n, byts * n, kernels * n, tokens, 2.5 if fused else 2.0,
-              seq=kernel_seq, k=qk)
+    return _new(Op, ("attention", "attention", flops * n, byts * n, kernels * n, tokens, 2.5 if fused else 2.0, True,
+                     False, 0, qk, 1, kernel_seq, False, False, False))
 
 
 EAGER_NORM_BYTES = 28.0
@@ -201,9 +215,11 @@ def _elementwise_op(scn: Scenario, layer, n: float, tokens: float, c: float, lay
     rotated = (a.num_heads + a.num_kv_heads) * a.head_dim / lay.tp if layer.mixer == "attention" else 0.0
     if mix.fused_elementwise:
         per_token = norms * 4 * c * hidden + 2 * c * rotated + 3 * c * inter
-        return Op("stream", "norms_other", 0.0, per_token * tokens * n, FUSED_KERNELS * n, tokens, 2.0)
+        return _new(Op, ("stream", "norms_other", 0.0, per_token * tokens * n, FUSED_KERNELS * n, tokens, 2.0, True,
+                         False, 0, 0, 1, 0.0, False, False, False))
     per_token = (norms * (EAGER_NORM_BYTES + 7 * c)) * hidden + 10 * c * rotated + (5 if gated else 2) * c * inter
-    return Op("stream", "norms_other", 0.0, per_token * tokens * n, EAGER_KERNELS * n, tokens, 2.0, fusible=True)
+    return _new(Op, ("stream", "norms_other", 0.0, per_token * tokens * n, EAGER_KERNELS * n, tokens, 2.0, True,
+                     False, 0, 0, 1, 0.0, False, True, False))
 
 
 _OPS_CACHE: dict[tuple, tuple[Op, ...]] = {}
@@ -253,15 +269,16 @@ def micro_batch_ops(scn: Scenario, batch: int, seq: float) -> list[Op]:
             ops.append(_attention_op(scn, n, batch, seq, c, lay))
         elif layer.mixer == "mamba":
             di, ds = a.mamba_d_inner, a.mamba_d_state
-            ops.append(Op("stream", "mamba", 9.0 * tokens * di * ds * n, c * tokens * di * 8 * n, 6 * n, tokens, 2.0))
+            ops.append(_new(Op, ("stream", "mamba", 9.0 * tokens * di * ds * n, c * tokens * di * 8 * n, 6 * n, tokens,
+                                 2.0, True, False, 0, 0, 1, 0.0, False, False, False)))
         ops.append(_elementwise_op(scn, layer, n, tokens, c, lay))
     # LM head and loss (not inside a checkpointed block; on the last pipeline stage; vocabulary split by TP)
     v, h = a.vocab_size / lay.tp, a.hidden_size
-    ops.append(Op("matmul", "lm_head", 2.0 * tokens * h * v, c * (h * v + tokens * (h + v)), 1, tokens,
-                  2.0 if mix.method == "full" else 1.0, recompute=False, n=int(v), k=h, fp8=False, head=True))
+    ops.append(_new(Op, ("matmul", "lm_head", 2.0 * tokens * h * v, c * (h * v + tokens * (h + v)), 1, tokens,
+                         2.0 if mix.method == "full" else 1.0, False, False, int(v), h, 1, 0.0, False, False, True)))
     per_logit, back, kernels = LOSS_TRAFFIC.get(mix.loss, LOSS_TRAFFIC["standard"])
-    ops.append(Op("stream", "lm_head", 0.0, tokens * v * per_logit(c), kernels, tokens, back, recompute=False,
-                  fusible=True, head=True))
+    ops.append(_new(Op, ("stream", "lm_head", 0.0, tokens * v * per_logit(c), kernels, tokens, back, False, False, 0, 0,
+                         1, 0.0, False, True, True)))
     return ops
 
 

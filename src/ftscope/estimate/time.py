@@ -237,6 +237,13 @@ def step_parts(scn: Scenario, batch: int, eff: Efficiency, trainable: int, ops: 
     """(seconds per breakdown part of one step, in breakdown_s's order: their sum is the step; one micro-batch's
     seconds per layer; micro-batch runs per step, bubble included; hidden communication seconds; the layout; the
     mean padded length; the GPU's rates): step_time's work before its result (plan/search.py ranks on the sum)."""
+    return step_parts_and_transfers(scn, batch, eff, trainable, ops, shared)[:-1]
+
+
+def step_parts_and_transfers(scn: Scenario, batch: int, eff: Efficiency, trainable: int,
+                             ops: Sequence[Op] | None = None, shared: Shared | None = None):
+    """step_parts, and the step's collectives (comm.collectives, which it reads): plan/bounds.refined_hours reads
+    both, and made the collectives a second time."""
     wl, mix = scn.workload, scn.mix
     lay = shared.per_cluster("layout", scn, lambda: layout(scn)) if shared is not None else layout(scn)
     (mb, mb_layers, att), seq, r = micro_batch_times(scn, batch, eff, ops, shared)
@@ -255,7 +262,7 @@ def step_parts(scn: Scenario, batch: int, eff: Efficiency, trainable: int, ops: 
         hidden += min(copy, eff.comm_overlap * compute_mb * ga)
     parts["communication"] = comm
     parts["other"] = eff.step_overhead_s + eff.microbatch_overhead_s * ga
-    return parts, mb_layers, runs, hidden, lay, seq, r
+    return parts, mb_layers, runs, hidden, lay, seq, r, transfers
 
 
 def communication_s(scn: Scenario, eff: Efficiency, trainable: int) -> tuple[float, float]:

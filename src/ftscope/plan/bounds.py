@@ -48,12 +48,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..estimate.comm import collectives
 from ..estimate.compute import Op, cached_ops, compute_mix, micro_batch_ops, recomputed
 from ..estimate.efficiency import Efficiency
 from ..estimate.layout import layout
 from ..estimate.memory import trainable_params
-from ..estimate.time import Rates, micro_batch_times, rates, step_parts
+from ..estimate.time import Rates, micro_batch_times, rates, step_parts_and_transfers
 from ..spec.scenario import Scenario, fast_replace
 from .layouts import replicas
 from .memory_probe import SAFETY, MemoryProbe, StateFloor  # noqa: F401 (rule 1's, re-exported)
@@ -327,9 +326,10 @@ def refined_hours(scn: Scenario, batch_low: int, batch_high: int, global_batch: 
             ga = max(1, math.ceil(global_batch / (batch * world)))
             sequences_per_step = global_batch + batch * world
         fixed = scn.with_(padding="max_length", seq_len=length, gradient_accumulation=ga)
-        parts = step_parts(fixed, batch, eff, trainable)[0]  # step_time.breakdown_s, without its other figures
+        # step_time.breakdown_s without its other figures, and the step's collectives (those of
+        # collectives(fixed, eff, trainable, batch, mean_padded_len(batch), layout(fixed)), read once)
+        parts, *_, transfers = step_parts_and_transfers(fixed, batch, eff, trainable)
         compute = parts["forward"] + parts["backward"] + parts["recompute"] + parts["dequant"]
-        transfers = collectives(fixed, eff, trainable, batch, fixed.workload.mean_padded_len(batch), layout(fixed))
         exposed = sum(t.seconds if t.window == "none" else min(t.unhidden, t.seconds) for t in transfers)
         seconds = sequences / world * compute / (ga * batch) + sequences / sequences_per_step * (
             parts["optimizer"] + parts["other"] + exposed)

@@ -287,10 +287,12 @@ class Engine:
 
     def _rank(self, np, ranking: Ranking, cls: Classification) -> tuple[TopK, int]:
         """Exact top-k of one ranking; also how many candidates it left unsettled (out of time)."""
-        flat = cls.status.ravel()
-        allowed = np.tile(cls.accept[ranking.name][cls.columns], len(self.space.blocks))
-        places = np.flatnonzero((flat == FEASIBLE) & allowed)  # positions in listing order (columns ascend)
-        bounds, tiers = cls.primary.ravel()[places], cls.tier.ravel()[places]
+        # read at the candidates that fit (cls.primary.at, ascending): a feasible one is one of them (its status was
+        # FITS), and their bounds are the stored values, not a search for each position among them
+        fit = cls.primary.at
+        keep = (cls.status.ravel()[fit] == FEASIBLE) & cls.accept[ranking.name][cls.columns][fit % len(cls.columns)]
+        places = fit[keep]  # positions in listing order (columns ascend)
+        bounds, tiers = cls.primary.values[keep], cls.tier.ravel()[places]
         top = TopK(ranking.k)
         # tight candidates (tier 1) after every safe one; stable within
         for pos, o in enumerate(_ascending(np, bounds, tiers)):

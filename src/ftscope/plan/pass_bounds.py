@@ -7,6 +7,7 @@ order); tests/plan/test_pass_bounds.py checks the numbers against micro_batch_se
 from __future__ import annotations
 
 import math
+from operator import attrgetter
 from typing import Any, Sequence
 
 from ..estimate.comm import model_parallel
@@ -94,21 +95,45 @@ def _op_matrices(np, ops: Sequence[Op], r: dict[str, Any]):
     for a fusible op); per op: whether it is a dispatch and a dequantization. What every signature with these ops
     and rates shares (checkpointing changes only the passes' factors)."""
     n = len(r["floor"])
-    times, kernels = np.zeros((len(ops), n)), np.zeros((len(ops), n))
+    times = np.zeros((len(ops), n))
     dispatch = np.array([op.kind == "dispatch" for op in ops], bool)
-    gemms = []
+    gemms, fused, plain, deq = [], [], [], []  # by op_time's formula; plain: a stream op without FLOPs
     for i, op in enumerate(ops):
-        if not dispatch[i]:
-            if op.kind == "matmul" and not op.fusible:
+        if not dispatch[i]:  # (a dispatch's time is 0: its launches are the host's, _pass_seconds' syncs)
+            kind = op.kind
+            if kind == "dequant":
+                deq.append(i)
+            elif op.fusible:
+                fused.append(i)
+            elif kind == "matmul":
                 gemms.append(i)
+            elif kind == "stream" and not op.flops:
+                plain.append(i)
             else:
                 times[i] = _op_time(np, op, r)
-            kernels[i] = op.kernels * (r["compile_kernels"] if op.fusible else 1.0)
     if gemms:
         times[gemms] = _matmul_times(np, [ops[i] for i in gemms], r)
+    # _op_time's formulas on a column of ops at once: the same float operations, element by element
+    if deq:
+        b, k = _column(np, ops, deq, "bytes"), _column(np, ops, deq, "kernels")
+        times[deq] = b / r["dequant"] + k * r["floor"]
+    if plain:
+        b, k = _column(np, ops, plain, "bytes"), _column(np, ops, plain, "kernels")
+        times[plain] = b / r["stream"] + k * r["floor"]
+    if fused:
+        b, k = _column(np, ops, fused, "bytes"), _column(np, ops, fused, "kernels")
+        times[fused] = b * r["compile_bytes"] / r["stream"] + k * r["compile_kernels"] * r["floor"]
+    fusible = np.array([op.fusible for op in ops], bool)[:, None]
+    kernels = np.where(dispatch[:, None], 0.0, _column(np, ops, range(len(ops)), "kernels")
+                       * np.where(fusible, r["compile_kernels"], 1.0))
     dequant = np.array([op.kind == "dequant" for op in ops], bool)
     launches = np.array([op.kernels if op.kind == "dispatch" else 0.0 for op in ops])
     return times, kernels, dispatch, dequant, launches
+
+
+def _column(np, ops: Sequence[Op], rows: Any, name: str):
+    """One field of these ops as a column of floats (ops x 1)."""
+    return np.array([getattr(ops[i], name) for i in rows], float)[:, None]
 
 
 def _staged(np, ops: Sequence[Op], matrices: tuple, share: float) -> tuple:
@@ -147,37 +172,49 @@ def work_rates(np, scn: Scenario, seq: float, memo: dict, one_length: bool, scns
         if base is None:
             parts = memo[key] = ()
         else:
-            ops, kinds, cls, flops, bytes_, stream_of = base
-            if pp > 1:  # _staged_slopes: a block op's fits times 1 / stages, the head's whole
-                part = np.array([1.0 if op.head else 1.0 / pp for op in ops])[:, None]
-                flops, bytes_ = flops * part, bytes_ * part
-            passes = np.array([1.0 + op.backward + recomputed(op, mix) for op in ops])[:, None]
-            parts = memo[key] = (base, np.concatenate([flops * passes, bytes_ * passes], axis=1))
+            ops, kinds, cls, flops, bytes_, stream_of, per = base
+            staged = per.get(pp)
+            if staged is None:
+                staged = per[pp] = (flops, bytes_)
+                if pp > 1:  # _staged_slopes: a block op's fits times 1 / stages, the head's whole
+                    head = per.get("head")
+                    if head is None:
+                        head = per["head"] = np.array([op.head for op in ops], bool)[:, None]
+                    part = np.where(head, 1.0, 1.0 / pp)
+                    staged = per[pp] = (flops * part, bytes_ * part)
+            ckpt = key[4:]
+            passes = per.get(ckpt)
+            if passes is None:
+                passes = per[ckpt] = np.array([1.0 + op.backward + recomputed(op, mix) for op in ops])[:, None]
+            parts = memo[key] = (base, np.concatenate([staged[0] * passes, staged[1] * passes], axis=1))
     if not parts:
         return None
     base, work = parts
     divisor = memo.get(("divisor", id(base), id(each)))  # op_rates_per_gpu's rate and stream per op, GPU and term
     if divisor is None or divisor[0] is not base or divisor[1] is not each:
-        _, kinds, cls, _, _, stream_of = base
+        _, kinds, cls, _, _, stream_of, _ = base
         rate, stream = rate_table(np, kinds, scns, effs, each, memo)
-        by = np.concatenate([np.repeat(rate[:, cls][:, :, None], 2, axis=2),
-                             np.repeat(stream[:, stream_of][:, :, None], 2, axis=2)], axis=2)
-        divisor = memo[("divisor", id(base), id(each))] = (base, each, by, by > 0)  # both kept: no id reuse
-    g, n, terms = divisor[2].shape  # laid out op by op, as _rated_ops' arrays are (seconds_per_sequence's sums
-    out = np.zeros((n, g, terms)).transpose(1, 0, 2)  # follow the layout)
-    np.divide(work, divisor[2], out=out, where=divisor[3])  # _rated_ops' where(rate > 0, work / rate, 0)
+        by = np.concatenate([np.repeat(rate[:, cls].T[:, :, None], 2, axis=2),
+                             np.repeat(stream[:, stream_of].T[:, :, None], 2, axis=2)], axis=2)  # ops x GPUs x 4
+        # no rate: a quotient by 1 set to 0 afterwards, the same numbers (np.divide's where= took 3x the time)
+        safe, zero = np.where(by > 0, by, 1.0), np.flatnonzero(~(by > 0))
+        divisor = memo[("divisor", id(base), id(each))] = (base, each, safe, zero)  # both kept: no id reuse
+    out = work[:, None, :] / divisor[2]  # _rated_ops' where(rate > 0, work / rate, 0)
+    out.ravel()[divisor[3]] = 0.0
     out *= SAFETY
-    return out
+    # GPUs x ops x 4, laid out op by op as _rated_ops' arrays are (seconds_per_sequence sums in the layout's order)
+    return out.transpose(1, 0, 2)
 
 
 def _slope_arrays(np, ops: list[Op], flops, bytes_):
-    """(ops, op classes, class per op, FLOPs fits, bytes fits, stream column per op) of op_slopes' ops and fits
-    (ops x 2 each), None without an op."""
+    """(ops, op classes, class per op, FLOPs fits, bytes fits, stream column per op, a dict for work_rates: the
+    fits per pipeline's stages and the passes per checkpointing) of op_slopes' ops and fits (ops x 2 each), None
+    without an op."""
     if not ops:
         return None
     kinds: dict = {}  # op class -> column of the rate table, as op_rates_per_gpu numbers them
     cls = np.array([kinds.setdefault((op.fusible, op.kind, op.fp8, op.grouped), len(kinds)) for op in ops])
-    return ops, kinds, cls, flops, bytes_, np.array([1 if op.fusible else 0 for op in ops])
+    return ops, kinds, cls, flops, bytes_, np.array([1 if op.fusible else 0 for op in ops]), {}
 
 
 def _one_length_arrays(np, scn: Scenario, seq: float):
@@ -212,12 +249,14 @@ def _one_length_arrays(np, scn: Scenario, seq: float):
 RATE_MIX_FIELDS = ("precision", "attention", "compile")
 """The Mix fields time.rates reads (with the GPU and the efficiency; tests/plan/test_pass_bounds.py varies the
 others)."""
+rate_key = attrgetter(*RATE_MIX_FIELDS)
+"""A mix's RATE_MIX_FIELDS values, a tuple."""
 
 
 def rates_per_gpu(np, scns: Sequence[Scenario], effs: Sequence[Efficiency], memo: dict):
     """(time.rates of each scenario, the RATE_FIELDS as arrays over them), kept in `memo` per distinct
     RATE_MIX_FIELDS value: the scenarios of one search's calls are one mix on the same GPU types."""
-    key = tuple(getattr(scns[0].mix, f) for f in RATE_MIX_FIELDS)
+    key = rate_key(scns[0].mix)
     hit = memo.get(key)
     if hit is None:
         each = [rates(s, e) for s, e in zip(scns, effs)]
@@ -295,6 +334,8 @@ COMM_FIELDS = ("precision", "gradient_checkpointing", "checkpointing", "tensor_p
                "tp_comm_overlap", "pipeline_parallel", "virtual_stages", "context_parallel", "context_parallel_impl",
                "expert_parallel", "experts_top_k")
 """The Mix fields comm.model_parallel and the layout read (tests/plan/test_pass_bounds.py varies the others)."""
+comm_key = attrgetter(*COMM_FIELDS)
+"""A mix's COMM_FIELDS values, a tuple (attrgetter: the search makes one per signature)."""
 
 
 def exposed_seconds_per_sequence(np, bases: Sequence[Scenario], effs: Sequence[Efficiency], mix: Any, seq: float,
@@ -305,7 +346,7 @@ def exposed_seconds_per_sequence(np, bases: Sequence[Scenario], effs: Sequence[E
     latency term), so a step's are at least ga x micro-batch times one sequence's at the shortest length. Kept
     per distinct COMM_FIELDS value in `memo`. `blocks`: the only blocks whose number is read (the others may be
     NaN), each computed once per value: most blocks have no candidate of a given layout that fits."""
-    key = tuple(getattr(mix, f) for f in COMM_FIELDS)
+    key = comm_key(mix)
     hit = memo.get(key)
     if hit is None:  # the first mix of the value stands for it, whichever block is asked for later
         hit = memo[key] = (mix, np.full(len(bases), np.nan))

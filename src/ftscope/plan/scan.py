@@ -1,8 +1,7 @@
 """The pass over every mix of a space (classify.py's first stage): refusal, support per GPU type, layout validity
 per GPU count, and one memory probe per mix and GPU count that may fit, with the probes' results kept per slot.
-The probes are recorded as the pass meets them (what a mix's models share computed once per mix, the models
-themselves made as numpy arrays: estimate/memory_columns.py) and evaluated together when it is done (`settle`:
-memory_probe.Probes, over numpy arrays of every probed model); a capacity reads NCCL's buffers per distinct set of
+The probes are recorded as the pass meets them (a mix's shared part once, its models as numpy arrays) and evaluated
+together when it is done (`settle`: probes.Probes); a capacity reads NCCL's buffers per distinct set of
 communicators (comm_buffers.CommBytes).
 
 Work is shared wherever the answer provably does not change: GPU support per distinct GPU_FIELDS value, layout
@@ -20,7 +19,8 @@ from ..estimate.memory import FUSED_ATTENTION, memory_mix, usable_bytes
 from ..spec.rules import GPU_FIELDS, gpu_problem
 from ..spec.mix import Mix
 from ..spec.scenario import fast_replace
-from .memory_probe import FLOOR_FREE, Probes, StateFloor, probe_part
+from .memory_probe import FLOOR_FREE, StateFloor, probe_part
+from .probes import Probes
 from .layouts import LAYOUT_FIELDS, layout_reason
 from .ranking import mix_complexity, refusal
 from .space import MIX_DIMENSIONS, Space, with_mix

@@ -10,7 +10,8 @@
    1-8, pipeline 1-16, context 1-2, expert 1-64) for Llama-3.1-405B full fine-tuning and DeepSeek-V3 LoRA on every
    GPU type with a price, 1 to 1,024 GPUs (target: <= 10 s each), with the heap settings the CLI takes
    (src/ftscope/heap.py). A --time-budget caps each run (DeepSeek-V3's
-   space is about 30x the 405B's) and the line says how much of the space it covered.
+   space is about 30x the 405B's; without one both are searched to the end) and the line says how much of
+   the space it covered.
 Run: .venv/bin/python benchmarks/recommend_speed.py [--repeat 3] [--exhaustive] [--scale] [--layouts [--budget S]]
 """
 from __future__ import annotations
@@ -79,24 +80,11 @@ def scale_case() -> None:
           f"{time.process_time() - start:.2f} s CPU, {s.estimates:,} estimated; best {rec.best.to_dict()['label']}")
 
 
-MAX_CANDIDATES = 20_000_000
-"""Above this, a layout case runs only with --budget: DeepSeek-V3's 127.7 M configurations take about 18-21 s of CPU
-and 2.0 GB searched to the end (the scan keeps a few floats per candidate of each mix some GPU type supports, the
-classification two bytes per candidate of the mixes a block can run and five floats per candidate that fits)."""
-
-
 def layout_cases(budget: float | None) -> None:
     from ftscope.heap import keep_large_allocations
-    from ftscope.plan.recommend import _targets
     keep_large_allocations()  # as `ftscope recommend` does before its search (src/ftscope/heap.py)
-    from ftscope.plan.space import LAYOUTS, SearchSpace, Space
     for scenario in LAYOUT_CASES:
         scn = ftscope.load_scenario(ROOT / scenario)
-        size = len(Space(scn, _targets(scn, None, True, 1024), SearchSpace(**LAYOUTS)))
-        if size > MAX_CANDIDATES and budget is None:
-            print(f"{scenario}: {size:,} configurations, over {MAX_CANDIDATES:,}: not searched without --budget "
-                  "(about 18-21 s of CPU and 2.0 GB to the end)")
-            continue
         start, cpu = time.perf_counter(), time.process_time()
         rec = recommend(scn, any_gpu=True, max_gpus=1024, layouts=True, time_budget_s=budget)
         wall, cpu = time.perf_counter() - start, time.process_time() - cpu

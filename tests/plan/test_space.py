@@ -9,7 +9,7 @@ import pytest
 
 from ftscope.errors import FtscopeError
 from ftscope.plan.space import (ENGINES, MIX_DIMENSIONS, SHARDING, SearchSpace, Space, for_engine, gpu_counts, layout,
-                               with_mix)
+                               twin_offsets, with_mix)
 from ftscope.spec.hardware import gpu_from_catalog
 
 
@@ -105,3 +105,22 @@ def test_mix_runs_list_the_mixes_in_order_in_runs_of_the_free_trailing_dimension
                 assert start == len(listed) and n == len(mixes) == length and first == mixes[0]
                 listed += mixes
             assert listed == every, (model, free)
+
+
+def test_twin_offsets_point_each_fused_kernel_at_its_sdpa_sibling():
+    """twin_offsets: a flash (or flash3) mix's sdpa sibling lies `offset` mixes back and differs only in the kernel,
+    and its memory_mix is the same (the scan copies its probes); eager has no twin, and a space that does not
+    search sdpa has none."""
+    from ftscope.estimate.memory import memory_mix
+    scn = _scn()
+    space = Space(scn, [(scn.cluster.gpu, 2)], SearchSpace(attention=("eager", "sdpa", "flash", "flash3")))
+    offsets = twin_offsets(space)
+    assert set(offsets) == {"flash", "flash3"} and 0 < offsets["flash"] < offsets["flash3"]
+    seen = 0
+    for k, mix in enumerate(space.mixes()):
+        if mix.attention in offsets:
+            twin = space.mix(k - offsets[mix.attention])
+            assert twin == replace(mix, attention="sdpa") and memory_mix(twin) == memory_mix(mix)
+            seen += 1
+    assert seen == space.mixes_per_block // 2  # flash and flash3: two of the four kernels
+    assert twin_offsets(Space(scn, [(scn.cluster.gpu, 2)], SearchSpace(attention=("eager", "flash")))) == {}

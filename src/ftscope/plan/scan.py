@@ -15,15 +15,14 @@ from operator import attrgetter
 from typing import Any, Callable, Iterable, Sequence
 
 from ..estimate.comm_buffers import CommBytes
-from ..estimate.memory import FUSED_ATTENTION, memory_mix, usable_bytes
+from ..estimate.memory import usable_bytes
 from ..spec.rules import GPU_FIELDS, gpu_problem
 from ..spec.mix import Mix
-from ..spec.scenario import fast_replace
 from .memory_probe import FLOOR_FREE, StateFloor, probe_part
 from .probes import Probes
 from .layouts import LAYOUT_FIELDS, layout_reason
 from .ranking import mix_complexity, refusal
-from .space import MIX_DIMENSIONS, Space, with_mix
+from .space import Space, twin_offsets, with_mix
 
 SLOT_CHUNK, PROBE_CHUNK = 4096, 16384
 """Slots (mixes some GPU type supports) the probe arrays start with, and the least they grow by; probes settle reads
@@ -91,7 +90,7 @@ class Scan:
         self.pending: list[int] = []  # per probe not settled yet: slot, GPU count index, support id (flat)
         self.on_of: Any = []  # per support id: supported per GPU type (an array once the scan is done)
         self.rooms: Any = []  # per support id: the largest capacity per GPU count
-        self.twin_offset = _twin_offsets(space) if share_twins else {}
+        self.twin_offset = twin_offsets(space) if share_twins else {}
         self.block_of_world = [np.flatnonzero(self.w_of == x) for x in range(len(worlds))]
         self.layouts: dict[tuple, tuple[list[int], int]] = {}  # per distinct LAYOUT_FIELDS value: runs, layout id
         self.gpu_support: dict[tuple, Any] = {}  # per distinct GPU_FIELDS value: room, support id (`on_of`)
@@ -381,20 +380,3 @@ def _fields_of(names: Sequence[str]) -> Callable[[Any], tuple]:
     if len(names) > 1:
         return attrgetter(*names)
     return lambda mix: tuple(getattr(mix, f) for f in names)
-
-
-def _twin_offsets(space: Space) -> dict[str, int]:
-    """Per fused attention kernel the space lists after FUSED_ATTENTION: how many mixes back its FUSED_ATTENTION
-    sibling is (the mixes differ only in that digit). Empty when the space does not search FUSED_ATTENTION."""
-    names = [d.space_field for d in MIX_DIMENSIONS]
-    at = names.index("attention")
-    values = space.values[at]
-    if FUSED_ATTENTION not in values:
-        return {}
-    stride = 1
-    for r in space.radix[at + 1:]:
-        stride *= r
-    base = values.index(FUSED_ATTENTION)
-    probe = space.mix(0)
-    return {v: (i - base) * stride for i, v in enumerate(values)
-            if i > base and memory_mix(fast_replace(probe, attention=v)).attention == FUSED_ATTENTION}

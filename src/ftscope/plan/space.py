@@ -18,6 +18,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any, Callable, Collection, Iterator, Sequence
 
 from ..errors import FtscopeError
+from ..estimate.memory import FUSED_ATTENTION, memory_mix
 from ..spec.hardware import GpuSpec
 from ..spec.mix import Mix
 from ..spec.scenario import Scenario, fast_replace
@@ -282,3 +283,21 @@ class Space:
         for r, i in zip(self.radix, digits):
             k = k * r + i
         return k
+
+
+def twin_offsets(space: Space) -> dict[str, int]:
+    """Per fused attention kernel the space lists after FUSED_ATTENTION: how many mixes back its FUSED_ATTENTION
+    sibling is (the mixes differ only in that digit, and equal memory_mix gives them equal memory models: plan/scan.py
+    copies the sibling's probes). Empty when the space does not search FUSED_ATTENTION."""
+    names = [d.space_field for d in MIX_DIMENSIONS]
+    at = names.index("attention")
+    values = space.values[at]
+    if FUSED_ATTENTION not in values:
+        return {}
+    stride = 1
+    for r in space.radix[at + 1:]:
+        stride *= r
+    base = values.index(FUSED_ATTENTION)
+    probe = space.mix(0)
+    return {v: (i - base) * stride for i, v in enumerate(values)
+            if i > base and memory_mix(fast_replace(probe, attention=v)).attention == FUSED_ATTENTION}

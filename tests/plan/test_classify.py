@@ -11,6 +11,7 @@ from ftscope.plan.classify import FEASIBLE, FITS, NO_FIT, UNSEARCHED, UNSUPPORTE
 from ftscope.plan.engine import status_of
 from ftscope.plan.recommend import _targets, evaluator
 from ftscope.plan.space import SearchSpace, Space
+from tests.plan.test_fit_test import capacities
 
 SMALL = SearchSpace(methods=("full", "qlora"), sharding=((0, None), (2, None), (0, "full_shard")),
                     offload=("none", "optimizer+params"), attention=("eager", "flash"), optimizer=("adamw",),
@@ -177,7 +178,7 @@ def test_each_candidates_capacity_is_its_estimates():
     for k in range(space.mixes_per_block):
         scan.mix(k, space.mix(k))
     cols = np.flatnonzero(scan.slot >= 0)
-    caps, _ = scan.caps(cols)
+    caps, _ = capacities(scan, cols)
     seen = set()
     for b, block in enumerate(space.blocks):
         for j, k in enumerate(cols.tolist()):

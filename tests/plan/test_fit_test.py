@@ -1,5 +1,5 @@
 """fit_test: the fit test read only where a peak can fit equals the same comparisons over the dense blocks x
-columns arrays (Scan.gather, Scan.caps), cell for cell."""
+columns arrays (`dense_arrays`, `capacities`: what Scan.gather and Scan.caps gave classify before it), cell for cell."""
 from __future__ import annotations
 
 import sys
@@ -19,10 +19,40 @@ SPACE = SearchSpace(methods=("full", "lora", "qlora"), sharding=((0, None), (3, 
                     tensor_parallel=((1, False), (2, True)), pipeline_parallel=(1, 2))
 
 
+def capacities(scan, cols):
+    """The capacity of every block (rows) for these mixes (columns), and the same less the scan's margin."""
+    caps = np.stack(scan.cap_columns, axis=1)[:, scan.comm_of[cols]] if scan.cap_columns else \
+        np.zeros((len(scan.usable), len(cols)))
+    return caps, caps * (1.0 - scan.margin)
+
+
+def dense_arrays(scan, slots):
+    """(peak, fixed_peak, safe_fixed_peak, terms) of these slots as whole arrays, read from the scan's chunks (the
+    fixed peaks None without a fixed global batch, the safe one the same array without a margin)."""
+    scan.settle()
+    which, at = slots // scan.width, slots % scan.width
+
+    def pick(get, rows, fill):
+        out = np.full((rows, len(slots)), fill)
+        for c in np.unique(which).tolist():
+            value, mine = get(scan.chunks[c]), np.flatnonzero(which == c)
+            if value is not None:
+                out[:, mine] = value[:, at[mine]]
+        return out
+
+    peak = pick(lambda ch: ch.peak, len(scan.at_world), np.inf)
+    fixed = safe = None
+    if scan.global_batch is not None:
+        fixed = pick(lambda ch: ch.fixed_peak, len(scan.space.blocks), np.inf)
+        safe = pick(lambda ch: ch.safe_fixed_peak, len(scan.space.blocks), np.inf) if scan.margin else fixed
+    terms = dict(scan.terms, row=scan.terms["row"][:, slots]) if scan.terms else {}
+    return peak, fixed, safe, terms
+
+
 def _dense(scan, cols, margin):
     """The fit test over blocks x columns arrays: what classify computed before fit_test."""
-    peak, fixed, safe_fixed, _ = scan.gather(scan.slot[cols])
-    caps, safe_caps = scan.caps(cols)
+    peak, fixed, safe_fixed, _ = dense_arrays(scan, scan.slot[cols])
+    caps, safe_caps = capacities(scan, cols)
     g_of, w_of = scan.g_of, scan.w_of
     ok = scan.supported[:, cols][g_of] & scan.layout_ok[:, cols][w_of]
     on_safe = peak[w_of] <= safe_caps
@@ -56,7 +86,7 @@ def test_the_fit_test_equals_the_dense_comparisons(monkeypatch, global_batch, ma
     assert fits.at.tolist() == at.tolist() and fits.capacity.tobytes() == cap.tobytes()
     assert fits.peak.tobytes() == ranked.tobytes()
     assert fits.on_safe is None if not margin else fits.on_safe.tolist() == on_safe.tolist()
-    assert terms["row"].tolist() == scan.gather(scan.slot[cols])[3]["row"].tolist()
+    assert terms["row"].tolist() == dense_arrays(scan, scan.slot[cols])[3]["row"].tolist()
 
 
 def test_its_status_codes_are_classifys():

@@ -36,7 +36,7 @@ class Fits:
 
 
 def fit_test(np, scan: Any, cols: Any, margin: float) -> tuple[Fits, dict]:
-    """The Fits of these live mixes (`cols`, ascending), and Scan.gather's batch terms of their slots."""
+    """The Fits of these live mixes (`cols`, ascending), and the batch terms of their slots (`_gather`'s)."""
     peak, terms = _gather(np, scan, scan.slot[cols])
     nb, n = len(scan.g_of), len(cols)
     g_of, w_of = scan.g_of, scan.w_of
@@ -77,7 +77,8 @@ def _within(np, rows: list, room) -> tuple[Any, Any]:
 
 
 def _gather(np, scan: Any, slots: Any) -> tuple[Any, dict]:
-    """Scan.gather's peak (GPU counts x slots) and terms, without its fixed-batch peaks (_fixed_within's)."""
+    """The peak at micro-batch 1 of these slots (GPU counts x slots) read from the scan's chunks, and the fitting
+    probes' batch terms with, per GPU count and slot, the column of its probe (the fixed-batch peaks: _fixed_within)."""
     scan.settle()
     peak = np.full((len(scan.worlds), len(slots)), np.inf)
     for c, at, cols in _chunks(np, scan, slots):
@@ -88,8 +89,8 @@ def _gather(np, scan: Any, slots: Any) -> tuple[Any, dict]:
 
 def _fixed_within(np, scan: Any, cols: Any, room) -> tuple[Any, Any, Any, Any]:
     """(block, column, fixed-batch peak, the same at the margin's layout) where either peak is within the block's
-    room, block-major and each block's columns ascending: read from the scan's chunks a chunk at a time (Scan.gather
-    makes the blocks x columns array)."""
+    room, block-major and each block's columns ascending: read from the scan's chunks a chunk at a time (no blocks x
+    columns array is made)."""
     parts = []
     for c, at, in_chunk in _chunks(np, scan, scan.slot[cols]):
         chunk = scan.chunks[c]

@@ -70,7 +70,7 @@ class Scan:
         self.covers: dict[tuple[int, int], bool] = {}  # per two support ids: the first's GPU types include the other's
         # the probes' results are kept per slot: one column per mix that some GPU type supports, taken in order
         # (a search of millions of mixes runs a fifth of them), in chunks of SLOT_CHUNK slots added as slots are
-        # taken (no copy on growth) and gathered once at the end (`gather`)
+        # taken (no copy on growth) and read chunk by chunk when the scan is done (plan/fit_test.py)
         self.slots = 0
         self.width = max(1, min(nm, SLOT_CHUNK))
         self.margin = margin
@@ -99,14 +99,6 @@ class Scan:
         for b in range(nb):
             w, g = self.w_of[b], self.g_of[b]
             self.room[w, g] = max(self.room[w, g], self.usable[b])
-
-    def caps(self, mixes: Any) -> tuple[Any, Any]:
-        """The capacity (device_capacity) of every block (rows) for these mixes (columns), and the same less the
-        margin (the same product max_micro_batch's limit computes; without a margin the same array, x * 1.0 being x:
-        both read only)."""
-        caps = self.np.stack(self.cap_columns, axis=1)[:, self.comm_of[mixes]] if self.cap_columns else \
-            self.np.zeros((len(self.usable), len(mixes)))
-        return caps, caps * (1.0 - self.margin) if self.margin else caps
 
     def _comm(self, mix: Any) -> int:
         """The column of this mix's capacities, made (a scenario per block) the first time its COMM_FIELDS are met."""
@@ -235,38 +227,6 @@ class Scan:
             a["layout_ok"][:, ks] = table[slotted[:, 1]].T
             self.made = len(self.recorded), len(self.slotted)
         return self.per_mix
-
-    def gather(self, slots: Any) -> tuple[Any, Any, Any, dict[str, Any]]:
-        """(peak, fixed_peak, safe_fixed_peak, terms) of these slots, in their order, as single arrays (the fixed
-        peaks None without a fixed global batch, the safe one the same array without a margin; terms empty when no
-        probe fitted anywhere)."""
-        np = self.np
-        self.settle()
-        which, cols = slots // self.width, slots % self.width
-        parts = [(c, np.flatnonzero(which == c)) for c in np.unique(which).tolist()]
-
-        in_order = bool((np.diff(slots) > 0).all())  # (classify's are) each chunk's slots a range: joined as they are
-
-        def pick(get, shape, fill):
-            values = [get(self.chunks[c]) for c, _ in parts]
-            if in_order and values and all(v is not None for v in values):
-                return np.concatenate([np.take(v, cols[at], axis=-1) for v, (_, at) in zip(values, parts)], axis=-1)
-            out = np.full(shape[:-1] + (len(slots),), fill)
-            for (c, at), value in zip(parts, values):
-                if value is not None:
-                    out[..., at] = value[..., cols[at]]
-            return out
-
-        nb, nw = len(self.space.blocks), len(self.at_world)
-        peak = pick(lambda ch: ch.peak, (nw, 0), np.inf)
-        fixed = safe = None
-        if self.global_batch is not None:
-            fixed = pick(lambda ch: ch.fixed_peak, (nb, 0), np.inf)
-            safe = pick(lambda ch: ch.safe_fixed_peak, (nb, 0), np.inf) if self.margin else fixed
-        terms = {}
-        if self.terms:  # the fitting probes' terms as they are, and per GPU count and slot the column of its probe
-            terms = dict(self.terms, row=self.terms["row"][:, slots])
-        return peak, fixed, safe, terms
 
     def _twin(self, k: int, mix: Any, sid: int) -> int | None:
         """The slot of an earlier mix with the same memory_mix (a fused attention kernel's FUSED_ATTENTION sibling),

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Sequence
 
 from ..spec.hardware import GpuSpec
@@ -253,13 +254,19 @@ def communicators(scn: Scenario) -> list[Communicator]:
     return out
 
 
+NCCL_MIX_FIELDS = ("tensor_parallel", "pipeline_parallel", "context_parallel", "expert_parallel", "zero_stage",
+                   "context_parallel_impl", "fp8")
+"""The Mix fields comm_buffer_bytes reads: the parallel layout, the sharding stage (DeepSpeed's extra communicator)
+and FP8 (its amax group)."""
+nccl_mix_key = attrgetter(*NCCL_MIX_FIELDS)
+"""A mix's NCCL_MIX_FIELDS values, as a tuple."""
+
+
 def comm_key(scn: Scenario) -> tuple:
-    """What comm_buffer_bytes reads of a scenario: the GPU type, GPUs per node and in all, the mix's parallel layout
-    and sharding stage (DeepSpeed's extra communicator), FP8 (its amax group) and the NCCL version."""
-    cl, mix = scn.cluster, scn.mix
-    return (cl.gpu, cl.world_size, cl.gpus_per_node, mix.tensor_parallel, mix.pipeline_parallel,
-            mix.context_parallel, mix.expert_parallel, mix.zero_stage, mix.context_parallel_impl,
-            getattr(mix, "fp8", False), scn.recipe.nccl_version)
+    """What comm_buffer_bytes reads of a scenario: the GPU type, GPUs in all and per node, the mix's
+    NCCL_MIX_FIELDS and the NCCL version."""
+    cl = scn.cluster
+    return (cl.gpu, cl.world_size, cl.gpus_per_node, *nccl_mix_key(scn.mix), scn.recipe.nccl_version)
 
 
 def comm_buffer_bytes(scn: Scenario) -> float:
@@ -317,9 +324,7 @@ class CommBytes:
 
     def _set(self, cluster, mix) -> int:
         """The id of the set of communicators of this cluster and mix."""
-        key = (cluster.world_size, cluster.gpus_per_node, mix.tensor_parallel, mix.pipeline_parallel,
-               mix.context_parallel, mix.expert_parallel, mix.zero_stage, mix.context_parallel_impl,
-               getattr(mix, "fp8", False))
+        key = (cluster.world_size, cluster.gpus_per_node, *nccl_mix_key(mix))
         set_id = self._sets.get(key)
         if set_id is None:
             comms = communicators(_Run(cluster, mix))

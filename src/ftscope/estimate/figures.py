@@ -13,6 +13,7 @@ from typing import Callable, NamedTuple, Sequence
 
 from ..spec.scenario import Scenario, fast_replace
 from . import memory_stage, unsupported_reason
+from .comm_buffers import nccl_mix_key
 from .cost import price_of, run_steps
 from .efficiency import Calibration
 from .memory import MemoryModel, device_capacity, memory_model
@@ -273,11 +274,9 @@ GPU and allocator kept alive with their ids."""
 
 
 def _comm_fields(scn: Scenario) -> tuple:
-    """What comm_buffers.comm_key reads of a scenario but its cluster (the mix's parallel layout, sharding stage and
-    FP8, the NCCL version): with the GPU and its counts, all device_capacity reads."""
-    mix = scn.mix
-    return (mix.tensor_parallel, mix.pipeline_parallel, mix.context_parallel, mix.expert_parallel, mix.zero_stage,
-            mix.context_parallel_impl, getattr(mix, "fp8", False), scn.recipe.nccl_version)
+    """What comm_buffers.comm_key reads of a scenario but its cluster (the mix's NCCL_MIX_FIELDS, the NCCL version):
+    with the GPU and its counts, all device_capacity reads."""
+    return (*nccl_mix_key(scn.mix), scn.recipe.nccl_version)
 
 
 def _solver(sh: Shared, mem: MemoryModel, seq: int) -> BatchSolver:

@@ -63,7 +63,7 @@ stage, offload, optimizer) share a micro-batch's passes on a GPU type, as pass_t
 def pass_seconds(ops: Sequence[Op], mix, r: Rates) -> tuple[float, float, float, float, float]:
     """(forward, backward, recompute, dequant, attention) of time.pass_times(ops, scn, eff, r): its parts and
     attention seconds, the same operations in the same order, without the seconds per layer (a ranking reads
-    none; tests/estimate/test_grid_time.py compares them with ==)."""
+    none; tests/estimate/test_micro_seconds.py compares them with ==)."""
     ckpt = mix.gradient_checkpointing
     g0 = g1 = g2 = k0 = k1 = k2 = d0 = d1 = d2 = s0 = s2 = 0.0
     attention = 0.0

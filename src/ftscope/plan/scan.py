@@ -14,7 +14,7 @@ from dataclasses import fields
 from operator import attrgetter
 from typing import Any, Callable, Iterable, Sequence
 
-from ..estimate.comm_buffers import CommBytes
+from ..estimate.comm_buffers import NCCL_MIX_FIELDS, CommBytes, nccl_mix_key
 from ..estimate.memory import usable_bytes
 from ..spec.rules import GPU_FIELDS, gpu_problem
 from ..spec.mix import Mix
@@ -51,7 +51,7 @@ class Scan:
         self.slot_comm: list[int] = []  # per slot: its mix's column of `cap_columns` (comm_of per mix)
         self.comm_ids: dict[tuple, int] = {}
         self.cap_columns: list[Any] = []
-        self.comm_key = _fields_of(COMM_FIELDS)
+        self.comm_key = nccl_mix_key
         self.nccl = CommBytes()  # comm_buffer_bytes, its work shared across the scan's columns
         self.bases = [b.base for b in space.blocks]
         self.world_block = [next(i for i, b in enumerate(space.blocks) if b.world == w) for w in worlds]  # at_world's
@@ -307,8 +307,7 @@ for _name in PER_MIX:
     setattr(Scan, _name, property(lambda self, name=_name: self._per_mix()[name]))
 
 
-COMM_FIELDS = ("tensor_parallel", "pipeline_parallel", "context_parallel", "expert_parallel", "zero_stage",
-               "context_parallel_impl", "fp8")
+COMM_FIELDS = NCCL_MIX_FIELDS
 """The Mix fields comm_buffers.comm_key reads (NCCL's buffers, so the capacity, depend on them)."""
 
 

@@ -23,7 +23,8 @@ PASS_MIXES = [{"method": "full"}, {"method": "lora", "gradient_checkpointing": T
               {"method": "qlora", "gradient_checkpointing": True, "checkpointing": "selective"},
               {"method": "full", "gradient_checkpointing": True, "checkpointing": "per-op", "compile": True},
               {"method": "lora", "gradient_checkpointing": True, "checkpoint_every": 2, "attention": "eager"},
-              {"method": "qlora", "experts_backend": "modules", "gradient_checkpointing": True}]
+              {"method": "qlora", "experts_backend": "modules", "gradient_checkpointing": True},
+              {"method": "full", "fp8": True, "experts_backend": "grouped_mm", "gradient_checkpointing": True}]
 
 
 @pytest.mark.parametrize("model", ["llama-2-7b", "mixtral-8x7b"])
@@ -69,3 +70,43 @@ def test_a_new_micro_row_is_pass_times_and_zero_stages_share_it():
     assert rows[0] is rows[1]
     (mb, _, att), _, _ = micro_batch_times(bases[1], 5, eff, None, Shared(bases[1]))
     assert rows[1] == (mb["forward"], mb["backward"], mb["recompute"], mb["dequant"], att)
+
+
+def _random_op(rng):
+    from ftscope.estimate.compute import Op
+    kind = rng.choice(["matmul", "matmul", "attention", "stream", "dequant", "dispatch"])
+    return Op(kind, rng.choice(["attention", "mlp", "experts", "lm_head"]), rng.choice([0.0, rng.uniform(1, 1e13)]),
+              rng.uniform(0, 1e10), rng.choice([1, 2.0, rng.uniform(0.5, 90)]),
+              rng.choice([0.25, 1, 1.0, 63.5, 64, 127.9, 128, rng.uniform(0, 9000)]), rng.choice([1.0, 2.0, 2.5]),
+              rng.random() < 0.7, rng.random() < 0.3, rng.choice([0, 1, 64, 129, rng.randrange(1, 20000)]),
+              rng.choice([0, 16, rng.randrange(1, 20000)]), rng.choice([0, 1, 3, 8]),
+              rng.choice([0.5, 1.0, rng.uniform(1, 8192)]), rng.random() < 0.3, rng.random() < 0.3, rng.random() < 0.2)
+
+
+def _random_rates(rng):
+    from ftscope.estimate.time import Rates
+    u = rng.uniform
+    return Rates(u(1e13, 1e15), u(1e13, 2e15), u(1e13, 1e15), u(1e13, 2e15), rng.choice([0.0, u(1e13, 1e15)]),
+                 u(0, 2000), u(1e11, 5e12), u(1e11, 5e12), u(1e-6, 1e-5), u(1e-6, 2e-5), u(0, 1e-4),
+                 rng.choice([0, 40, 108, 132]), rng.choice([0.0, u(1, 512)]), u(0.5, 1.0),
+                 rng.choice([1.0, u(0.3, 1)]), rng.choice([1.0, u(0.1, 1)]))
+
+
+def test_pass_seconds_on_random_ops_and_rates():
+    """pass_seconds writes compute.recomputed and time.op_time out in its loop: on random ops (every kind, short and
+    fractional GEMM rows, empty shapes, FP8, grouped, fusible, head ops), random rates (eager and fused attention,
+    no SM count, no k_half, compile factors) and every checkpointing policy it equals pass_times with ==."""
+    import random
+    from types import SimpleNamespace
+    from ftscope.estimate.time import pass_times
+    rng = random.Random(21)
+    mixes = [_scenario("llama-2-7b", mix).mix for mix in
+             ({"method": "lora"}, {"method": "lora", "gradient_checkpointing": True},
+              {"method": "lora", "gradient_checkpointing": True, "checkpoint_every": 3},
+              {"method": "lora", "gradient_checkpointing": True, "checkpointing": "selective"},
+              {"method": "lora", "gradient_checkpointing": True, "checkpointing": "per-op"})]
+    for _ in range(400):
+        ops = tuple(_random_op(rng) for _ in range(rng.randrange(1, 30)))
+        r, mix = _random_rates(rng), rng.choice(mixes)
+        mb, _, att = pass_times(ops, SimpleNamespace(mix=mix), None, r)
+        assert MS.pass_seconds(ops, mix, r) == (mb["forward"], mb["backward"], mb["recompute"], mb["dequant"], att)

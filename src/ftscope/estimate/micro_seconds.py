@@ -12,10 +12,11 @@ from typing import Callable, Sequence
 
 from ..spec.hardware import GpuSpec
 from ..spec.scenario import Scenario
-from .compute import Op, cached_ops, compute_mix, recomputed
+from .compute import Op, cached_ops, compute_mix
 from .efficiency import Calibration, Efficiency
+from .kernels import gemm_utilization
 from .shared import Shared
-from .time import _PASS_CACHE, Rates, op_time, rates
+from .time import _PASS_CACHE, Rates, rates
 
 
 def micro_row(sh: Shared, cal: Calibration, eff: Efficiency, batch: int, gpu: GpuSpec,
@@ -63,22 +64,51 @@ stage, offload, optimizer) share a micro-batch's passes on a GPU type, as pass_t
 def pass_seconds(ops: Sequence[Op], mix, r: Rates) -> tuple[float, float, float, float, float]:
     """(forward, backward, recompute, dequant, attention) of time.pass_times(ops, scn, eff, r): its parts and
     attention seconds, the same operations in the same order, without the seconds per layer (a ranking reads
-    none; tests/estimate/test_micro_seconds.py compares them with ==)."""
+    none), with compute.recomputed and time.op_time written out in the loop (their calls were a third of its
+    time; tests/estimate/test_micro_seconds.py compares the results with ==, on catalog and random ops)."""
     ckpt = mix.gradient_checkpointing
+    policy, every = mix.checkpointing, mix.checkpoint_every
     g0 = g1 = g2 = k0 = k1 = k2 = d0 = d1 = d2 = s0 = s2 = 0.0
     attention = 0.0
-    sync, compiled = r.sync, r.compile_kernels
-    for op in ops:
-        kind = op.kind
-        rec = recomputed(op, mix) if ckpt else 0.0
+    sync, compiled, floor, stream, cbytes = r.sync, r.compile_kernels, r.floor, r.stream, r.compile_bytes
+    sms, k_half = r.sms, r.k_half
+    for kind, _, flops, byts, kernels, rows, backward, recompute, grouped, n, k, groups, seq, fp8, fusible, head in ops:
+        if not ckpt or head:  # recomputed(op, mix)
+            rec = 0.0
+        elif policy == "selective":
+            rec = 1.0 if kind == "attention" else 0.0
+        elif policy == "per-op":
+            rec = 1.0 if fusible else 0.0
+        else:
+            rec = 1.0 / every if recompute else 0.0
         if kind == "dispatch":
-            t = op.kernels * sync
+            t = kernels * sync
             s0 += t
             s2 += t * rec
             continue
-        t = op_time(op, r)
-        k = op.kernels * (compiled if op.fusible else 1.0)
-        back = 1.0 if kind == "dequant" else op.backward
+        if kind == "dequant":  # op_time(op, r); `a if a > b else b` where it takes max(b, a)
+            t = byts / r.dequant + kernels * floor
+        elif fusible:
+            t = byts * cbytes / stream + kernels * compiled * floor
+        else:
+            mem_t = byts / stream
+            fl = kernels * floor
+            if kind == "matmul":
+                util = gemm_utilization(1.0 if 1.0 > rows else rows, n, k, sms, groups, k_half)
+                x = flops / ((r.fp8_gemm if fp8 else r.gemm) * util * (r.grouped if grouped else 1.0))
+            elif kind == "attention":
+                if not r.attention:
+                    s = int(seq) or 1
+                    x = flops / (r.gemm * gemm_utilization(s, s, k, sms, 1, k_half))
+                else:
+                    x = flops * (seq + r.seq_half) / (r.attention * seq)
+            elif flops:
+                x = flops / (r.gemm * 0.1)
+            else:
+                x = mem_t
+            t = (mem_t if mem_t > x else x) + fl
+        k = kernels * (compiled if fusible else 1.0)
+        back = 1.0 if kind == "dequant" else backward
         g0 += t
         g1 += t * back
         g2 += t * rec

@@ -77,8 +77,8 @@ def test_expected_longest_matches_sampled_batches_of_a_two_mode_dataset():
 @settings(max_examples=60, deadline=None)
 @given(datasets(max_skew=3.0), st.integers(1, 70_000), st.sampled_from([None, 64, 512]))
 def test_the_expected_maximum_is_its_integral_node_by_node(d, batch, cutoff):
-    """_expected_max (its loop inlined for speed) equals the 96-node midpoint sum written out with _log_length_at
-    and _norm_ppf, ==: a plan reads it for every new micro-batch."""
+    """_expected_max (its loop inlined for speed, its nodes' scores kept per batch: _node_scores) equals the 96-node
+    midpoint sum written out with _log_length_at and _norm_ppf, ==: a plan reads it for every new micro-batch."""
     cap = min(d.max_tokens, cutoff) if cutoff else d.max_tokens
     knots, below, above = d.log_quantile_knots()
     nodes = W.EXPECTED_MAX_NODES

@@ -88,6 +88,14 @@ _NODE_LOGS = tuple(math.log((i + 0.5) / EXPECTED_MAX_NODES) for i in range(EXPEC
 
 
 @lru_cache(maxsize=4096)
+def _node_scores(batch: int) -> tuple[float, ...]:
+    """The standard-normal score of each midpoint node v ** (1 / batch) of _expected_max's integral: the same for
+    every dataset and cutoff (a process that plans several datasets, or several cutoffs, meets a batch again)."""
+    expm1, ppf = math.expm1, _norm_ppf
+    return tuple([-ppf(-expm1(log_v / batch)) for log_v in _NODE_LOGS])  # 1 - v ** (1 / n), kept exact near 1
+
+
+@lru_cache(maxsize=4096)
 def _expected_max(stats: DatasetStats, batch: int, cap: float) -> float:
     """E[min(max of `batch` draws, cap)] = integral over v in (0, 1) of Q(v ** (1 / batch)), Q the quantile
     function of stats' lengths: the max of n draws has CDF F ** n, so v = F ** n is uniform."""
@@ -95,10 +103,9 @@ def _expected_max(stats: DatasetStats, batch: int, cap: float) -> float:
     (first_z, first_y), (last_z, last_y) = knots[0], knots[-1]
     # _log_length_at's pieces, their differences taken once: (z1, y0, y1 - y0, z0, z1 - z0)
     pieces = [(z1, y0, y1 - y0, z0, z1 - z0) for (z0, y0), (z1, y1) in zip(knots, knots[1:])]
-    expm1, exp, ppf = math.expm1, math.exp, _norm_ppf
+    exp = math.exp
     total = 0.0
-    for log_v in _NODE_LOGS:  # a plan asks for every new micro-batch: 96 nodes, kept lean
-        z = -ppf(-expm1(log_v / batch))  # at the tail 1 - v ** (1 / n), kept exact near 1
+    for z in _node_scores(batch):  # a plan asks for every new micro-batch: 96 nodes, kept lean
         if z <= first_z:  # _log_length_at(z, knots, below, above), inline
             y = first_y + below * (z - first_z)
         else:

@@ -255,3 +255,19 @@ def test_qlora_dequantization_reads_the_scenarios_quantization_state():
                    if op.kind == "dequant")
     nested, plain = dequant_bytes(True), dequant_bytes(False)
     assert plain / nested == pytest.approx((0.5625 + 2.0) / (0.515869 + 2.0), rel=1e-5)
+
+
+@pytest.mark.parametrize("mix", [{}, {"tensor_parallel": 2, "sequence_parallel": True},
+                                 {"pipeline_parallel": 2}, {"context_parallel": 2},
+                                 {"expert_parallel": 2, "tensor_parallel": 2}])
+def test_the_ops_read_the_layouts_degrees_from_the_mix_alone(mix):
+    """micro_batch_ops reads split_of(mix), not layout(scn): its degrees are layout's on every cluster (the links,
+    which need the cluster, are no op's concern, and cached_ops keys on no cluster field)."""
+    from ftscope.estimate.compute import split_of
+    from ftscope.estimate.layout import layout
+    s = ftscope.load_scenario({"model": "mixtral-8x7b", "hardware": {"gpu": "a100-80gb", "gpus_per_node": 4},
+                               "mix": mix, "workload": {"micro_batch_size": 2, "seq_len": 128,
+                                                        "gradient_accumulation": 4}})
+    for gpus, nodes in ((4, 1), (8, 2), (4, 4)):
+        lay = layout(s.with_(gpus_per_node=gpus, nodes=nodes))
+        assert tuple(split_of(s.mix)) == (lay.tp, lay.pp, lay.cp, lay.ep, lay.sequence_parallel)

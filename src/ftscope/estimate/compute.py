@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from ..spec.scenario import Scenario, fast_replace
-from .layout import Layout, layout
 from .memory import kbit_bytes_per_weight
 from .shared import KeyMemo
 
@@ -65,6 +64,29 @@ class Op(NamedTuple):
     """Outside the blocks (LM head and loss): on the last pipeline stage only."""
 
 
+class Split(NamedTuple):
+    """The degrees of parallelism a micro-batch's ops read: layout.layout's, which copies them from the mix. Its
+    links need the cluster and no op reads them (cached_ops keys on no cluster field); a plan makes the ops of every
+    new micro-batch, and layout(scn) was a sixth of that."""
+
+    tp: int
+    """Tensor parallel: splits every matmul and the heads."""
+    pp: int
+    """Pipeline stages: split the blocks."""
+    cp: int
+    """Context parallel: splits the tokens."""
+    ep: int
+    """Expert parallel: splits the experts."""
+    sequence_parallel: bool
+    """The norms' hidden state split over the tensor-parallel ranks too."""
+
+
+def split_of(mix) -> Split:
+    """The mix's degrees of parallelism, as layout(scn) has them (tests/estimate/test_compute.py checks it)."""
+    return Split(mix.tensor_parallel, mix.pipeline_parallel, mix.context_parallel, mix.expert_parallel,
+                 mix.sequence_parallel)
+
+
 _new = tuple.__new__
 """_new(Op, (every field, in Op's order)) makes an Op without NamedTuple's __new__ call and its keyword defaults:
 a tenth of micro_batch_ops' time, which the search's bounds call thousands of times."""
@@ -77,7 +99,7 @@ def _expected_experts_hit(tokens: float, k: int, experts: int) -> float:
     return experts * (1.0 - (1.0 - 1.0 / experts) ** (tokens * k))
 
 
-def _expert_op(scn: Scenario, lin, n: int, tokens: float, bwd: float, c: float, lay: Layout) -> list[Op]:
+def _expert_op(scn: Scenario, lin, n: int, tokens: float, bwd: float, c: float, lay: Split) -> list[Op]:
     mix = scn.mix
     top_k = scn.top_k
     local = max(lin.count // lay.ep, 1)            # experts this GPU holds
@@ -105,7 +127,7 @@ def _expert_op(scn: Scenario, lin, n: int, tokens: float, bwd: float, c: float, 
     return ops
 
 
-def _lora_ops(scn: Scenario, lin, n: int, tokens: float, c: float, used: float, lay: Layout) -> list[Op]:
+def _lora_ops(scn: Scenario, lin, n: int, tokens: float, c: float, used: float, lay: Split) -> list[Op]:
     """The adapter's A (in -> r) and B (r -> out) GEMMs, both trained (x2 in backward); experts get one each."""
     mix = scn.mix
     rank = mix.lora_rank
@@ -126,7 +148,7 @@ _LAYER_OF = {"attention": "attention", "mlp": "mlp", "experts": "experts", "rout
 """Op.layer of a linear's group (any other group: router)."""
 
 
-def _linear_ops(scn: Scenario, layer, lin, n: int, tokens: float, c: float, lay: Layout, lora: frozenset) -> list[Op]:
+def _linear_ops(scn: Scenario, layer, lin, n: int, tokens: float, c: float, lay: Split, lora: frozenset) -> list[Op]:
     mix, group, adapted = scn.mix, lin.group, id(lin) in lora
     full = mix.method == "full"
     # frozen weights need input gradients only; PEFT's LoRA on a fused expert stack trains W + B @ A, whose
@@ -169,7 +191,7 @@ def _linear_ops(scn: Scenario, layer, lin, n: int, tokens: float, c: float, lay:
     return ops
 
 
-def _attention_op(scn: Scenario, n: int, batch: int, seq: float, c: float, lay: Layout) -> Op:
+def _attention_op(scn: Scenario, n: int, batch: int, seq: float, c: float, lay: Split) -> Op:
     a, mix = scn.model.arch, scn.mix
     qk = (a.qk_nope_head_dim + a.qk_rope_head_dim) if a.attention == "mla" else a.head_dim
     vd = a.v_head_dim if a.attention == "mla" else a.head_dim
@@ -198,7 +220,7 @@ EAGER_KERNELS, FUSED_KERNELS = 18, 6
 k, the gated activation) and fused (a norm with its residual add twice, one RoPE kernel, one activation)."""
 
 
-def _elementwise_op(scn: Scenario, layer, n: float, tokens: float, c: float, lay: Layout) -> Op:
+def _elementwise_op(scn: Scenario, layer, n: float, tokens: float, c: float, lay: Split) -> Op:
     """A block's norms, residual adds, RoPE and gated activation. Eager PyTorch (Hugging Face, torchtune
     uncompiled): per element of the hidden state and norm 28 + 4c for the RMSNorm and 3c for its residual add,
     10c per rotated element of q and k (multiply by cos, negate and concatenate the halves, multiply by sin, add),
@@ -255,7 +277,7 @@ def micro_batch_ops(scn: Scenario, batch: int, seq: float) -> list[Op]:
     """The forward ops of one micro-batch of `batch` sequences padded to `seq` tokens, on one GPU."""
     m, mix = scn.model, scn.mix
     a = m.arch
-    lay = layout(scn)
+    lay = split_of(mix)
     c = 4.0 if mix.precision == "fp32" else 2.0
     tokens = batch * seq / lay.cp
     lora = m.lora_target_ids(mix.lora_targets) if mix.trains_lora else frozenset()

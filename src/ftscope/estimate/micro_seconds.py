@@ -12,11 +12,11 @@ from typing import Callable, Sequence
 
 from ..spec.hardware import GpuSpec
 from ..spec.scenario import Scenario
-from .compute import Op, cached_ops, compute_mix
+from .compute import Op, cached_ops
 from .efficiency import Calibration, Efficiency
 from .kernels import gemm_utilization
 from .shared import Shared
-from .time import _PASS_CACHE, Rates, rates
+from .time import Rates, rates
 
 
 def micro_row(sh: Shared, cal: Calibration, eff: Efficiency, batch: int, gpu: GpuSpec,
@@ -34,8 +34,8 @@ def micro_row(sh: Shared, cal: Calibration, eff: Efficiency, batch: int, gpu: Gp
 
 def _micro_seconds(sh: Shared, scn: Scenario, batch: int, eff: Efficiency) -> tuple:
     """micro_row's values made: time.py's micro_batch_times through its memos (the padded length and ops per
-    micro-batch, the rates per GPU type), or, where no estimate has timed this micro-batch yet, its passes
-    without the seconds per layer (pass_seconds)."""
+    micro-batch, the rates per GPU type), or, where no estimate of the sweep has timed this micro-batch, its passes
+    without the seconds per layer (pass_seconds: equal to pass_times')."""
     known = sh.known((("micro", batch, id(eff)), id(scn.cluster.gpu)))  # micro_batch_times' own memo entry
     if known is not None:
         mb, _, att = known[0]
@@ -43,22 +43,22 @@ def _micro_seconds(sh: Shared, scn: Scenario, batch: int, eff: Efficiency) -> tu
     seq = sh.get(("padded", batch), lambda: scn.workload.mean_padded_len(batch))
     ops = sh.get(("ops", batch), lambda: cached_ops(scn, batch, seq))
     r = sh.per_gpu(("rates", id(eff)), scn, lambda: rates(scn, eff), eff)
-    key = (scn.model, compute_mix(scn.mix), batch, seq, r)  # time.py's _PASS_CACHE key
-    cached = _PASS_CACHE.get(key)
-    if cached is not None:
-        mb, _, att = cached
-        return (mb["forward"], mb["backward"], mb["recompute"], mb["dequant"], att)
+    key = (id(ops), r)
     hit = _SECONDS.get(key)
     if hit is None:
         if len(_SECONDS) >= 4096:
             _SECONDS.clear()
-        hit = _SECONDS[key] = pass_seconds(ops, scn.mix, r)
-    return hit
+        hit = _SECONDS[key] = (ops, pass_seconds(ops, scn.mix, r))
+    return hit[1]
 
 
 _SECONDS: dict[tuple, tuple] = {}
-"""pass_seconds by time.py's _PASS_CACHE key: the sweeps of mixes that differ only in compute_mix's fields (ZeRO
-stage, offload, optimizer) share a micro-batch's passes on a GPU type, as pass_times' own cache lets them."""
+"""(ops, pass_seconds) by (id of the ops, rates). compute.cached_ops gives one ops tuple per model, compute_mix and
+batch shape (the value keeps it alive, so its id stays its own), and pass_seconds reads no field of the mix that
+compute_mix leaves out: the sweeps of mixes that differ only in those (ZeRO stage, offload, optimizer) share a
+micro-batch's passes on a GPU type, and a new micro-batch's key hashes neither the model nor the mix. (time.py's
+_PASS_CACHE, keyed on both, is not read: a plan's estimates are of its few best candidates, and their sweep's
+times are micro_batch_times' memo entries, read above.)"""
 
 
 def pass_seconds(ops: Sequence[Op], mix, r: Rates) -> tuple[float, float, float, float, float]:

@@ -56,3 +56,34 @@ def test_gemm_time_never_falls_as_rows_grow():
     for sms in (8, 108, 132):
         times = [m / gemm_utilization(m, 4096, 4096, sms) for m in [x / 4 for x in range(4, 4 * 700)]]
         assert all(b >= a * (1 - 1e-12) for a, b in zip(times, times[1:]))
+
+
+def _utilization_loop(m, n, k, sms, groups=1, k_half=0.0):
+    """gemm_utilization as first written, with its loop over tile heights and min() / max()."""
+    import math
+    from ftscope.estimate.kernels import SHORT_TILE, TILE, UNKNOWN_SMS
+    if m <= 0 or n <= 0 or k <= 0:
+        return 1.0
+    tiles_n = -(-n // TILE)
+    best = 0.0
+    for tm in (SHORT_TILE, TILE) if m < TILE else (TILE,):
+        tiles_m = math.ceil(m / tm)
+        tile_use = (m * n) / (tiles_m * tm * tiles_n * TILE)
+        fill = min(1.0, tiles_m * tiles_n * max(groups, 1) / (sms or UNKNOWN_SMS))
+        best = max(best, tile_use * fill)
+    pipeline = k / (k + k_half) if k_half > 0 else 1.0
+    return best * pipeline
+
+
+def test_gemm_utilization_is_its_loop_written_out():
+    """gemm_utilization writes its loop and min() / max() out: equal (==) to the loop on random shapes (short,
+    fractional and empty rows, every SM count case, grouped GEMMs, with and without k_half)."""
+    import random
+    rng = random.Random(7)
+    for _ in range(20000):
+        m = rng.choice([0, -1.0, 0.3, 1, 1.0, 63.5, 64, 64.2, 127.99, 128, 128.5, 129, rng.uniform(0, 300),
+                        rng.uniform(0, 50000), rng.randrange(1, 70000)])
+        args = (m, rng.choice([0, 1, 64, 128, 129, rng.randrange(1, 30000)]),
+                rng.choice([0, 16, rng.randrange(1, 30000)]), rng.choice([0, 20, 108, 132, rng.randrange(1, 200)]),
+                rng.choice([0, 1, 2, 8, rng.randrange(1, 300)]), rng.choice([0.0, 64.0, rng.uniform(0, 512)]))
+        assert gemm_utilization.__wrapped__(*args) == _utilization_loop(*args), args

@@ -19,6 +19,7 @@ SHORT_TILE = 64
 """Row tile for GEMMs with fewer than TILE rows."""
 UNKNOWN_SMS = 108
 """SM count assumed for an inline GPU that does not give one (an A100's)."""
+_ceil = math.ceil
 
 
 @lru_cache(maxsize=65536)
@@ -30,15 +31,21 @@ def gemm_utilization(m: float, n: int, k: int, sms: int, groups: int = 1, k_half
     (a mean over micro-batches): the time this gives, FLOPs / utilization, never falls as m grows."""
     if m <= 0 or n <= 0 or k <= 0:
         return 1.0
+    # the loop over (SHORT_TILE, TILE) and its min() / max() written out (a plan meets new shapes on every GPU
+    # type): `a if a < b else b` is min(b, a) and `a if a > b else b` max(b, a), the value each call returns
     tiles_n = -(-n // TILE)
+    g, s = (1 if 1 > groups else groups), (sms or UNKNOWN_SMS)
     best = 0.0
-    for tm in (SHORT_TILE, TILE) if m < TILE else (TILE,):
-        tiles_m = math.ceil(m / tm)
-        tile_use = (m * n) / (tiles_m * tm * tiles_n * TILE)
-        fill = min(1.0, tiles_m * tiles_n * max(groups, 1) / (sms or UNKNOWN_SMS))
-        best = max(best, tile_use * fill)
-    pipeline = k / (k + k_half) if k_half > 0 else 1.0
-    return best * pipeline
+    if m < TILE:
+        tiles_m = _ceil(m / SHORT_TILE)
+        fill = tiles_m * tiles_n * g / s
+        use = (m * n) / (tiles_m * SHORT_TILE * tiles_n * TILE) * (fill if fill < 1.0 else 1.0)
+        best = use if use > best else best
+    tiles_m = _ceil(m / TILE)
+    fill = tiles_m * tiles_n * g / s
+    use = (m * n) / (tiles_m * TILE * tiles_n * TILE) * (fill if fill < 1.0 else 1.0)
+    best = use if use > best else best
+    return best * (k / (k + k_half) if k_half > 0 else 1.0)
 
 
 ARCH_GEMM = {"ampere": "gemm_ampere", "ada": "gemm_ada", "hopper": "gemm_hopper"}

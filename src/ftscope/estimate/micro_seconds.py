@@ -125,7 +125,6 @@ def pass_seconds(ops: Sequence[Op], mix, r: Rates) -> tuple[float, float, float,
     c0 = max(k0 * host / g0, 1.0) if g0 > 0 else 1.0  # host-bound passes stretch
     c1 = max(k1 * host / g1, 1.0) if g1 > 0 else 1.0
     c2 = max(k2 * host / g2, 1.0) if g2 > 0 else 1.0
-    deq = (d0, d1, d2)
-    scale = (c0, c1, c2)
-    return ((g0 - d0) * c0 + s0, (g1 - d1) * c1 + 0.0, (g2 - d2) * c2 + s2, sum(deq[i] * scale[i] for i in range(3)),
+    # pass_times' sum(deq[i] * scale[i] for i in range(3)), written out: sum() starts from the int 0
+    return ((g0 - d0) * c0 + s0, (g1 - d1) * c1 + 0.0, (g2 - d2) * c2 + s2, 0 + d0 * c0 + d1 * c1 + d2 * c2,
             attention)

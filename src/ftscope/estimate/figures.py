@@ -167,21 +167,41 @@ _new_site = partial(tuple.__new__, _Site)
 def _grid(sh: Shared, sites: Sequence[tuple], which: Sequence[int], margin: float, tight_margin: float,
           cal: Calibration, scenario_of: Callable[[int], Scenario]) -> list[Figures | None]:
     """figures(scenario_of(i), margin, cal, tight_margin, sh) of each site i in `which`, in that order."""
+    # per site: its figures (None where a number is not finite), which a repeated plan reads back in one lookup
+    done = sh.get(("grid_done", id(cal), margin, tight_margin), dict, cal)  # (GPU id, per node, nodes, network)
+    out: list[Figures | None] = []
+    new: list[tuple] = []  # the sites not yet known: (place in out, site index, done's key)
+    for i in which:
+        gpu, gpn, nodes, inter = sites[i]
+        key = (id(gpu), gpn, nodes, inter)
+        hit = done.get(key)
+        if hit is not None and hit[0] is gpu:  # (gpu, figures): the GPU kept alive with its id
+            out.append(hit[1])
+        else:
+            new.append((len(out), i, key))
+            out.append(None)
+    if new:
+        _place(sh, sites, new, out, done, margin, tight_margin, cal, scenario_of)
+    return out
+
+
+def _place(sh: Shared, sites: Sequence[tuple], new: list[tuple], out: list, done: dict, margin: float,
+           tight_margin: float, cal: Calibration, scenario_of: Callable[[int], Scenario]) -> None:
+    """_grid's figures of its new sites (`new`: (place in out, site index, done's key)), written into `out` and
+    `done`."""
     from .grid_time import SMALLEST, hours_of, takes  # numpy: imported by the first plan, not at start-up
     from .micro_seconds import micro_row
     base = sh.scenario
     timing = takes(base)
-    # per (GPU count, GPUs per node, GPU type): what a site's figures read but its network (_site); per site, its
-    # hours and dollars: a repeated or neighbouring plan reads them here
+    # per (GPU count, GPUs per node, GPU type): what a site's figures read but its network (_site): a plan over
+    # another network reads it here
     placed = sh.get(("grid_site", id(cal), margin), dict, cal)
-    timed = sh.get(("grid_run", id(cal), margin), dict, cal)  # (GPU id, per node, nodes, network) -> (gpu, run)
     memos = None  # _site's per-GPU-type memos, fetched on the first site not yet placed
-    out: list[Figures | None] = []
-    fitting: list[tuple] = []  # the fitting sites not yet timed: (place in out, site index, run key, _Site)
+    fitting: list[tuple] = []  # the fitting sites: (place in out, site index, done's key, _Site)
     table: list[tuple] = []  # grid_time rows of the GPU types met, and their places
     rows: dict[int, int] = {}
     cols: list[tuple] = []
-    for i in which:
+    for k, i, key in new:
         gpu, gpn, nodes, inter = sites[i]
         world = gpn * nodes
         site = placed.get((world, gpn, id(gpu)))
@@ -192,16 +212,10 @@ def _grid(sh: Shared, sites: Sequence[tuple], which: Sequence[int], margin: floa
             site = placed[world, gpn, id(gpu)] = _site(sh, gpu, world, gpn, i, margin, cal, timing, scenario_of,
                                                        *memos)
         if not site.fits:  # a misfit's figures, or None where a number is not finite
-            out.append(site.figures)
+            out[k] = site.figures
+            done[key] = (gpu, site.figures)
             continue
-        key = (id(gpu), gpn, nodes, inter)
-        run = timed.get(key)
-        if run is not None and run[0] is gpu:  # (gpu, hours, dollars), or (gpu,) where a figure is not finite
-            out.append(_figures((True, site.peak > site.cap * (1.0 - tight_margin), run[1], run[2], False))
-                       if len(run) > 1 else None)
-            continue
-        fitting.append((len(out), i, key, site))
-        out.append(None)
+        fitting.append((k, i, key, site))
         if timing:
             g = rows.get(id(gpu))
             if g is None:
@@ -211,14 +225,12 @@ def _grid(sh: Shared, sites: Sequence[tuple], which: Sequence[int], margin: floa
     runs = hours_of(base, table, cols) if timing and len(cols) >= SMALLEST else [None] * len(fitting)
     for (k, i, key, site), run in zip(fitting, runs):
         gpu, _, _, reason, peak, cap, batch, trainable, _, _ = site
-        if run is None:  # grid_time leaves it to the scalar path
-            f = out[k] = _ranked(scenario_of(i), sh, reason, peak, cap, margin, tight_margin, batch, trainable, cal)
-            if f is None or f.fits:  # (it fits: _site checked what _ranked checks first)
-                timed[key] = (gpu,) if f is None else (gpu, f.hours, f.usd)
+        if run is None:  # grid_time leaves it to the scalar path (it fits: _site checked what _ranked checks first)
+            f = _ranked(scenario_of(i), sh, reason, peak, cap, margin, tight_margin, batch, trainable, cal)
         else:
-            out[k] = _figures((True, peak > cap * (1.0 - tight_margin), run[0], run[1], False))
-            timed[key] = (gpu, *run)
-    return out
+            f = _figures((True, peak > cap * (1.0 - tight_margin), run[0], run[1], False))
+        out[k] = f
+        done[key] = (gpu, f)
 
 
 def _site(sh: Shared, gpu, world: int, gpn: int, i: int, margin: float, cal: Calibration, timing: bool,

@@ -167,62 +167,45 @@ _new_site = partial(tuple.__new__, _Site)
 def _grid(sh: Shared, sites: Sequence[tuple], which: Sequence[int], margin: float, tight_margin: float,
           cal: Calibration, scenario_of: Callable[[int], Scenario]) -> list[Figures | None]:
     """figures(scenario_of(i), margin, cal, tight_margin, sh) of each site i in `which`, in that order."""
-    # per site: its figures (None where a number is not finite), which a repeated plan reads back in one lookup
-    done = sh.get(("grid_done", id(cal), margin, tight_margin), dict, cal)  # (GPU id, per node, nodes, network)
+    done, placed, per_gpu, micro, comm = sh.get(("grid_memos", id(cal), margin, tight_margin),
+                                                lambda: _grid_memos(sh, cal, margin), cal)
     out: list[Figures | None] = []
-    new: list[tuple] = []  # the sites not yet known: (place in out, site index, done's key)
+    fitting: list[tuple] = []  # the fitting sites not yet known: (place in out, site index, done's key, _Site)
+    table: list[tuple] = []  # grid_time rows of the GPU types met, and their places
+    rows: dict[int, int] = {}
+    cols: list[tuple] = []
+    solvers = timing = micro_row = None  # the plan's BatchSolver per GPU count, ...: made on the first new site
     for i in which:
         gpu, gpn, nodes, inter = sites[i]
         key = (id(gpu), gpn, nodes, inter)
         hit = done.get(key)
         if hit is not None and hit[0] is gpu:  # (gpu, figures): the GPU kept alive with its id
             out.append(hit[1])
-        else:
-            new.append((len(out), i, key))
-            out.append(None)
-    if new:
-        _place(sh, sites, new, out, done, margin, tight_margin, cal, scenario_of)
-    return out
-
-
-def _place(sh: Shared, sites: Sequence[tuple], new: list[tuple], out: list, done: dict, margin: float,
-           tight_margin: float, cal: Calibration, scenario_of: Callable[[int], Scenario]) -> None:
-    """_grid's figures of its new sites (`new`: (place in out, site index, done's key)), written into `out` and
-    `done`."""
-    from .grid_time import SMALLEST, hours_of, takes  # numpy: imported by the first plan, not at start-up
-    from .micro_seconds import micro_row
-    base = sh.scenario
-    timing = takes(base)
-    # per (GPU count, GPUs per node, GPU type): what a site's figures read but its network (_site): a plan over
-    # another network reads it here
-    placed = sh.get(("grid_site", id(cal), margin), dict, cal)
-    memos = None  # _site's per-GPU-type memos, fetched on the first site not yet placed
-    fitting: list[tuple] = []  # the fitting sites: (place in out, site index, done's key, _Site)
-    table: list[tuple] = []  # grid_time rows of the GPU types met, and their places
-    rows: dict[int, int] = {}
-    cols: list[tuple] = []
-    for k, i, key in new:
-        gpu, gpn, nodes, inter = sites[i]
+            continue
         world = gpn * nodes
         site = placed.get((world, gpn, id(gpu)))
         if site is None or site.gpu is not gpu:
-            if memos is None:
-                memos = (sh.get(("grid_gpu", id(cal)), dict, cal), sh.get(("grid_micro", id(cal)), dict, cal), {},
-                         micro_row, sh.get(("comm_fields",), lambda: _comm_fields(base)))
+            if solvers is None:
+                lazy = _lazy()
+                solvers, timing, micro_row = {}, lazy[2](sh.scenario), lazy[3]  # timing: grid_time takes the mix
             site = placed[world, gpn, id(gpu)] = _site(sh, gpu, world, gpn, i, margin, cal, timing, scenario_of,
-                                                       *memos)
+                                                       per_gpu, micro, solvers, micro_row, comm)
         if not site.fits:  # a misfit's figures, or None where a number is not finite
-            out[k] = site.figures
+            out.append(site.figures)
             done[key] = (gpu, site.figures)
             continue
-        fitting.append((k, i, key, site))
-        if timing:
+        fitting.append((len(out), i, key, site))
+        out.append(None)
+        if site.times:  # grid_time takes the mix
             g = rows.get(id(gpu))
             if g is None:
                 g = rows[id(gpu)] = len(table)
                 table.append(site.row)
-            cols.append((g, world, gpn, nodes, inter, site.batch, site.trainable, *site.times))
-    runs = hours_of(base, table, cols) if timing and len(cols) >= SMALLEST else [None] * len(fitting)
+            cols.append((g, world, gpn, nodes, inter, site.batch, site.trainable) + site.times)
+    if not fitting:
+        return out
+    smallest, hours_of = _lazy()[:2]
+    runs = hours_of(sh.scenario, table, cols) if len(cols) == len(fitting) >= smallest else [None] * len(fitting)
     for (k, i, key, site), run in zip(fitting, runs):
         gpu, _, _, reason, peak, cap, batch, trainable, _, _ = site
         if run is None:  # grid_time leaves it to the scalar path (it fits: _site checked what _ranked checks first)
@@ -231,6 +214,28 @@ def _place(sh: Shared, sites: Sequence[tuple], new: list[tuple], out: list, done
             f = _figures((True, peak > cap * (1.0 - tight_margin), run[0], run[1], False))
         out[k] = f
         done[key] = (gpu, f)
+    return out
+
+
+def _grid_memos(sh: Shared, cal: Calibration, margin: float) -> tuple:
+    """_grid's memos: per site (GPU id, GPUs per node, nodes, network), its figures (a repeated plan reads them back
+    in one lookup); per (GPU count, GPUs per node, GPU type), what a site's figures read but its network (_site): a
+    plan over another network reads it; _site's per GPU type and micro_row's; the sweep's _comm_fields."""
+    return ({}, sh.get(("grid_site", id(cal), margin), dict, cal), sh.get(("grid_gpu", id(cal)), dict, cal),
+            sh.get(("grid_micro", id(cal)), dict, cal), _comm_fields(sh.scenario))
+
+
+_LAZY: list = []
+"""grid_time's SMALLEST, hours_of and takes and micro_seconds' micro_row, imported by the first plan (numpy), not at
+start-up."""
+
+
+def _lazy() -> list:
+    if not _LAZY:
+        from .grid_time import SMALLEST, hours_of, takes
+        from .micro_seconds import micro_row
+        _LAZY[:] = (SMALLEST, hours_of, takes, micro_row)
+    return _LAZY
 
 
 def _site(sh: Shared, gpu, world: int, gpn: int, i: int, margin: float, cal: Calibration, timing: bool,

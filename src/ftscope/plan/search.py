@@ -175,33 +175,51 @@ def plan(scn: Scenario, gpus: Sequence[str] | None = None, counts: Sequence[int]
         raise FtscopeError(f"no GPU count fits --max-gpus {max_gpus}")
     cal = calibration if isinstance(calibration, Calibration) else load_calibration(calibration)
     shared = _sweep(scn, solve_batch)
-    inter = shared.scenario.cluster.inter_node_gbs
-    sites = [(gpu, count, nodes, inter) for gpu in map(_catalog_gpu, candidate_gpus(gpus)) for count in counts]
+    sites = _sites(gpus, counts, nodes, shared.scenario.cluster.inter_node_gbs)
     cands = _Candidates(shared.scenario, sites)
     figs = grid_figures(shared, sites, margin, cal, cands.at_site)  # in the listing's order: site i is cands[i]
-    for i, f in enumerate(figs):
-        if f is None:  # a figure that is not a finite number: the estimate's own checks say which
-            figs[i] = _figures_of(estimate_with_margin(cands[i], margin, cal, shared))
-    # the _rank_key of each candidate's estimate, from its figures
+    if None in figs:
+        for i, f in enumerate(figs):
+            if f is None:  # a figure that is not a finite number: the estimate's own checks say which
+                figs[i] = _figures_of(estimate_with_margin(cands[i], margin, cal, shared))
+    # the _rank_key of each candidate's estimate, from its figures (fits, tight, hours, usd, does_not_fit)
     if by == "cost":
-        keys = [((1 if f.tight else 0), (_INF if f.usd is None else f.usd), f.hours) if f.fits else _MISFIT_KEY
-                for f in figs]
+        keys = [((1 if tight else 0), (_INF if usd is None else usd), hours) if fits else _MISFIT_KEY
+                for fits, tight, hours, usd, _ in figs]
     else:
-        keys = [((1 if f.tight else 0), f.hours, (_INF if f.usd is None else f.usd)) if f.fits else _MISFIT_KEY
-                for f in figs]
+        keys = [((1 if tight else 0), hours, (_INF if usd is None else usd)) if fits else _MISFIT_KEY
+                for fits, tight, hours, usd, _ in figs]
     order = sorted(range(len(figs)), key=keys.__getitem__)  # stable: equal keys keep the listing order, as
     ranked = [figs[i] for i in order]  # sorting the estimates did
     rows = Rows(cands.reordered(order), lambda c: estimate_with_margin(c, margin, cal, shared))
-    front = pareto_points([(f.hours, f.usd) if f.fits and f.usd is not None else None for f in ranked])
+    front = pareto_points([(hours, usd) if fits and usd is not None else None for fits, _, hours, usd, _ in ranked])
     return Plan(rows=rows, feasible=bool(ranked) and ranked[0].fits, pareto=front, by=by, margin=margin,
                 fix_memo=shared.get(("fixes",), dict))
+
+
+_SITES: dict[tuple, tuple] = {}
+"""A plan's sites by (GPU names or None, counts, nodes, network GB/s per GPU, the catalog's tables by identity): the
+plans of every mix over one layout list the same ones."""
+
+
+def _sites(gpus: Sequence[str] | None, counts: list[int], nodes: int, inter: float) -> tuple:
+    """(GPU type, GPUs per node, nodes, network) of each candidate: every GPU of candidate_gpus(gpus) x counts."""
+    key = (tuple(gpus) if gpus else None, tuple(counts), nodes, inter, id(catalog.gpu_table()),
+           id(catalog.price_list()))
+    hit = _SITES.get(key)
+    if hit is None:
+        if len(_SITES) >= 1024:
+            _SITES.clear()
+        sites = tuple((gpu, count, nodes, inter) for gpu in map(_catalog_gpu, candidate_gpus(gpus)) for count in counts)
+        hit = _SITES[key] = (catalog.gpu_table(), catalog.price_list(), sites)  # the tables kept alive with their ids
+    return hit[2]
 
 
 class _Candidates(Sequence[Scenario]):
     """A plan's candidate scenarios: the sweep's scenario on each site (GPU type, GPUs per node, nodes, network),
     each made when first read (a ranking reads none of them; a table, a few)."""
 
-    def __init__(self, base: Scenario, sites: list[tuple], order: list[int] | None = None,
+    def __init__(self, base: Scenario, sites: Sequence[tuple], order: list[int] | None = None,
                  made: dict[int, Scenario] | None = None) -> None:
         self._base, self._sites = base, sites
         self._order = order if order is not None else range(len(sites))

@@ -135,11 +135,10 @@ def grid_figures(sh: Shared, sites: Sequence[tuple], margin: float, cal: Calibra
 
 
 class _Site(NamedTuple):
-    """What a plan's candidate on `world` GPUs of one type reads but its network (_site), kept per GPU count, GPUs per
-    node and type."""
+    """What a plan's candidate on `world` GPUs of one type reads but its network (_site)."""
 
     gpu: object
-    """The GPU type (its id keys the memo: kept alive here, so no id is reused)."""
+    """The GPU type."""
     fits: bool
     figures: Figures | None
     """A misfit's figures (None where a number is not finite, or where it fits: timed by the plan)."""
@@ -167,8 +166,7 @@ _new_site = partial(tuple.__new__, _Site)
 def _grid(sh: Shared, sites: Sequence[tuple], which: Sequence[int], margin: float, tight_margin: float,
           cal: Calibration, scenario_of: Callable[[int], Scenario]) -> list[Figures | None]:
     """figures(scenario_of(i), margin, cal, tight_margin, sh) of each site i in `which`, in that order."""
-    done, placed, per_gpu, micro, comm = sh.get(("grid_memos", id(cal), margin, tight_margin),
-                                                lambda: _grid_memos(sh, cal, margin), cal)
+    done, per_gpu, micro, comm = sh.get(("grid_memos", id(cal), margin, tight_margin), lambda: _grid_memos(sh, cal), cal)
     out: list[Figures | None] = []
     fitting: list[tuple] = []  # the fitting sites not yet known: (place in out, site index, done's key, _Site)
     table: list[tuple] = []  # grid_time rows of the GPU types met, and their places
@@ -182,26 +180,25 @@ def _grid(sh: Shared, sites: Sequence[tuple], which: Sequence[int], margin: floa
         if hit is not None and hit[0] is gpu:  # (gpu, figures): the GPU kept alive with its id
             out.append(hit[1])
             continue
+        # a new site (a plan's sweep has one network: a site new to `done` is new to its GPU count and layout too)
         world = gpn * nodes
-        site = placed.get((world, gpn, id(gpu)))
-        if site is None or site.gpu is not gpu:
-            if solvers is None:
-                lazy = _lazy()
-                solvers, timing, micro_row = {}, lazy[2](sh.scenario), lazy[3]  # timing: grid_time takes the mix
-            site = placed[world, gpn, id(gpu)] = _site(sh, gpu, world, gpn, i, margin, cal, timing, scenario_of,
-                                                       per_gpu, micro, solvers, micro_row, comm)
-        if not site.fits:  # a misfit's figures, or None where a number is not finite
-            out.append(site.figures)
-            done[key] = (gpu, site.figures)
+        if solvers is None:
+            lazy = _lazy()
+            solvers, timing, micro_row = {}, lazy[2](sh.scenario), lazy[3]  # timing: grid_time takes the mix
+        site = _site(sh, gpu, world, gpn, i, margin, cal, timing, scenario_of, per_gpu, micro, solvers, micro_row, comm)
+        _, fits, figs, _, _, _, batch, trainable, row, times = site
+        if not fits:  # a misfit's figures, or None where a number is not finite
+            out.append(figs)
+            done[key] = (gpu, figs)
             continue
         fitting.append((len(out), i, key, site))
         out.append(None)
-        if site.times:  # grid_time takes the mix
+        if times:  # grid_time takes the mix
             g = rows.get(id(gpu))
             if g is None:
                 g = rows[id(gpu)] = len(table)
-                table.append(site.row)
-            cols.append((g, world, gpn, nodes, inter, site.batch, site.trainable) + site.times)
+                table.append(row)
+            cols.append((g, world, gpn, nodes, inter, batch, trainable) + times)
     if not fitting:
         return out
     smallest, hours_of = _lazy()[:2]
@@ -217,12 +214,11 @@ def _grid(sh: Shared, sites: Sequence[tuple], which: Sequence[int], margin: floa
     return out
 
 
-def _grid_memos(sh: Shared, cal: Calibration, margin: float) -> tuple:
-    """_grid's memos: per site (GPU id, GPUs per node, nodes, network), its figures (a repeated plan reads them back
-    in one lookup); per (GPU count, GPUs per node, GPU type), what a site's figures read but its network (_site): a
-    plan over another network reads it; _site's per GPU type and micro_row's; the sweep's _comm_fields."""
-    return ({}, sh.get(("grid_site", id(cal), margin), dict, cal), sh.get(("grid_gpu", id(cal)), dict, cal),
-            sh.get(("grid_micro", id(cal)), dict, cal), _comm_fields(sh.scenario))
+def _grid_memos(sh: Shared, cal: Calibration) -> tuple:
+    """_grid's memos: per site (GPU id, GPUs per node, nodes, network), its figures (GPU, figures; a repeated plan
+    reads them back in one lookup); _site's per GPU type and micro_row's; the sweep's _comm_fields."""
+    return ({}, sh.get(("grid_gpu", id(cal)), dict, cal), sh.get(("grid_micro", id(cal)), dict, cal),
+            _comm_fields(sh.scenario))
 
 
 _LAZY: list = []

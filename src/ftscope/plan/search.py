@@ -134,21 +134,16 @@ def pareto_points(points: Sequence[tuple[float, float] | None]) -> list[int]:
     """pareto_front of rows given as (hours, dollars), None for a row that does not fit or has no price."""
     pts = sorted([(p[0], p[1], i) for i, p in enumerate(points) if p is not None])
     front = []
-    cheapest_faster = float("inf")  # the lowest dollars of the rows strictly faster than the group at hand
-    k, n = 0, len(pts)
-    while k < n:  # groups of equal hours, as itertools.groupby makes them (`is` or ==)
-        hours, lowest, _ = pts[k]  # sorted: the group's cheapest comes first
-        end = k + 1
-        while end < n and (pts[end][0] is hours or pts[end][0] == hours):
-            end += 1
+    cheapest_faster = lowest = float("inf")  # the lowest dollars of the rows strictly faster than the group at hand
+    hours = None
+    for h, u, i in pts:  # groups of equal hours, as itertools.groupby makes them (`is` or ==)
+        if not (h is hours or h == hours):  # a new group (sorted: its cheapest comes first)
+            if lowest < cheapest_faster:  # min(cheapest_faster, the last group's lowest)
+                cheapest_faster = lowest
+            hours, lowest = h, u
         # a row is beaten by a faster one no dearer, or by an equally fast one strictly cheaper
-        for j in range(k, end):
-            u = pts[j][1]
-            if cheapest_faster > u and not lowest < u:
-                front.append(pts[j][2])
-        if lowest < cheapest_faster:  # min(cheapest_faster, lowest)
-            cheapest_faster = lowest
-        k = end
+        if cheapest_faster > u and not lowest < u:
+            front.append(i)
     front.sort()
     return front
 

@@ -168,17 +168,23 @@ def _grid(sh: Shared, sites: Sequence[tuple], which: Sequence[int], margin: floa
     """figures(scenario_of(i), margin, cal, tight_margin, sh) of each site i in `which`, in that order."""
     done, per_gpu, micro, comm = sh.get(("grid_memos", id(cal), margin, tight_margin), lambda: _grid_memos(sh, cal), cal)
     out: list[Figures | None] = []
-    fitting: list[tuple] = []  # the fitting sites not yet known: (place in out, site index, done's key, _Site)
+    fitting: list[tuple] = []  # the new fitting sites: (place in out, site index, its type's figures, key, _Site)
     table: list[tuple] = []  # grid_time rows of the GPU types met, and their places
     rows: dict[int, int] = {}
     cols: list[tuple] = []
     solvers = timing = micro_row = None  # the plan's BatchSolver per GPU count, ...: made on the first new site
+    last = known = None  # the GPU type of the site before and its figures per layout (a plan lists them by type)
     for i in which:
         gpu, gpn, nodes, inter = sites[i]
-        key = (id(gpu), gpn, nodes, inter)
-        hit = done.get(key)
-        if hit is not None and hit[0] is gpu:  # (gpu, figures): the GPU kept alive with its id
-            out.append(hit[1])
+        if gpu is not last:
+            hit = done.get(id(gpu))
+            if hit is None or hit[0] is not gpu:  # (gpu, its figures per layout): the GPU kept alive with its id
+                hit = done[id(gpu)] = (gpu, {})
+            last, known = gpu, hit[1]
+        key = (gpn, nodes, inter)
+        f = known.get(key, known)
+        if f is not known:
+            out.append(f)
             continue
         # a new site (a plan's sweep has one network: a site new to `done` is new to its GPU count and layout too)
         world = gpn * nodes
@@ -189,9 +195,9 @@ def _grid(sh: Shared, sites: Sequence[tuple], which: Sequence[int], margin: floa
         _, fits, figs, _, _, _, batch, trainable, row, times = site
         if not fits:  # a misfit's figures, or None where a number is not finite
             out.append(figs)
-            done[key] = (gpu, figs)
+            known[key] = figs
             continue
-        fitting.append((len(out), i, key, site))
+        fitting.append((len(out), i, known, key, site))
         out.append(None)
         if times:  # grid_time takes the mix
             g = rows.get(id(gpu))
@@ -203,20 +209,19 @@ def _grid(sh: Shared, sites: Sequence[tuple], which: Sequence[int], margin: floa
         return out
     smallest, hours_of = _lazy()[:2]
     runs = hours_of(sh.scenario, table, cols) if len(cols) == len(fitting) >= smallest else [None] * len(fitting)
-    for (k, i, key, site), run in zip(fitting, runs):
+    for (k, i, known, key, site), run in zip(fitting, runs):
         gpu, _, _, reason, peak, cap, batch, trainable, _, _ = site
         if run is None:  # grid_time leaves it to the scalar path (it fits: _site checked what _ranked checks first)
             f = _ranked(scenario_of(i), sh, reason, peak, cap, margin, tight_margin, batch, trainable, cal)
         else:
             f = _figures((True, peak > cap * (1.0 - tight_margin), run[0], run[1], False))
-        out[k] = f
-        done[key] = (gpu, f)
+        out[k] = known[key] = f
     return out
 
 
 def _grid_memos(sh: Shared, cal: Calibration) -> tuple:
-    """_grid's memos: per site (GPU id, GPUs per node, nodes, network), its figures (GPU, figures; a repeated plan
-    reads them back in one lookup); _site's per GPU type and micro_row's; the sweep's _comm_fields."""
+    """_grid's memos: per GPU type (id), the GPU and its sites' figures by (GPUs per node, nodes, network) (a
+    repeated plan reads them back); _site's per GPU type and micro_row's; the sweep's _comm_fields."""
     return ({}, sh.get(("grid_gpu", id(cal)), dict, cal), sh.get(("grid_micro", id(cal)), dict, cal),
             _comm_fields(sh.scenario))
 

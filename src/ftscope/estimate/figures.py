@@ -162,6 +162,9 @@ _figures = partial(tuple.__new__, Figures)
 _new_site = partial(tuple.__new__, _Site)
 """A _Site from a tuple of its fields, the same way."""
 
+_MISFITS = {dnf: Figures(False, False, None, None, dnf) for dnf in (False, True)}
+"""A misfit's figures by does_not_fit: the two there are, shared (a plan's memo keeps one per site otherwise)."""
+
 
 def _grid(sh: Shared, sites: Sequence[tuple], which: Sequence[int], margin: float, tight_margin: float,
           cal: Calibration, scenario_of: Callable[[int], Scenario]) -> list[Figures | None]:
@@ -278,8 +281,7 @@ def _site(sh: Shared, gpu, world: int, gpn: int, i: int, margin: float, cal: Cal
         return _new_site((gpu, False, None, reason, peak, cap, batch, mem.trainable_params, row, ()))
     if not (reason is None and peak <= limit):  # _ranked's misfit
         dnf = (reason is None and peak > limit) or (reason is not None and reason.startswith("does not fit"))
-        return _new_site((gpu, False, _figures((False, False, None, None, dnf)), reason, peak, cap, batch,
-                          mem.trainable_params, row, ()))
+        return _new_site((gpu, False, _MISFITS[dnf], reason, peak, cap, batch, mem.trainable_params, row, ()))
     times = micro.get((id(gpu), id(eff), batch)) if timing else ()  # micro_row's memo, read here first
     if times is None:
         times = micro_row(sh, cal, eff, batch, gpu, lambda: scenario_of(i))

@@ -169,7 +169,8 @@ _MISFITS = {dnf: Figures(False, False, None, None, dnf) for dnf in (False, True)
 def _grid(sh: Shared, sites: Sequence[tuple], which: Sequence[int], margin: float, tight_margin: float,
           cal: Calibration, scenario_of: Callable[[int], Scenario]) -> list[Figures | None]:
     """figures(scenario_of(i), margin, cal, tight_margin, sh) of each site i in `which`, in that order."""
-    done, per_gpu, micro, comm = sh.get(("grid_memos", id(cal), margin, tight_margin), lambda: _grid_memos(sh, cal), cal)
+    done, per_gpu, micro, comm = sh.get(("grid_memos", id(cal), margin, tight_margin), lambda: _grid_memos(sh, cal),
+                                        cal)
     out: list[Figures | None] = []
     fitting: list[tuple] = []  # the new fitting sites: (place in out, site index, its type's figures, key, _Site)
     table: list[tuple] = []  # grid_time rows of the GPU types met, and their places

@@ -327,15 +327,16 @@ def _one(mix, stage, ga, runs, per_grad, sharded, adam, gathered, passes, units,
         opt = shard / cpu_adam + shard * (2.0 + 2.0) / host_link
         if mix.offload == "optimizer+params":
             opt = opt + gathered / world * passes * ga / host_link
-    parts = (fwd * runs, bwd * runs, rec * runs, deq * runs) if runs != 1.0 else (fwd, bwd, rec, deq)
-    step = sum((*parts, opt, comm, other))
+    if runs != 1.0:
+        fwd, bwd, rec, deq = fwd * runs, bwd * runs, rec * runs, deq * runs
+    step = sum((fwd, bwd, rec, deq, opt, comm, other))
     steps = work / (batch * ga * world * sps)
     if not math.isfinite(steps):  # np.ceil's infinity or NaN: not a finite number of hours
         return None
     hours = float(math.ceil(steps)) * step / 3600.0
     usd = hours * world * price
     priced = price == price
-    if not (step > 0 and min(*parts, opt, comm, other) >= 0 and math.isfinite(step + hours) and hours >= 0
+    if not (step > 0 and min(fwd, bwd, rec, deq, opt, comm, other) >= 0 and math.isfinite(step + hours) and hours >= 0
             and not (priced and not (math.isfinite(usd) and usd >= 0))):
         return None
     return hours, (usd if priced else None)

@@ -172,6 +172,17 @@ def plan(scn: Scenario, gpus: Sequence[str] | None = None, counts: Sequence[int]
     shared = _sweep(scn, solve_batch)
     sites = _sites(gpus, counts, nodes, shared.scenario.cluster.inter_node_gbs)
     cands = _Candidates(shared.scenario, sites)
+    # a repeated plan (the same sweep, sites, margin and key: `ftscope serve`, a sweep over layouts) reads it back
+    order, feasible, front = shared.get(("ranking", id(cal), margin, by, id(sites)),
+                                        lambda: _ranking(shared, sites, cands, margin, by, cal), cal, sites)
+    rows = Rows(cands.reordered(order), lambda c: estimate_with_margin(c, margin, cal, shared))
+    return Plan(rows=rows, feasible=feasible, pareto=list(front), by=by, margin=margin,
+                fix_memo=shared.get(("fixes",), dict))
+
+
+def _ranking(shared: Shared, sites: Sequence[tuple], cands: "_Candidates", margin: float, by: str,
+             cal: Calibration) -> tuple[list[int], bool, list[int]]:
+    """(the candidates' order, whether the first fits, the Pareto front as indices into that order) of a plan."""
     figs = grid_figures(shared, sites, margin, cal, cands.at_site)  # in the listing's order: site i is cands[i]
     if None in figs:
         for i, f in enumerate(figs):
@@ -186,10 +197,8 @@ def plan(scn: Scenario, gpus: Sequence[str] | None = None, counts: Sequence[int]
                 for fits, tight, hours, usd, _ in figs]
     order = sorted(range(len(figs)), key=keys.__getitem__)  # stable: equal keys keep the listing order, as
     ranked = [figs[i] for i in order]  # sorting the estimates did
-    rows = Rows(cands.reordered(order), lambda c: estimate_with_margin(c, margin, cal, shared))
     front = pareto_points([(hours, usd) if fits and usd is not None else None for fits, _, hours, usd, _ in ranked])
-    return Plan(rows=rows, feasible=bool(ranked) and ranked[0].fits, pareto=front, by=by, margin=margin,
-                fix_memo=shared.get(("fixes",), dict))
+    return order, bool(ranked) and ranked[0].fits, front
 
 
 _SITES: dict[tuple, tuple] = {}
@@ -199,13 +208,14 @@ plans of every mix over one layout list the same ones."""
 
 def _sites(gpus: Sequence[str] | None, counts: list[int], nodes: int, inter: float) -> tuple:
     """(GPU type, GPUs per node, nodes, network) of each candidate: every GPU of candidate_gpus(gpus) x counts."""
-    key = (tuple(gpus) if gpus else None, tuple(counts), nodes, inter, id(catalog.gpu_table()),
-           id(catalog.price_list()))
+    names = tuple(gpus) if gpus else None
+    key = (names, tuple(counts), nodes, inter, id(catalog.gpu_table()), id(catalog.price_list()))
     hit = _SITES.get(key)
     if hit is None:
         if len(_SITES) >= 1024:
             _SITES.clear()
-        sites = tuple((gpu, count, nodes, inter) for gpu in map(_catalog_gpu, candidate_gpus(gpus)) for count in counts)
+        sites = tuple((gpu, count, nodes, inter) for gpu in map(_catalog_gpu, candidate_gpus(names))
+                      for count in counts)
         hit = _SITES[key] = (catalog.gpu_table(), catalog.price_list(), sites)  # the tables kept alive with their ids
     return hit[2]
 

@@ -117,7 +117,7 @@ def test_the_grids_sanity_check_is_the_breakdowns_on_every_capacity(model, mix):
 
 
 @pytest.mark.parametrize("zero,shared_above_one", [(0, True), (2, False)])
-def test_equal_memory_models_share_one_solver_and_a_repeat_reads_the_sites(zero, shared_above_one):
+def test_equal_memory_models_share_one_solver_and_a_repeat_gives_the_same_sites(zero, shared_above_one):
     """DDP's memory model is the same at every GPU count above one (ZeRO-2's shards by it): the grid solves it once
     for all of them; its figures still equal rank_figures at each count, and a repeated grid gives the same ones."""
     cal = load_calibration()
@@ -132,7 +132,7 @@ def test_equal_memory_models_share_one_solver_and_a_repeat_reads_the_sites(zero,
     assert all(s is not None for s in solvers)
     assert (solvers[1] is solvers[2] is solvers[3] is solvers[4]) == shared_above_one
     assert solvers[0] is not solvers[1]
-    assert F.rank_grid(cands, 0.0, cal, sh) == grid  # every site known: read back, not recomputed
+    assert F.rank_grid(cands, 0.0, cal, sh) == grid  # every site again: remade from the sweep's memos
     # known and new sites together, fewer new fitting ones than grid_time takes (the scalar path times them)
     more = cands[:3] + [base.with_(gpu=gpu_from_catalog(g), gpus_per_node=4, nodes=4) for g in GPUS[-2:]]
     assert F.rank_grid(more, 0.0, cal, sh) == [F.rank_figures(c, 0.0, cal, Shared(base)) for c in more]

@@ -168,40 +168,27 @@ _MISFITS = {dnf: Figures(False, False, None, None, dnf) for dnf in (False, True)
 
 def _grid(sh: Shared, sites: Sequence[tuple], which: Sequence[int], margin: float, tight_margin: float,
           cal: Calibration, scenario_of: Callable[[int], Scenario]) -> list[Figures | None]:
-    """figures(scenario_of(i), margin, cal, tight_margin, sh) of each site i in `which`, in that order."""
-    done, per_gpu, micro, comm = sh.get(("grid_memos", id(cal), margin, tight_margin), lambda: _grid_memos(sh, cal),
-                                        cal)
+    """figures(scenario_of(i), margin, cal, tight_margin, sh) of each site i in `which`, in that order. No site's
+    figures are kept: a repeated plan reads its whole ranking back (plan/search.py), and a site of another plan is
+    remade from the sweep's memos (its solver, capacity, largest micro-batch, sanity and micro-batch seconds)."""
+    per_gpu, micro, comm = sh.get(("grid_memos", id(cal)), lambda: _grid_memos(sh, cal), cal)
+    lazy = _lazy()
+    timing, micro_row = lazy[2](sh.scenario), lazy[3]  # timing: grid_time takes the mix
+    solvers: dict = {}  # the plan's BatchSolver per GPU count
     out: list[Figures | None] = []
-    fitting: list[tuple] = []  # the new fitting sites: (place in out, site index, its type's figures, key, _Site)
+    fitting: list[tuple] = []  # the fitting sites: (place in out, site index, _Site)
     table: list[tuple] = []  # grid_time rows of the GPU types met, and their places
     rows: dict[int, int] = {}
     cols: list[tuple] = []
-    solvers = timing = micro_row = None  # the plan's BatchSolver per GPU count, ...: made on the first new site
-    last = known = None  # the GPU type of the site before and its figures per layout (a plan lists them by type)
     for i in which:
         gpu, gpn, nodes, inter = sites[i]
-        if gpu is not last:
-            hit = done.get(id(gpu))
-            if hit is None or hit[0] is not gpu:  # (gpu, its figures per layout): the GPU kept alive with its id
-                hit = done[id(gpu)] = (gpu, {})
-            last, known = gpu, hit[1]
-        key = (gpn, nodes, inter)
-        f = known.get(key, known)
-        if f is not known:
-            out.append(f)
-            continue
-        # a new site (a plan's sweep has one network: a site new to `done` is new to its GPU count and layout too)
         world = gpn * nodes
-        if solvers is None:
-            lazy = _lazy()
-            solvers, timing, micro_row = {}, lazy[2](sh.scenario), lazy[3]  # timing: grid_time takes the mix
         site = _site(sh, gpu, world, gpn, i, margin, cal, timing, scenario_of, per_gpu, micro, solvers, micro_row, comm)
         _, fits, figs, _, _, _, batch, trainable, row, times = site
         if not fits:  # a misfit's figures, or None where a number is not finite
             out.append(figs)
-            known[key] = figs
             continue
-        fitting.append((len(out), i, known, key, site))
+        fitting.append((len(out), i, site))
         out.append(None)
         if times:  # grid_time takes the mix
             g = rows.get(id(gpu))
@@ -211,22 +198,19 @@ def _grid(sh: Shared, sites: Sequence[tuple], which: Sequence[int], margin: floa
             cols.append((g, world, gpn, nodes, inter, batch, trainable) + times)
     if not fitting:
         return out
-    smallest, hours_of = _lazy()[:2]
-    runs = hours_of(sh.scenario, table, cols) if len(cols) == len(fitting) >= smallest else [None] * len(fitting)
-    for (k, i, known, key, site), run in zip(fitting, runs):
+    runs = lazy[1](sh.scenario, table, cols) if len(cols) == len(fitting) >= lazy[0] else [None] * len(fitting)
+    for (k, i, site), run in zip(fitting, runs):
         gpu, _, _, reason, peak, cap, batch, trainable, _, _ = site
         if run is None:  # grid_time leaves it to the scalar path (it fits: _site checked what _ranked checks first)
-            f = _ranked(scenario_of(i), sh, reason, peak, cap, margin, tight_margin, batch, trainable, cal)
+            out[k] = _ranked(scenario_of(i), sh, reason, peak, cap, margin, tight_margin, batch, trainable, cal)
         else:
-            f = _figures((True, peak > cap * (1.0 - tight_margin), run[0], run[1], False))
-        out[k] = known[key] = f
+            out[k] = _figures((True, peak > cap * (1.0 - tight_margin), run[0], run[1], False))
     return out
 
 
 def _grid_memos(sh: Shared, cal: Calibration) -> tuple:
-    """_grid's memos: per GPU type (id), the GPU and its sites' figures by (GPUs per node, nodes, network) (a
-    repeated plan reads them back); _site's per GPU type and micro_row's; the sweep's _comm_fields."""
-    return ({}, sh.get(("grid_gpu", id(cal)), dict, cal), sh.get(("grid_micro", id(cal)), dict, cal),
+    """_grid's memos: _site's per GPU type and micro_row's; the sweep's _comm_fields."""
+    return (sh.get(("grid_gpu", id(cal)), dict, cal), sh.get(("grid_micro", id(cal)), dict, cal),
             _comm_fields(sh.scenario))
 
 

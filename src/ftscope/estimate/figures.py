@@ -163,7 +163,7 @@ _new_site = partial(tuple.__new__, _Site)
 """A _Site from a tuple of its fields, the same way."""
 
 _MISFITS = {dnf: Figures(False, False, None, None, dnf) for dnf in (False, True)}
-"""A misfit's figures by does_not_fit: the two there are, shared (a plan's memo keeps one per site otherwise)."""
+"""A misfit's figures by does_not_fit: the two there are, shared rather than made per site."""
 
 
 def _grid(sh: Shared, sites: Sequence[tuple], which: Sequence[int], margin: float, tight_margin: float,

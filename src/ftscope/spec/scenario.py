@@ -80,7 +80,7 @@ SECTIONS = {
     "price": {f.name for f in fields(Price)},
 }
 TOP_KEYS = {f.name for f in fields(ScenarioInput)}
-CLUSTER_FIELDS = frozenset(("gpu", "gpus_per_node", "nodes", "inter_node_gbs"))
+_CLUSTER_FIELDS = frozenset(("gpu", "gpus_per_node", "nodes", "inter_node_gbs"))
 """The Cluster fields Scenario.with_ sets."""
 _MIX_FIELDS, _WORKLOAD_FIELDS = frozenset(SECTIONS["mix"]), frozenset(SECTIONS["workload"])
 
@@ -120,10 +120,10 @@ class Scenario:
                 mix_f[k] = v
             elif k in _WORKLOAD_FIELDS:
                 wl_f[k] = v
-            elif k in CLUSTER_FIELDS:
+            elif k in _CLUSTER_FIELDS:
                 cl_f[k] = v
             else:
-                unknown = sorted(set(changes) - _MIX_FIELDS - _WORKLOAD_FIELDS - CLUSTER_FIELDS)
+                unknown = sorted(set(changes) - _MIX_FIELDS - _WORKLOAD_FIELDS - _CLUSTER_FIELDS)
                 raise TypeError(f"Scenario.with_: no mix, workload or cluster field named {', '.join(unknown)}")
         new = self
         if mix_f:

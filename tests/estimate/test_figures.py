@@ -117,7 +117,7 @@ def test_the_grids_sanity_check_is_the_breakdowns_on_every_capacity(model, mix):
 
 
 @pytest.mark.parametrize("zero,shared_above_one", [(0, True), (2, False)])
-def test_equal_memory_models_share_one_solver_and_a_repeat_reads_the_sites(zero, shared_above_one):
+def test_equal_memory_models_share_one_solver_and_a_repeat_gives_the_same_sites(zero, shared_above_one):
     """DDP's memory model is the same at every GPU count above one (ZeRO-2's shards by it): the grid solves it once
     for all of them; its figures still equal rank_figures at each count, and a repeated grid gives the same ones."""
     cal = load_calibration()
@@ -132,14 +132,14 @@ def test_equal_memory_models_share_one_solver_and_a_repeat_reads_the_sites(zero,
     assert all(s is not None for s in solvers)
     assert (solvers[1] is solvers[2] is solvers[3] is solvers[4]) == shared_above_one
     assert solvers[0] is not solvers[1]
-    assert F.rank_grid(cands, 0.0, cal, sh) == grid  # every site known: read back, not recomputed
+    assert F.rank_grid(cands, 0.0, cal, sh) == grid  # every site again: remade from the sweep's memos
     # known and new sites together, fewer new fitting ones than grid_time takes (the scalar path times them)
     more = cands[:3] + [base.with_(gpu=gpu_from_catalog(g), gpus_per_node=4, nodes=4) for g in GPUS[-2:]]
     assert F.rank_grid(more, 0.0, cal, sh) == [F.rank_figures(c, 0.0, cal, Shared(base)) for c in more]
     assert F.rank_grid(more, 0.0, cal, sh) == F.rank_grid(more, 0.0, cal, Shared(base))
 
 
-def test_each_sites_capacity_is_the_estimates():
+def test_each_sites_capacity_is_the_estimates(monkeypatch):
     """The grid's capacity per site (GPU type, count and node layout: NCCL's buffers read all three) is the
     estimate's for that candidate, and the figures equal rank_figures on every layout of eight GPUs."""
     from ftscope.estimate import estimate
@@ -148,8 +148,14 @@ def test_each_sites_capacity_is_the_estimates():
     cands = [base.with_(gpu=gpu_from_catalog(g), gpus_per_node=c, nodes=n)
              for g in ("a100-80gb", "h100-80gb") for c, n in ((1, 1), (8, 1), (4, 2), (2, 4), (1, 8))]
     sh = Shared(base)
+    placed = {}  # each _Site the grid makes, by (GPUs, GPUs per node, GPU id)
+    site = F._site
+
+    def spy(sh, gpu, world, gpn, *rest):
+        made = placed[world, gpn, id(gpu)] = site(sh, gpu, world, gpn, *rest)
+        return made
+    monkeypatch.setattr(F, "_site", spy)
     assert F.rank_grid(cands, 0.0, cal, sh) == [F.rank_figures(c, 0.0, cal, Shared(base)) for c in cands]
-    placed = sh.get(("grid_site", id(cal), 0.0), dict, cal)
     caps = {estimate(c).model_memory.capacity_bytes for c in cands}
     assert len(caps) > 4  # the layouts of eight GPUs differ
     for c in cands:

@@ -3,6 +3,7 @@ number (==, not approx), and builtin_sum equals the running interpreter's sum().
 from __future__ import annotations
 
 import itertools
+import math
 import random
 
 import pytest
@@ -176,15 +177,138 @@ def test_the_floats_exposure_is_the_arrays_on_every_value(seed):
     for _ in range(300):
         win = {"fwd_bwd": pick(), "bwd": pick(), "last_bwd": pick()}
         overlap = pick()
-        transfers = [(pick(), w, pick()) for w in rng.sample(["bwd", "fwd_bwd", "last_bwd", "none"], rng.randint(1, 4))
-                     for _ in range(rng.randint(1, 2))]
-        transfers.sort(key=lambda t: t[1] == "none")  # the float path takes "none" last, as _collectives orders them
+        # one collective per window, as _collectives makes them; the one no compute hides (unhidden 0.0) last
+        transfers = [(pick(), w, 0.0 if w == "none" else pick())
+                     for w in rng.sample(["bwd", "fwd_bwd", "last_bwd", "none"], rng.randint(1, 4))]
+        transfers.sort(key=lambda t: t[1] == "none")
         want = G._exposed([(np.array([s]), w, np.array([u])) for s, w, u in transfers],
                           {k: np.array([v]) for k, v in win.items()}, np.array([overlap]))[0]
-        groups: dict[str, list] = {}
-        for s, w, u in transfers:
-            groups.setdefault(w, []).append((s, win.get(w, 0.0), u))
-        none = [(s, u) for s, _, u in groups.pop("none", [])]
-        got = G._fexposed(list(groups.values()), none, overlap, win["fwd_bwd"])
+        wins = tuple((s, overlap * win[w], u) for s, w, u in transfers if w != "none")
+        none = next((s for s, w, _ in transfers if w == "none"), None)
+        got = G._fexposed(wins, none, overlap * win["fwd_bwd"])
         assert (math.isnan(got) and math.isnan(want)) or (got == want and math.copysign(1, got) == math.copysign(1, want))
 
+
+@pytest.mark.parametrize("seed", range(4))
+def test_one_candidates_floats_are_the_plain_formulas(seed):
+    """_one (ring factors taken once per candidate, one collective per window) equals _reference_one, the plain
+    transcription of step_columns and hours_of it was written from, on random values, specials included."""
+    from types import SimpleNamespace
+    rng = random.Random(seed)
+    special = [float("nan"), float("inf"), -0.0, 0.0, -1.0]
+    pick = lambda hi: rng.choice(special) if rng.random() < 0.05 else rng.uniform(0, hi)  # noqa: E731
+    for _ in range(2000):
+        stage, fsdp = rng.randint(0, 3), rng.random() < 0.5
+        mix = SimpleNamespace(fsdp=fsdp, offload=rng.choice(["none", "optimizer", "optimizer+params"]))
+        ga = rng.choice([1, 1, 3])
+        terms = (mix, stage, ga, ga + 0.0, rng.choice([2.0, 4.0]), stage >= 1,
+                 (rng.choice([2, 8, 16]), rng.choice([0.5, 1.0])) if mix.offload == "none" else None,
+                 pick(1e11), rng.randint(0, 3), rng.randint(1, 80) + 1.0, rng.randint(0, 900) + 0.0,
+                 rng.choice([2000.0, 1e7]), rng.choice([1, 2]))
+        g = (pick(1.0), pick(1e-4), pick(1.0), pick(900.0), pick(3e12), pick(1e-3), pick(5e10), pick(1e9),
+             pick(100.0), pick(1.0), rng.choice([float("nan"), rng.uniform(0.1, 10)]))
+        gpn, nodes = rng.choice([1, 2, 8]), rng.choice([1, 1, 2, 16])
+        c = (0, gpn * nodes, gpn, nodes, pick(50.0), rng.randint(1, 64), rng.choice([0, rng.randint(1, 10**10)]),
+             *(pick(2.0) for _ in range(5)))
+        live = rng.random() < 0.7
+        gbs = G._link(g[3], *c[1:5])
+        try:
+            want = _reference_one(*terms, live, g, c)
+        except (ZeroDivisionError, OverflowError, ValueError) as e:
+            want = type(e)
+        try:
+            got = G._one(*terms, live, g, c, gbs)
+        except (ZeroDivisionError, OverflowError, ValueError) as e:
+            got = type(e)
+        assert repr(got) == repr(want)
+
+
+def _fring(bytes_: float, n: float, gbs: float, comm: float, factor: float, live: bool) -> float:
+    if not live and (n <= 1 or bytes_ <= 0 or gbs <= 0):
+        return 0.0
+    return factor * (n - 1) / n * bytes_ / (gbs * 1e9 * comm)
+
+
+def _reference_one(mix, stage, ga, runs, per_grad, sharded, adam, gathered, passes, units, modules, work, sps, live,
+                   g, c):
+    """grid_time._one as first written (a verbatim copy): step_columns' and hours_of's operations on one
+    candidate's floats, through _fring and _reference_exposed."""
+    comm_eff, lat, overlap, intra, bandwidth, kernels, host_link, cpu_adam, hook_us, other, price = g
+    _, world, gpn, nodes, inter, batch, trainable, fwd, bwd, rec, deq, att = c
+    if ga != 1:
+        fwd_bwd, w_bwd, w_last, w_att = (fwd + bwd + rec + deq) * ga, bwd * ga, bwd, att * ga
+    else:
+        fwd_bwd, w_bwd, w_last, w_att = fwd + bwd + rec + deq, bwd, bwd, att
+    if world > 1:
+        n, gbs = world, G._link(intra, world, gpn, nodes, inter)
+        g_bytes = trainable / 1 * per_grad
+        ratio = g_bytes / G.DDP_BUCKET_BYTES
+        buckets = ratio if ratio > 1.0 else 1.0
+        last_bucket = _fring(G.DDP_BUCKET_BYTES if G.DDP_BUCKET_BYTES < g_bytes else g_bytes, n, gbs, comm_eff, 2.0,
+                             live)
+        if stage <= 1:
+            ts = [(_fring(g_bytes, n, gbs, comm_eff, 2.0, live) + buckets * lat, w_last, last_bucket)]
+            none = [(_fring(trainable / 1 * 2.0, n, gbs, comm_eff, 1.0, live) + buckets * lat, 0.0)] if stage == 1 \
+                else []
+            windows = [ts]
+        else:
+            reduce = ga * (_fring(g_bytes, n, gbs, comm_eff, 1.0, live) + buckets * lat)
+            by_bwd = [(reduce, w_bwd, ga * last_bucket / 2)]
+            none, by_fwd = [], []
+            if stage == 2 and not mix.fsdp:
+                none.append((_fring(trainable / 1 * 2.0, n, gbs, comm_eff, 1.0, live) + buckets * lat, 0.0))
+            if stage == 2 and mix.fsdp:
+                by_fwd.append((_fring(gathered, n, gbs, comm_eff, 1.0, live), fwd_bwd, 0.0))
+            if stage == 3:
+                gathers = ga * passes * _fring(gathered, n, gbs, comm_eff, 1.0, live)
+                if mix.fsdp:
+                    by_fwd.append((gathers + ga * units * passes * lat, fwd_bwd, gathers / units))
+                else:
+                    by_fwd.append((gathers + ga * modules * passes * lat, fwd_bwd, gathers / units))
+                    none.append((ga * modules * passes * hook_us * 1e-6, 0.0))
+            windows = [by_bwd, by_fwd] if by_fwd else [by_bwd]
+        comm = _reference_exposed(windows, none, overlap, fwd_bwd)
+    else:  # collectives() is empty on one GPU: exposed([]) leaves min(0.0, overlap x fwd_bwd) hidden
+        room = overlap * fwd_bwd
+        comm = 0.0 - (room if room < 0.0 else 0.0)
+    shard = trainable / 1 / (world if sharded else 1)
+    if adam is not None:
+        opt = shard * adam[0] * adam[1] / bandwidth + kernels
+    else:
+        opt = shard / cpu_adam + shard * (2.0 + 2.0) / host_link
+        if mix.offload == "optimizer+params":
+            opt = opt + gathered / world * passes * ga / host_link
+    parts = (fwd * runs, bwd * runs, rec * runs, deq * runs) if runs != 1.0 else (fwd, bwd, rec, deq)
+    step = sum((*parts, opt, comm, other))
+    steps = work / (batch * ga * world * sps)
+    if not math.isfinite(steps):  # np.ceil's infinity or NaN: not a finite number of hours
+        return None
+    hours = float(math.ceil(steps)) * step / 3600.0
+    usd = hours * world * price
+    priced = price == price
+    if not (step > 0 and min(*parts, opt, comm, other) >= 0 and math.isfinite(step + hours) and hours >= 0
+            and not (priced and not (math.isfinite(usd) and usd >= 0))):
+        return None
+    return hours, (usd if priced else None)
+
+
+def _reference_exposed(windows: list, none: list, overlap: float, fwd_bwd: float) -> float:
+    """_exposed of one candidate (`windows`: its collectives per window, each (seconds, window seconds, unhidden), in
+    _collectives' order of windows; `none`: the ones no compute hides, (seconds, unhidden))."""
+    total_all = hidden = 0.0
+    for ts in windows:
+        total = sum([s for s, _, _ in ts])
+        fixed = sum([s if s < u else u for s, _, u in ts])  # _min(u, s)
+        room = overlap * ts[0][1]
+        free = total - fixed
+        hidden = hidden + (room if room < free else free)
+        total_all = total_all + total
+    if none:
+        total = sum([s for s, _ in none])
+        fixed = sum([s if s < u else u for s, u in none])
+        free = total - fixed
+        hidden = hidden + (0.0 if 0.0 < free else free)
+        total_all = total_all + total
+    cap = overlap * fwd_bwd
+    hidden = cap if cap < hidden else hidden
+    return total_all - hidden

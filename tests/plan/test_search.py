@@ -260,4 +260,18 @@ def test_a_figure_that_is_not_a_number_leaves_the_row_to_the_estimate(monkeypatc
     s = scn(mix={"method": "lora"})
     expected = ftscope.plan(s, gpus=GPUS, counts=[1, 2])
     monkeypatch.setattr(search, "grid_figures", lambda sh, sites, *a: [None] * len(sites))
+    monkeypatch.setattr(search, "_SWEEPS", {})  # a fresh sweep: the repeated plan's ranking is not read back
     assert list(ftscope.plan(s, gpus=GPUS, counts=[1, 2]).rows) == list(expected.rows)
+
+
+def test_a_repeated_plan_reads_its_ranking_back(monkeypatch):
+    """The same sweep, sites, margin and key again: the ranking is read back (no grid is made), equal to the first,
+    and each plan has its own front list."""
+    import importlib
+    search = importlib.import_module("ftscope.plan.search")
+    s = scn(mix={"method": "lora", "zero_stage": 2})
+    first = ftscope.plan(s, gpus=GPUS, counts=[1, 8], by="time", margin=0.05)
+    monkeypatch.setattr(search, "grid_figures", lambda *a: pytest.fail("a repeated plan made its grid again"))
+    again = ftscope.plan(s.with_(zero_stage=2), gpus=list(GPUS), counts=(1, 8), by="time", margin=0.05)
+    assert list(again.rows) == list(first.rows) and again.pareto == first.pareto and again.feasible == first.feasible
+    assert again.pareto is not first.pareto

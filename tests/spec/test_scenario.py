@@ -441,6 +441,11 @@ def test_with_refuses_a_name_that_is_no_field():
     assert scn.with_(micro_batch_size=3, zero_stage=2).workload.micro_batch_size == 3
     with pytest.raises(TypeError, match="micro_batch"):
         scn.with_(micro_batch=3)
+    with pytest.raises(TypeError, match=r"named b_unknown, c_unknown$"):  # every unknown name, sorted
+        scn.with_(zero_stage=2, c_unknown=1, b_unknown=2)
+    # with_ sorts each name into the first section that has it: the three share none
+    cluster = {"gpu", "gpus_per_node", "nodes", "inter_node_gbs"}
+    assert not (SECTIONS["mix"] & SECTIONS["workload"] or SECTIONS["mix"] & cluster or SECTIONS["workload"] & cluster)
 
 
 def test_with_builds_what_dataclasses_replace_builds():

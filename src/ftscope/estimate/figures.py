@@ -135,11 +135,10 @@ def grid_figures(sh: Shared, sites: Sequence[tuple], margin: float, cal: Calibra
 
 
 class _Site(NamedTuple):
-    """What a plan's candidate on `world` GPUs of one type reads but its network (_site), kept per GPU count, GPUs per
-    node and type."""
+    """What a plan's candidate on `world` GPUs of one type reads but its network (_site)."""
 
     gpu: object
-    """The GPU type (its id keys the memo: kept alive here, so no id is reused)."""
+    """The GPU type."""
     fits: bool
     figures: Figures | None
     """A misfit's figures (None where a number is not finite, or where it fits: timed by the plan)."""
@@ -163,62 +162,69 @@ _figures = partial(tuple.__new__, Figures)
 _new_site = partial(tuple.__new__, _Site)
 """A _Site from a tuple of its fields, the same way."""
 
+_MISFITS = {dnf: Figures(False, False, None, None, dnf) for dnf in (False, True)}
+"""A misfit's figures by does_not_fit: the two there are, shared rather than made per site."""
+
 
 def _grid(sh: Shared, sites: Sequence[tuple], which: Sequence[int], margin: float, tight_margin: float,
           cal: Calibration, scenario_of: Callable[[int], Scenario]) -> list[Figures | None]:
-    """figures(scenario_of(i), margin, cal, tight_margin, sh) of each site i in `which`, in that order."""
-    from .grid_time import SMALLEST, hours_of, takes  # numpy: imported by the first plan, not at start-up
-    from .micro_seconds import micro_row
-    base = sh.scenario
-    timing = takes(base)
-    # per (GPU count, GPUs per node, GPU type): what a site's figures read but its network (_site); per site, its
-    # hours and dollars: a repeated or neighbouring plan reads them here
-    placed = sh.get(("grid_site", id(cal), margin), dict, cal)
-    timed = sh.get(("grid_run", id(cal), margin), dict, cal)  # (GPU id, per node, nodes, network) -> (gpu, run)
-    memos = None  # _site's per-GPU-type memos, fetched on the first site not yet placed
+    """figures(scenario_of(i), margin, cal, tight_margin, sh) of each site i in `which`, in that order. No site's
+    figures are kept: a repeated plan reads its whole ranking back (plan/search.py), and a site of another plan is
+    remade from the sweep's memos (its solver, capacity, largest micro-batch, sanity and micro-batch seconds)."""
+    per_gpu, micro, comm = sh.get(("grid_memos", id(cal)), lambda: _grid_memos(sh, cal), cal)
+    lazy = _lazy()
+    timing, micro_row = lazy[2](sh.scenario), lazy[3]  # timing: grid_time takes the mix
+    solvers: dict = {}  # the plan's BatchSolver per GPU count
     out: list[Figures | None] = []
-    fitting: list[tuple] = []  # the fitting sites not yet timed: (place in out, site index, run key, _Site)
+    fitting: list[tuple] = []  # the fitting sites: (place in out, site index, _Site)
     table: list[tuple] = []  # grid_time rows of the GPU types met, and their places
     rows: dict[int, int] = {}
     cols: list[tuple] = []
     for i in which:
         gpu, gpn, nodes, inter = sites[i]
         world = gpn * nodes
-        site = placed.get((world, gpn, id(gpu)))
-        if site is None or site.gpu is not gpu:
-            if memos is None:
-                memos = (sh.get(("grid_gpu", id(cal)), dict, cal), sh.get(("grid_micro", id(cal)), dict, cal), {},
-                         micro_row, sh.get(("comm_fields",), lambda: _comm_fields(base)))
-            site = placed[world, gpn, id(gpu)] = _site(sh, gpu, world, gpn, i, margin, cal, timing, scenario_of,
-                                                       *memos)
-        if not site.fits:  # a misfit's figures, or None where a number is not finite
-            out.append(site.figures)
+        site = _site(sh, gpu, world, gpn, i, margin, cal, timing, scenario_of, per_gpu, micro, solvers, micro_row, comm)
+        _, fits, figs, _, _, _, batch, trainable, row, times = site
+        if not fits:  # a misfit's figures, or None where a number is not finite
+            out.append(figs)
             continue
-        key = (id(gpu), gpn, nodes, inter)
-        run = timed.get(key)
-        if run is not None and run[0] is gpu:  # (gpu, hours, dollars), or (gpu,) where a figure is not finite
-            out.append(_figures((True, site.peak > site.cap * (1.0 - tight_margin), run[1], run[2], False))
-                       if len(run) > 1 else None)
-            continue
-        fitting.append((len(out), i, key, site))
+        fitting.append((len(out), i, site))
         out.append(None)
-        if timing:
+        if times:  # grid_time takes the mix
             g = rows.get(id(gpu))
             if g is None:
                 g = rows[id(gpu)] = len(table)
-                table.append(site.row)
-            cols.append((g, world, gpn, nodes, inter, site.batch, site.trainable, *site.times))
-    runs = hours_of(base, table, cols) if timing and len(cols) >= SMALLEST else [None] * len(fitting)
-    for (k, i, key, site), run in zip(fitting, runs):
+                table.append(row)
+            cols.append((g, world, gpn, nodes, inter, batch, trainable) + times)
+    if not fitting:
+        return out
+    runs = lazy[1](sh.scenario, table, cols) if len(cols) == len(fitting) >= lazy[0] else [None] * len(fitting)
+    for (k, i, site), run in zip(fitting, runs):
         gpu, _, _, reason, peak, cap, batch, trainable, _, _ = site
-        if run is None:  # grid_time leaves it to the scalar path
-            f = out[k] = _ranked(scenario_of(i), sh, reason, peak, cap, margin, tight_margin, batch, trainable, cal)
-            if f is None or f.fits:  # (it fits: _site checked what _ranked checks first)
-                timed[key] = (gpu,) if f is None else (gpu, f.hours, f.usd)
+        if run is None:  # grid_time leaves it to the scalar path (it fits: _site checked what _ranked checks first)
+            out[k] = _ranked(scenario_of(i), sh, reason, peak, cap, margin, tight_margin, batch, trainable, cal)
         else:
             out[k] = _figures((True, peak > cap * (1.0 - tight_margin), run[0], run[1], False))
-            timed[key] = (gpu, *run)
     return out
+
+
+def _grid_memos(sh: Shared, cal: Calibration) -> tuple:
+    """_grid's memos: _site's per GPU type and micro_row's; the sweep's _comm_fields."""
+    return (sh.get(("grid_gpu", id(cal)), dict, cal), sh.get(("grid_micro", id(cal)), dict, cal),
+            _comm_fields(sh.scenario))
+
+
+_LAZY: list = []
+"""grid_time's SMALLEST, hours_of and takes and micro_seconds' micro_row, imported by the first plan (numpy), not at
+start-up."""
+
+
+def _lazy() -> list:
+    if not _LAZY:
+        from .grid_time import SMALLEST, hours_of, takes
+        from .micro_seconds import micro_row
+        _LAZY[:] = (SMALLEST, hours_of, takes, micro_row)
+    return _LAZY
 
 
 def _site(sh: Shared, gpu, world: int, gpn: int, i: int, margin: float, cal: Calibration, timing: bool,
@@ -260,8 +266,7 @@ def _site(sh: Shared, gpu, world: int, gpn: int, i: int, margin: float, cal: Cal
         return _new_site((gpu, False, None, reason, peak, cap, batch, mem.trainable_params, row, ()))
     if not (reason is None and peak <= limit):  # _ranked's misfit
         dnf = (reason is None and peak > limit) or (reason is not None and reason.startswith("does not fit"))
-        return _new_site((gpu, False, _figures((False, False, None, None, dnf)), reason, peak, cap, batch,
-                          mem.trainable_params, row, ()))
+        return _new_site((gpu, False, _MISFITS[dnf], reason, peak, cap, batch, mem.trainable_params, row, ()))
     times = micro.get((id(gpu), id(eff), batch)) if timing else ()  # micro_row's memo, read here first
     if times is None:
         times = micro_row(sh, cal, eff, batch, gpu, lambda: scenario_of(i))

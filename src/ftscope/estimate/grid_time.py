@@ -229,13 +229,13 @@ def _floats(base: Scenario, table: list[tuple], cols: list[tuple]) -> list[tuple
     mix, stage, ga, runs, per_grad, sharded, adam, gathered, passes, units, modules, work, sps = hit[1]
     # table: gpu_row's floats; cols: ints (counts, micro-batch, parameters: below 2**53, so each operation with them
     # rounds as with their floats, an int's product or quotient being exact or correctly rounded) and floats
-    live = all(c[6] > 0 for c in cols) and all(_link(table[c[0]][3], *c[1:5]) > 0 for c in cols)
+    links = [_link(table[c[0]][3], c[1], c[2], c[3], c[4]) for c in cols]
+    live = all(c[6] > 0 for c in cols) and all(gbs > 0 for gbs in links)
     out: list[tuple[float, float | None] | None] = []
-    for c in cols:
-        g = table[c[0]]
+    for c, gbs in zip(cols, links):
         try:
             out.append(_one(mix, stage, ga, runs, per_grad, sharded, adam, gathered, passes, units, modules, work, sps,
-                            live, g, c))
+                            live, table[c[0]], c, gbs))
         except (ZeroDivisionError, OverflowError, ValueError):
             out.append(None)
     return out
@@ -271,48 +271,52 @@ def _link(intra: float, world: float, gpn: float, nodes: float, inter: float) ->
     return intra
 
 
-def _fring(bytes_: float, n: float, gbs: float, comm: float, factor: float, live: bool) -> float:
-    if not live and (n <= 1 or bytes_ <= 0 or gbs <= 0):
-        return 0.0
-    return factor * (n - 1) / n * bytes_ / (gbs * 1e9 * comm)
-
-
-def _one(mix, stage, ga, runs, per_grad, sharded, adam, gathered, passes, units, modules, work, sps, live, g, c):
-    """(hours, dollars or None) of one candidate, or None (hours_of's sanity), as step_columns and hours_of."""
+def _one(mix, stage, ga, runs, per_grad, sharded, adam, gathered, passes, units, modules, work, sps, live, g, c,
+         gbs):
+    """(hours, dollars or None) of one candidate, or None (hours_of's sanity), as step_columns and hours_of (`gbs`:
+    its _link)."""
     comm_eff, lat, overlap, intra, bandwidth, kernels, host_link, cpu_adam, hook_us, other, price = g
     _, world, gpn, nodes, inter, batch, trainable, fwd, bwd, rec, deq, att = c
     if ga != 1:
-        fwd_bwd, w_bwd, w_last, w_att = (fwd + bwd + rec + deq) * ga, bwd * ga, bwd, att * ga
+        fwd_bwd, w_bwd = (fwd + bwd + rec + deq) * ga, bwd * ga
     else:
-        fwd_bwd, w_bwd, w_last, w_att = fwd + bwd + rec + deq, bwd, bwd, att
+        fwd_bwd, w_bwd = fwd + bwd + rec + deq, bwd
     if world > 1:
-        n, gbs = world, _link(intra, world, gpn, nodes, inter)
+        # _ring(b, world, gbs, comm, f) is f * (n - 1) / n * b / (gbs * 1e9 * comm), evaluated left to right: its
+        # factors once per candidate give the same floats; its zeros (n > 1 here) where not live and b <= 0 or gbs <= 0
+        n = world
+        one, two, per = 1.0 * (n - 1) / n, 2.0 * (n - 1) / n, gbs * 1e9 * comm_eff
         g_bytes = trainable / 1 * per_grad
         ratio = g_bytes / DDP_BUCKET_BYTES
         buckets = ratio if ratio > 1.0 else 1.0
-        last_bucket = _fring(DDP_BUCKET_BYTES if DDP_BUCKET_BYTES < g_bytes else g_bytes, n, gbs, comm_eff, 2.0, live)
+        b = DDP_BUCKET_BYTES if DDP_BUCKET_BYTES < g_bytes else g_bytes
+        last_bucket = two * b / per if live or not (b <= 0 or gbs <= 0) else 0.0
+        none = None  # the collective no compute hides (one at most)
         if stage <= 1:
-            ts = [(_fring(g_bytes, n, gbs, comm_eff, 2.0, live) + buckets * lat, w_last, last_bucket)]
-            none = [(_fring(trainable / 1 * 2.0, n, gbs, comm_eff, 1.0, live) + buckets * lat, 0.0)] if stage == 1 \
-                else []
-            windows = [ts]
+            ring = two * g_bytes / per if live or not (g_bytes <= 0 or gbs <= 0) else 0.0
+            wins = ((ring + buckets * lat, overlap * bwd, last_bucket),)  # the last backward's window
+            if stage == 1:
+                b = trainable / 1 * 2.0
+                none = (one * b / per if live or not (b <= 0 or gbs <= 0) else 0.0) + buckets * lat
         else:
-            reduce = ga * (_fring(g_bytes, n, gbs, comm_eff, 1.0, live) + buckets * lat)
-            by_bwd = [(reduce, w_bwd, ga * last_bucket / 2)]
-            none, by_fwd = [], []
+            ring = one * g_bytes / per if live or not (g_bytes <= 0 or gbs <= 0) else 0.0
+            reduce = (ga * (ring + buckets * lat), overlap * w_bwd, ga * last_bucket / 2)
+            wins = (reduce,)
             if stage == 2 and not mix.fsdp:
-                none.append((_fring(trainable / 1 * 2.0, n, gbs, comm_eff, 1.0, live) + buckets * lat, 0.0))
+                b = trainable / 1 * 2.0
+                none = (one * b / per if live or not (b <= 0 or gbs <= 0) else 0.0) + buckets * lat
             if stage == 2 and mix.fsdp:
-                by_fwd.append((_fring(gathered, n, gbs, comm_eff, 1.0, live), fwd_bwd, 0.0))
+                ring = one * gathered / per if live or not (gathered <= 0 or gbs <= 0) else 0.0
+                wins = (reduce, (ring, overlap * fwd_bwd, 0.0))
             if stage == 3:
-                gathers = ga * passes * _fring(gathered, n, gbs, comm_eff, 1.0, live)
+                ring = one * gathered / per if live or not (gathered <= 0 or gbs <= 0) else 0.0
+                gathers = ga * passes * ring
                 if mix.fsdp:
-                    by_fwd.append((gathers + ga * units * passes * lat, fwd_bwd, gathers / units))
+                    wins = (reduce, (gathers + ga * units * passes * lat, overlap * fwd_bwd, gathers / units))
                 else:
-                    by_fwd.append((gathers + ga * modules * passes * lat, fwd_bwd, gathers / units))
-                    none.append((ga * modules * passes * hook_us * 1e-6, 0.0))
-            windows = [by_bwd, by_fwd] if by_fwd else [by_bwd]
-        comm = _fexposed(windows, none, overlap, fwd_bwd)
+                    wins = (reduce, (gathers + ga * modules * passes * lat, overlap * fwd_bwd, gathers / units))
+                    none = ga * modules * passes * hook_us * 1e-6
+        comm = _fexposed(wins, none, overlap * fwd_bwd)
     else:  # collectives() is empty on one GPU: exposed([]) leaves min(0.0, overlap x fwd_bwd) hidden
         room = overlap * fwd_bwd
         comm = 0.0 - (room if room < 0.0 else 0.0)
@@ -323,37 +327,34 @@ def _one(mix, stage, ga, runs, per_grad, sharded, adam, gathered, passes, units,
         opt = shard / cpu_adam + shard * (2.0 + 2.0) / host_link
         if mix.offload == "optimizer+params":
             opt = opt + gathered / world * passes * ga / host_link
-    parts = (fwd * runs, bwd * runs, rec * runs, deq * runs) if runs != 1.0 else (fwd, bwd, rec, deq)
-    step = sum((*parts, opt, comm, other))
+    if runs != 1.0:
+        fwd, bwd, rec, deq = fwd * runs, bwd * runs, rec * runs, deq * runs
+    step = sum((fwd, bwd, rec, deq, opt, comm, other))
     steps = work / (batch * ga * world * sps)
     if not math.isfinite(steps):  # np.ceil's infinity or NaN: not a finite number of hours
         return None
     hours = float(math.ceil(steps)) * step / 3600.0
     usd = hours * world * price
     priced = price == price
-    if not (step > 0 and min(*parts, opt, comm, other) >= 0 and math.isfinite(step + hours) and hours >= 0
+    if not (step > 0 and min(fwd, bwd, rec, deq, opt, comm, other) >= 0 and math.isfinite(step + hours) and hours >= 0
             and not (priced and not (math.isfinite(usd) and usd >= 0))):
         return None
     return hours, (usd if priced else None)
 
 
-def _fexposed(windows: list, none: list, overlap: float, fwd_bwd: float) -> float:
-    """_exposed of one candidate (`windows`: its collectives per window, each (seconds, window seconds, unhidden), in
-    _collectives' order of windows; `none`: the ones no compute hides, (seconds, unhidden))."""
+def _fexposed(wins: tuple, none: float | None, cap: float) -> float:
+    """_exposed of one candidate: `wins`, its collectives in _collectives' order of windows, one per window, each as
+    (seconds, overlap x window seconds, unhidden); `none`: the seconds of the one no compute hides, if any; `cap`:
+    overlap x fwd_bwd. Each window's sums are of one term: builtin_sum([x]) is 0 + x, as sum([x])."""
     total_all = hidden = 0.0
-    for ts in windows:
-        total = sum([s for s, _, _ in ts])
-        fixed = sum([s if s < u else u for s, _, u in ts])  # _min(u, s)
-        room = overlap * ts[0][1]
-        free = total - fixed
+    for s, room, u in wins:
+        total = 0.0 + s
+        free = total - (0.0 + (s if s < u else u))  # _min(u, s)
         hidden = hidden + (room if room < free else free)
         total_all = total_all + total
-    if none:
-        total = sum([s for s, _ in none])
-        fixed = sum([s if s < u else u for s, u in none])
-        free = total - fixed
+    if none is not None:  # room 0.0, unhidden 0.0
+        total = 0.0 + none
+        free = total - (0.0 + (none if none < 0.0 else 0.0))
         hidden = hidden + (0.0 if 0.0 < free else free)
         total_all = total_all + total
-    cap = overlap * fwd_bwd
-    hidden = cap if cap < hidden else hidden
-    return total_all - hidden
+    return total_all - (cap if cap < hidden else hidden)

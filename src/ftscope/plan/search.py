@@ -134,21 +134,16 @@ def pareto_points(points: Sequence[tuple[float, float] | None]) -> list[int]:
     """pareto_front of rows given as (hours, dollars), None for a row that does not fit or has no price."""
     pts = sorted([(p[0], p[1], i) for i, p in enumerate(points) if p is not None])
     front = []
-    cheapest_faster = float("inf")  # the lowest dollars of the rows strictly faster than the group at hand
-    k, n = 0, len(pts)
-    while k < n:  # groups of equal hours, as itertools.groupby makes them (`is` or ==)
-        hours, lowest, _ = pts[k]  # sorted: the group's cheapest comes first
-        end = k + 1
-        while end < n and (pts[end][0] is hours or pts[end][0] == hours):
-            end += 1
+    cheapest_faster = lowest = float("inf")  # the lowest dollars of the rows strictly faster than the group at hand
+    hours = None
+    for h, u, i in pts:  # groups of equal hours, as itertools.groupby makes them (`is` or ==)
+        if not (h is hours or h == hours):  # a new group (sorted: its cheapest comes first)
+            if lowest < cheapest_faster:  # min(cheapest_faster, the last group's lowest)
+                cheapest_faster = lowest
+            hours, lowest = h, u
         # a row is beaten by a faster one no dearer, or by an equally fast one strictly cheaper
-        for j in range(k, end):
-            u = pts[j][1]
-            if cheapest_faster > u and not lowest < u:
-                front.append(pts[j][2])
-        if lowest < cheapest_faster:  # min(cheapest_faster, lowest)
-            cheapest_faster = lowest
-        k = end
+        if cheapest_faster > u and not lowest < u:
+            front.append(i)
     front.sort()
     return front
 
@@ -175,33 +170,61 @@ def plan(scn: Scenario, gpus: Sequence[str] | None = None, counts: Sequence[int]
         raise FtscopeError(f"no GPU count fits --max-gpus {max_gpus}")
     cal = calibration if isinstance(calibration, Calibration) else load_calibration(calibration)
     shared = _sweep(scn, solve_batch)
-    inter = shared.scenario.cluster.inter_node_gbs
-    sites = [(gpu, count, nodes, inter) for gpu in map(_catalog_gpu, candidate_gpus(gpus)) for count in counts]
+    sites = _sites(gpus, counts, nodes, shared.scenario.cluster.inter_node_gbs)
     cands = _Candidates(shared.scenario, sites)
+    # a repeated plan (the same sweep, sites, margin and key: `ftscope serve`, a sweep over layouts) reads it back
+    order, feasible, front = shared.get(("ranking", id(cal), margin, by, id(sites)),
+                                        lambda: _ranking(shared, sites, cands, margin, by, cal), cal, sites)
+    rows = Rows(cands.reordered(order), lambda c: estimate_with_margin(c, margin, cal, shared))
+    return Plan(rows=rows, feasible=feasible, pareto=list(front), by=by, margin=margin,
+                fix_memo=shared.get(("fixes",), dict))
+
+
+def _ranking(shared: Shared, sites: Sequence[tuple], cands: "_Candidates", margin: float, by: str,
+             cal: Calibration) -> tuple[list[int], bool, list[int]]:
+    """(the candidates' order, whether the first fits, the Pareto front as indices into that order) of a plan."""
     figs = grid_figures(shared, sites, margin, cal, cands.at_site)  # in the listing's order: site i is cands[i]
-    for i, f in enumerate(figs):
-        if f is None:  # a figure that is not a finite number: the estimate's own checks say which
-            figs[i] = _figures_of(estimate_with_margin(cands[i], margin, cal, shared))
-    # the _rank_key of each candidate's estimate, from its figures
+    if None in figs:
+        for i, f in enumerate(figs):
+            if f is None:  # a figure that is not a finite number: the estimate's own checks say which
+                figs[i] = _figures_of(estimate_with_margin(cands[i], margin, cal, shared))
+    # the _rank_key of each candidate's estimate, from its figures (fits, tight, hours, usd, does_not_fit)
     if by == "cost":
-        keys = [((1 if f.tight else 0), (_INF if f.usd is None else f.usd), f.hours) if f.fits else _MISFIT_KEY
-                for f in figs]
+        keys = [((1 if tight else 0), (_INF if usd is None else usd), hours) if fits else _MISFIT_KEY
+                for fits, tight, hours, usd, _ in figs]
     else:
-        keys = [((1 if f.tight else 0), f.hours, (_INF if f.usd is None else f.usd)) if f.fits else _MISFIT_KEY
-                for f in figs]
+        keys = [((1 if tight else 0), hours, (_INF if usd is None else usd)) if fits else _MISFIT_KEY
+                for fits, tight, hours, usd, _ in figs]
     order = sorted(range(len(figs)), key=keys.__getitem__)  # stable: equal keys keep the listing order, as
     ranked = [figs[i] for i in order]  # sorting the estimates did
-    rows = Rows(cands.reordered(order), lambda c: estimate_with_margin(c, margin, cal, shared))
-    front = pareto_points([(f.hours, f.usd) if f.fits and f.usd is not None else None for f in ranked])
-    return Plan(rows=rows, feasible=bool(ranked) and ranked[0].fits, pareto=front, by=by, margin=margin,
-                fix_memo=shared.get(("fixes",), dict))
+    front = pareto_points([(hours, usd) if fits and usd is not None else None for fits, _, hours, usd, _ in ranked])
+    return order, bool(ranked) and ranked[0].fits, front
+
+
+_SITES: dict[tuple, tuple] = {}
+"""A plan's sites by (GPU names or None, counts, nodes, network GB/s per GPU, the catalog's tables by identity): the
+plans of every mix over one layout list the same ones."""
+
+
+def _sites(gpus: Sequence[str] | None, counts: list[int], nodes: int, inter: float) -> tuple:
+    """(GPU type, GPUs per node, nodes, network) of each candidate: every GPU of candidate_gpus(gpus) x counts."""
+    names = tuple(gpus) if gpus else None
+    key = (names, tuple(counts), nodes, inter, id(catalog.gpu_table()), id(catalog.price_list()))
+    hit = _SITES.get(key)
+    if hit is None:
+        if len(_SITES) >= 1024:
+            _SITES.clear()
+        sites = tuple((gpu, count, nodes, inter) for gpu in map(_catalog_gpu, candidate_gpus(names))
+                      for count in counts)
+        hit = _SITES[key] = (catalog.gpu_table(), catalog.price_list(), sites)  # the tables kept alive with their ids
+    return hit[2]
 
 
 class _Candidates(Sequence[Scenario]):
     """A plan's candidate scenarios: the sweep's scenario on each site (GPU type, GPUs per node, nodes, network),
     each made when first read (a ranking reads none of them; a table, a few)."""
 
-    def __init__(self, base: Scenario, sites: list[tuple], order: list[int] | None = None,
+    def __init__(self, base: Scenario, sites: Sequence[tuple], order: list[int] | None = None,
                  made: dict[int, Scenario] | None = None) -> None:
         self._base, self._sites = base, sites
         self._order = order if order is not None else range(len(sites))

@@ -80,6 +80,9 @@ SECTIONS = {
     "price": {f.name for f in fields(Price)},
 }
 TOP_KEYS = {f.name for f in fields(ScenarioInput)}
+_CLUSTER_FIELDS = frozenset(("gpu", "gpus_per_node", "nodes", "inter_node_gbs"))
+"""The Cluster fields Scenario.with_ sets."""
+_MIX_FIELDS, _WORKLOAD_FIELDS = frozenset(SECTIONS["mix"]), frozenset(SECTIONS["workload"])
 
 
 def fast_replace(obj: Any, **changes: Any) -> Any:
@@ -111,12 +114,17 @@ class Scenario:
     def with_(self, **changes: Any) -> "Scenario":
         """A copy with `mix`/`workload`/`cluster` fields replaced: with_(micro_batch_size=8, zero_stage=2).
         A name that is none of their fields raises TypeError (as dataclasses.replace does), never a silent no-op."""
-        mix_f = {k: v for k, v in changes.items() if k in SECTIONS["mix"]}
-        wl_f = {k: v for k, v in changes.items() if k in SECTIONS["workload"]}
-        cl_f = {k: v for k, v in changes.items() if k in ("gpu", "gpus_per_node", "nodes", "inter_node_gbs")}
-        unknown = sorted(set(changes) - set(mix_f) - set(wl_f) - set(cl_f))
-        if unknown:
-            raise TypeError(f"Scenario.with_: no mix, workload or cluster field named {', '.join(unknown)}")
+        mix_f, wl_f, cl_f = {}, {}, {}  # (the three sections share no field name)
+        for k, v in changes.items():
+            if k in _MIX_FIELDS:
+                mix_f[k] = v
+            elif k in _WORKLOAD_FIELDS:
+                wl_f[k] = v
+            elif k in _CLUSTER_FIELDS:
+                cl_f[k] = v
+            else:
+                unknown = sorted(set(changes) - _MIX_FIELDS - _WORKLOAD_FIELDS - _CLUSTER_FIELDS)
+                raise TypeError(f"Scenario.with_: no mix, workload or cluster field named {', '.join(unknown)}")
         new = self
         if mix_f:
             new = fast_replace(new, mix=fast_replace(new.mix, **mix_f))

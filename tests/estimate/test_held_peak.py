@@ -1,5 +1,5 @@
-"""held_peak: a one-stream memory model's peak bytes and breakdown peak, summed from its fields, equal
-MemoryModel.peak_bytes and _reserved_of's totals over _points exactly (==, NaN and the sign of zero included), on
+"""held_peak: a one-stream memory model's peak bytes, reserved totals and breakdown peak, summed from its fields,
+equal MemoryModel.peak_bytes, reserved_totals and _reserved_of's totals over _points exactly (==, NaN and the sign of zero included), on
 real models and on seeded random ones that reach every branch of _points: checkpointing, activation offload, eager
 attention's quadratic terms, a fused loss's tile, a frozen, trained, chunked or tied LM head, fragmentation above
 and below the pinned share, floors and the other stream's pool.
@@ -16,7 +16,7 @@ import ftscope
 from ftscope.estimate.activations import ActivationCoefficients
 from ftscope.estimate.allocator_model import AllocatorModel
 from ftscope.estimate.head_gradient import HeadGradient
-from ftscope.estimate.held_peak import held_terms, model_terms, peak_at, top_at
+from ftscope.estimate.held_peak import held_terms, model_terms, peak_at, top_at, totals_at
 from ftscope.estimate.memory import MemoryModel, memory_model
 from ftscope.spec.scenario import fast_replace
 
@@ -90,16 +90,17 @@ def test_the_random_models_reach_every_branch(models):
     assert any(m.allocator.pinned > m.allocator.fragmentation for m in one_stream)
 
 
-@pytest.mark.parametrize("seq", [1, 512, 1024, 2048.0, 8191.5])
-def test_peak_at_is_peak_bytes(models, seq):
+@pytest.mark.parametrize("seq", [0, 1, 2, 512, 1024, 2048.0, 8191.5])
+def test_peak_at_and_totals_at_are_peak_bytes_and_reserved_totals(models, seq):
     rng = random.Random(seq)
     for m in models:
-        c = model_terms(m, seq)
+        c = model_terms(m)
         if held_terms(m) is None:  # another stream holds memory: left to _reserved_of
             assert c is None
             continue
         for b in _batches(rng):
-            assert _same(peak_at(c, b, m.least_reserved), m.peak_bytes(b, seq)), (m, b)
+            assert _same(peak_at(c, b, seq, m.least_reserved), m.peak_bytes(b, seq)), (m, b)
+            assert [repr(x) for x in totals_at(c, b, seq)] == [repr(x) for x in m.reserved_totals(b, seq)], (m, b)
 
 
 @pytest.mark.parametrize("seq", [1, 512, 1024, 2048.0, 8191.5])
@@ -108,11 +109,11 @@ def test_top_at_is_the_first_of_the_largest_totals(models, seq):
     point's (gradients, activations, temporary, allocated)."""
     rng = random.Random(seq)
     for m in (m for m in models if held_terms(m) is not None):
-        c = model_terms(m, seq)
+        c = model_terms(m)
         for b in _batches(rng):
             phases = m._points(b, seq)
             totals = m._reserved_of(phases)
             i = max(range(len(phases)), key=totals.__getitem__)
             want = (totals[i], *phases[i][1:])
-            got = top_at(c, b)
+            got = top_at(c, b, seq)
             assert len(got) == 5 and all(_same(x, y) for x, y in zip(got, want)), (m, b, got, want)

@@ -27,9 +27,10 @@ def held_terms(mem: MemoryModel, held: bool = True) -> tuple[float, float, float
     return al.workspace_gib * GIB, (min(fr, al.pinned) if held else fr), mem.stream_pool
 
 
-def model_terms(mem: MemoryModel, seq: float) -> tuple | None:
-    """What peak_at and top_at read of a model at this length, as one tuple (a plan keeps one per model: one object,
-    where closures would keep dozens for the garbage collector to walk); None where held_terms is."""
+def model_terms(mem: MemoryModel) -> tuple | None:
+    """What peak_at, top_at and totals_at read of a model: (what its activations read, what its points add to
+    them), as tuples (a plan keeps one per model: a few objects, where closures would keep dozens for the garbage
+    collector to walk); None where held_terms is."""
     terms = held_terms(mem)
     if terms is None:
         return None
@@ -45,27 +46,27 @@ def model_terms(mem: MemoryModel, seq: float) -> tuple | None:
     emb = static + g_emb + wt if hg.at_embedding else None  # the tied embedding's point: no activations
     opt_t = mem.optimizer_transient
     opt = static + mem.gradients + opt_t  # the optimizer step's point: no activations
-    return (seq, mem.checkpointing, mem.offload_activations, a.head_per_token, a.logits_saved_per_token,
+    return ((mem.checkpointing, mem.offload_activations, a.head_per_token, a.logits_saved_per_token,
             a.checkpoint_per_token, a.saved_per_token, a.saved_per_token_quadratic, a.layer_per_token,
             a.layer_per_token_quadratic, a.layer_ffn_per_token, a.checkpoint_layer_per_token,
             a.forward_transient_per_token, a.loss_tile_per_token, a.loss_tile_tokens, a.logits_held_per_token,
-            a.logits_forward_extra_per_token, a.logits_backward_extra_per_token, h, hg.chunks, hg.logits_grad_per_token,
+            a.logits_forward_extra_per_token, a.logits_backward_extra_per_token, h, hg.chunks, hg.logits_grad_per_token),
             # (base of each point's allocated bytes: + activations + temporary, and its gradients)
-            sg, g_fwd, wt, wt + mem.block_transient, sg + h, g_fwd + h, sg + 2 * h, g_fwd + 2 * h, sg + 3 * h,
+            (sg, g_fwd, wt, wt + mem.block_transient, sg + h, g_fwd + h, sg + 2 * h, g_fwd + 2 * h, sg + 3 * h,
             g_fwd + 3 * h, static + (g_fwd + hg.in_blocks), g_fwd + hg.in_blocks, static + (g_end + hg.at_last_block),
             g_end + hg.at_last_block, emb, g_emb, opt, mem.gradients, opt_t, ws, pool, fr_held, fr,
             # the two fixed points' totals, held and not
             None if emb is None else emb + ws + fr_held * (0.0 + wt) + pool,
             None if emb is None else emb + ws + fr * (0.0 + wt) + pool,
-            opt + ws + fr_held * (0.0 + opt_t) + pool, opt + ws + fr * (0.0 + opt_t) + pool)
+            opt + ws + fr_held * (0.0 + opt_t) + pool, opt + ws + fr * (0.0 + opt_t) + pool))
 
 
-def _acts(c: tuple, batch: float) -> tuple:
+def _acts(c: tuple, batch: float, seq: float) -> tuple:
     """The activations term of each point _points makes at a micro-batch (`c`: model_terms): end of forward, the
     last block's forward, start of backward, the head's three moments (0.0 where it has fewer), recompute, end of
     backward."""
-    (seq, ckpt, offload, head_pt, logits_pt, ck_pt, sv_pt, svq, ly_pt, lyq, ffn_pt, ckl_pt, ft_pt, tile_pt, tile_tok,
-     held_pt, fx_pt, bx_pt, trained, n, lg_pt) = c[:21]
+    (ckpt, offload, head_pt, logits_pt, ck_pt, sv_pt, svq, ly_pt, lyq, ffn_pt, ckl_pt, ft_pt, tile_pt, tile_tok,
+     held_pt, fx_pt, bx_pt, trained, n, lg_pt) = c[0]
     t = batch * seq
     head = head_pt * t + logits_pt * t  # activation_bytes
     if ckpt:
@@ -75,13 +76,16 @@ def _acts(c: tuple, batch: float) -> tuple:
     layer = ly_pt * t + lyq * t * seq
     if offload:
         kept = ckl_pt * t if ckpt else layer
-        saved = min(saved - head, 2 * kept) + head
-    tile = tile_pt * min(t, tile_tok)  # _points
+        kept = 2 * kept
+        saved = saved - head
+        saved = (kept if kept < saved else saved) + head  # min(saved - head, 2 * kept) + head
+    tile = tile_pt * (tile_tok if tile_tok < t else t)  # _points: min(t, tile_tok)
     held = held_pt * t
     after_head = saved - logits_pt * t + held
     att_bwd = lyq * t * seq
     if ckpt:
-        rec_act = after_head + max(layer, layer - ffn_pt * t + att_bwd)
+        rec_act = layer - ffn_pt * t + att_bwd
+        rec_act = after_head + (rec_act if rec_act > layer else layer)  # max(layer, ...)
     else:
         rec_act = after_head + att_bwd
     m0 = m1 = m2 = 0.0
@@ -96,11 +100,11 @@ def _acts(c: tuple, batch: float) -> tuple:
             m0, m1, m2, rec_act, layer + held)
 
 
-def peak_at(c: tuple, batch: float, least: float) -> float:
+def peak_at(c: tuple, batch: float, seq: float, least: float) -> float:
     """MemoryModel.peak_bytes(batch, seq) of the model whose model_terms `c` is (`least`: its least_reserved):
     max(least, *the held totals), each point's total summed as _reserved_of sums it, in _points' order."""
-    fwd, blk, bwd, m0, m1, m2, rec, end = _acts(c, batch)
-    (sg, _, wt, bt, sh1, _, sh2, _, sh3, _, sgr, _, sgl, _, _, _, _, _, _, ws, pool, fr, _, emb, _, opt, _) = c[21:]
+    fwd, blk, bwd, m0, m1, m2, rec, end = _acts(c, batch, seq)
+    (sg, _, wt, bt, sh1, _, sh2, _, sh3, _, sgr, _, sgl, _, _, _, _, _, _, ws, pool, fr, _, emb, _, opt, _) = c[1]
     top = least
     x = sg + fwd + wt + ws + fr * (fwd + wt) + pool
     if x > top:
@@ -111,11 +115,11 @@ def peak_at(c: tuple, batch: float, least: float) -> float:
     x = sg + bwd + wt + ws + fr * (bwd + wt) + pool
     if x > top:
         top = x
-    if c[18]:  # a trained head's moments (a frozen one repeats the start of backward)
+    if c[0][17]:  # a trained head's moments (a frozen one repeats the start of backward)
         x = sh1 + m0 + wt + ws + fr * (m0 + wt) + pool
         if x > top:
             top = x
-        if c[19] > 1:
+        if c[0][18] > 1:
             x = sh2 + m1 + wt + ws + fr * (m1 + wt) + pool
             if x > top:
                 top = x
@@ -133,13 +137,13 @@ def peak_at(c: tuple, batch: float, least: float) -> float:
     return opt if opt > top else top
 
 
-def top_at(c: tuple, batch: float) -> tuple:
+def top_at(c: tuple, batch: float, seq: float) -> tuple:
     """The reserved bytes of the point where the breakdown at this micro-batch peaks (the first of the largest of
     _reserved_of's totals, the floor left out) and that point's terms: (bytes, gradients, activations, temporary,
     allocated), for the model whose model_terms `c` is."""
-    fwd, blk, bwd, m0, m1, m2, rec, end = _acts(c, batch)
+    fwd, blk, bwd, m0, m1, m2, rec, end = _acts(c, batch, seq)
     (sg, g_fwd, wt, bt, sh1, gh1, sh2, gh2, sh3, gh3, sgr, g_rec, sgl, g_last, emb, g_emb, opt, g_opt, opt_t, ws, pool,
-     _, fr, _, emb_total, _, opt_total) = c[21:]
+     _, fr, _, emb_total, _, opt_total) = c[1]
     top, at = sg + fwd + wt + ws + fr * (fwd + wt) + pool, 0
     x = sg + blk + bt + ws + fr * (blk + bt) + pool
     if x > top:
@@ -147,11 +151,11 @@ def top_at(c: tuple, batch: float) -> tuple:
     x = sg + bwd + wt + ws + fr * (bwd + wt) + pool
     if x > top:
         top, at = x, 2
-    if c[18]:
+    if c[0][17]:
         x = sh1 + m0 + wt + ws + fr * (m0 + wt) + pool
         if x > top:
             top, at = x, 3
-        if c[19] > 1:
+        if c[0][18] > 1:
             x = sh2 + m1 + wt + ws + fr * (m1 + wt) + pool
             if x > top:
                 top, at = x, 4
@@ -174,3 +178,20 @@ def top_at(c: tuple, batch: float) -> tuple:
                               (sh2, gh2, m1, wt), (sh3, gh3, m2, wt), None, (sgr, g_rec, rec, bt),
                               (sgl, g_last, end, bt))[at]
     return top, grads, act, temp, base + act + temp
+
+
+def totals_at(c: tuple, batch: float, seq: float) -> list[float]:
+    """MemoryModel.reserved_totals(batch, seq) of the model whose model_terms `c` is: each of _points' ten points'
+    held total, in its order, repeats included (solvers.reserved_curves reads them per point)."""
+    fwd, blk, bwd, m0, m1, m2, rec, end = _acts(c, batch, seq)
+    (sg, _, wt, bt, sh1, _, sh2, _, sh3, _, sgr, _, sgl, _, _, _, _, _, _, ws, pool, fr, _, emb, _, opt, _) = c[1]
+    start = sg + bwd + wt + ws + fr * (bwd + wt) + pool
+    head = [start] * 4
+    if c[0][17]:
+        head = [sh1 + m0 + wt + ws + fr * (m0 + wt) + pool]
+        if c[0][18] > 1:
+            head += [sh2 + m1 + wt + ws + fr * (m1 + wt) + pool, sh3 + m2 + wt + ws + fr * (m2 + wt) + pool]
+        head.append(start if emb is None else emb)
+        head += [head[0]] * (4 - len(head))
+    return [sg + fwd + wt + ws + fr * (fwd + wt) + pool, sg + blk + bt + ws + fr * (blk + bt) + pool, start, *head,
+            sgr + rec + bt + ws + fr * (rec + bt) + pool, sgl + end + bt + ws + fr * (end + bt) + pool, opt]

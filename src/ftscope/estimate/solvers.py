@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Callable, NamedTuple
 
-from .held_peak import held_terms, model_terms, peak_at, top_at  # noqa: F401 (held_terms re-exported)
+from .held_peak import held_terms, model_terms, peak_at, top_at, totals_at  # noqa: F401 (held_terms re-exported)
 from .memory import MemoryModel
 
 SEQ_CAP = 4_194_304
@@ -33,13 +33,15 @@ class ReservedCurve(NamedTuple):
     """Q: bytes per token per position (eager attention's scores)."""
 
 
-def reserved_curves(mem: MemoryModel) -> list[ReservedCurve]:
+def reserved_curves(mem: MemoryModel, terms: tuple | None = None) -> list[ReservedCurve]:
     """The curve of each phase point, from three evaluations of the memory model; once for all the copies of a
-    model memory_model shares across GPU types (they differ only in the capacity, which the curves ignore)."""
+    model memory_model shares across GPU types (they differ only in the capacity, which the curves ignore).
+    `terms`: held_peak.model_terms(mem) when known (the same totals, summed from it)."""
     shared = mem.__dict__.get("_curves")
     if shared:
         return shared
-    p0, p1, p2 = (phase_totals(mem, b, s) for b, s in ((0, 0), (1, 1), (1, 2)))
+    p0, p1, p2 = (phase_totals(mem, b, s) if terms is None else totals_at(terms, b, s)
+                  for b, s in ((0, 0), (1, 1), (1, 2)))
     out = []
     for k, a, b in zip(p0, p1, p2):
         q = (b - 2 * a + k) / 2
@@ -116,7 +118,7 @@ class BatchSolver:
         self.checks: dict[tuple, object] = {}
         self.per_batch: dict[int, object] = {}
         self.recent: dict[int, tuple] = {}  # the phase points of the last few peaks made from them
-        self.lean: tuple | None | bool = False  # held_peak.model_terms(mem, seq), made on the first peak
+        self.lean: tuple | None | bool = False  # held_peak.model_terms(mem), made on first use
 
     def checked(self, cap: float, batch: int, check: Callable[[MemoryModel, float, int, float], object]) -> object:
         """check(mem, cap, batch, seq), made once per capacity and micro-batch (`check`: one pure function of them
@@ -140,9 +142,9 @@ class BatchSolver:
         if hit is None:
             lean = self.lean
             if lean is False:
-                lean = self.lean = model_terms(self.mem, self.seq)
+                lean = self.lean = model_terms(self.mem)
             if lean is not None:  # nothing on another stream: the sums without the phase points
-                hit = self.peaks[batch] = peak_at(lean, batch, self.least)
+                hit = self.peaks[batch] = peak_at(lean, batch, self.seq, self.least)
                 return hit
             mem, recent = self.mem, self.recent
             points = mem._points(batch, self.seq)
@@ -158,8 +160,8 @@ class BatchSolver:
         points(batch))."""
         lean = self.lean
         if lean is False:
-            lean = self.lean = model_terms(self.mem, self.seq)
-        return None if lean is None else top_at(lean, batch)
+            lean = self.lean = model_terms(self.mem)
+        return None if lean is None else top_at(lean, batch, self.seq)
 
     def points(self, batch: int) -> tuple:
         """mem._points(batch, seq), kept from a recent peak where it was one."""
@@ -171,7 +173,9 @@ class BatchSolver:
         hit = self.solved.get(limit)
         if hit is None:
             if self.slopes is None:
-                self.curves = reserved_curves(self.mem)
+                if self.lean is False:
+                    self.lean = model_terms(self.mem)
+                self.curves = reserved_curves(self.mem, self.lean)
                 # a repeated phase point (a frozen head repeats one) changes neither test nor minimum: once each
                 self.slopes = list(dict.fromkeys(_per_sample(self.curves, self.seq)))
             hit = self.solved[limit] = _solve(limit, self.slopes, self.peak, BATCH_CAP, self.least)

@@ -1,8 +1,8 @@
 """held_peak: a one-stream memory model's peak bytes, reserved totals and breakdown peak, summed from its fields,
-equal MemoryModel.peak_bytes, reserved_totals and _reserved_of's totals over _points exactly (==, NaN and the sign of zero included), on
-real models and on seeded random ones that reach every branch of _points: checkpointing, activation offload, eager
-attention's quadratic terms, a fused loss's tile, a frozen, trained, chunked or tied LM head, fragmentation above
-and below the pinned share, floors and the other stream's pool.
+equal MemoryModel.peak_bytes, reserved_totals and _reserved_of's totals over _points exactly (==, NaN and the sign
+of zero included), on real models and on seeded random ones that reach every branch of _points: checkpointing,
+activation offload, eager attention's quadratic terms, a fused loss's tile, a frozen, trained, chunked or tied LM
+head, fragmentation above and below the pinned share, floors and the other stream's pool.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import ftscope
 from ftscope.estimate.activations import ActivationCoefficients
 from ftscope.estimate.allocator_model import AllocatorModel
 from ftscope.estimate.head_gradient import HeadGradient
-from ftscope.estimate.held_peak import held_terms, model_terms, peak_at, top_at, totals_at
+from ftscope.estimate.held_peak import acts_at, held_terms, model_terms, peak_at, top_at, totals_at
 from ftscope.estimate.memory import MemoryModel, memory_model
 from ftscope.spec.scenario import fast_replace
 
@@ -99,7 +99,7 @@ def test_peak_at_and_totals_at_are_peak_bytes_and_reserved_totals(models, seq):
             assert c is None
             continue
         for b in _batches(rng):
-            assert _same(peak_at(c, b, seq, m.least_reserved), m.peak_bytes(b, seq)), (m, b)
+            assert _same(peak_at(c, acts_at(c, b, seq), m.least_reserved), m.peak_bytes(b, seq)), (m, b)
             assert [repr(x) for x in totals_at(c, b, seq)] == [repr(x) for x in m.reserved_totals(b, seq)], (m, b)
 
 
@@ -115,5 +115,5 @@ def test_top_at_is_the_first_of_the_largest_totals(models, seq):
             totals = m._reserved_of(phases)
             i = max(range(len(phases)), key=totals.__getitem__)
             want = (totals[i], *phases[i][1:])
-            got = top_at(c, b, seq)
+            got = top_at(c, acts_at(c, b, seq))
             assert len(got) == 5 and all(_same(x, y) for x, y in zip(got, want)), (m, b, got, want)

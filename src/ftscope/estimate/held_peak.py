@@ -2,16 +2,15 @@
 
 A plan solves hundreds of memory models for the largest micro-batch that fits, each at a dozen batch sizes, and
 checks the breakdown at the batch it picks: `MemoryModel._points` builds ten tuples per batch, of which the solvers
-read a sum each. `peak_of` and `top_of` compute the same sums from the model's fields, read once per model: a mirror
-of MemoryModel._points and _reserved_of's one-stream branch (the same float operations in the same order, each
-point's sum left to right; tests/estimate/test_held_peak.py checks == on seeded random models), like
-memory_columns.py, memory_arrays.py and solvers.BatchSolver's.
+read a sum each. Here `model_terms` reads a model's fields once, `acts_at` the activations of its points at a batch
+shape, and `peak_at`, `totals_at` and `top_at` the sums the solvers and the breakdown's sanity check read: a mirror of
+MemoryModel._points and _reserved_of's one-stream branch (the same float operations in the same order, each point's
+sum left to right; tests/estimate/test_held_peak.py checks == on seeded random models), like memory_columns.py and
+memory_arrays.py.
 """
 from __future__ import annotations
 
 from math import copysign
-from typing import Callable
-
 from ..spec.hardware import GIB
 from .memory import MemoryModel
 
@@ -28,9 +27,9 @@ def held_terms(mem: MemoryModel, held: bool = True) -> tuple[float, float, float
 
 
 def model_terms(mem: MemoryModel) -> tuple | None:
-    """What peak_at, top_at and totals_at read of a model: (what its activations read, what its points add to
-    them), as tuples (a plan keeps one per model: a few objects, where closures would keep dozens for the garbage
-    collector to walk); None where held_terms is."""
+    """What acts_at, peak_at, top_at and totals_at read of a model: (what its activations read, what its points add
+    to them), as two tuples (a plan keeps one per model: few objects, where closures would keep dozens of cells for
+    the garbage collector to walk); None where held_terms is."""
     terms = held_terms(mem)
     if terms is None:
         return None
@@ -46,22 +45,23 @@ def model_terms(mem: MemoryModel) -> tuple | None:
     emb = static + g_emb + wt if hg.at_embedding else None  # the tied embedding's point: no activations
     opt_t = mem.optimizer_transient
     opt = static + mem.gradients + opt_t  # the optimizer step's point: no activations
-    return ((mem.checkpointing, mem.offload_activations, a.head_per_token, a.logits_saved_per_token,
+    acts = (mem.checkpointing, mem.offload_activations, a.head_per_token, a.logits_saved_per_token,
             a.checkpoint_per_token, a.saved_per_token, a.saved_per_token_quadratic, a.layer_per_token,
             a.layer_per_token_quadratic, a.layer_ffn_per_token, a.checkpoint_layer_per_token,
             a.forward_transient_per_token, a.loss_tile_per_token, a.loss_tile_tokens, a.logits_held_per_token,
-            a.logits_forward_extra_per_token, a.logits_backward_extra_per_token, h, hg.chunks, hg.logits_grad_per_token),
-            # (base of each point's allocated bytes: + activations + temporary, and its gradients)
-            (sg, g_fwd, wt, wt + mem.block_transient, sg + h, g_fwd + h, sg + 2 * h, g_fwd + 2 * h, sg + 3 * h,
-            g_fwd + 3 * h, static + (g_fwd + hg.in_blocks), g_fwd + hg.in_blocks, static + (g_end + hg.at_last_block),
-            g_end + hg.at_last_block, emb, g_emb, opt, mem.gradients, opt_t, ws, pool, fr_held, fr,
-            # the two fixed points' totals, held and not
-            None if emb is None else emb + ws + fr_held * (0.0 + wt) + pool,
-            None if emb is None else emb + ws + fr * (0.0 + wt) + pool,
-            opt + ws + fr_held * (0.0 + opt_t) + pool, opt + ws + fr * (0.0 + opt_t) + pool))
+            a.logits_forward_extra_per_token, a.logits_backward_extra_per_token, h, hg.chunks, hg.logits_grad_per_token)
+    # each point's base (its allocated bytes are base + activations + temporary) and gradients; then the held and
+    # the plain totals of the two points without activations
+    points = (sg, g_fwd, wt, wt + mem.block_transient, sg + h, g_fwd + h, sg + 2 * h, g_fwd + 2 * h, sg + 3 * h,
+              g_fwd + 3 * h, static + (g_fwd + hg.in_blocks), g_fwd + hg.in_blocks,
+              static + (g_end + hg.at_last_block), g_end + hg.at_last_block, emb, g_emb, opt, mem.gradients, opt_t, ws,
+              pool, fr_held, fr, None if emb is None else emb + ws + fr_held * (0.0 + wt) + pool,
+              None if emb is None else emb + ws + fr * (0.0 + wt) + pool, opt + ws + fr_held * (0.0 + opt_t) + pool,
+              opt + ws + fr * (0.0 + opt_t) + pool)
+    return acts, points
 
 
-def _acts(c: tuple, batch: float, seq: float) -> tuple:
+def acts_at(c: tuple, batch: float, seq: float) -> tuple:
     """The activations term of each point _points makes at a micro-batch (`c`: model_terms): end of forward, the
     last block's forward, start of backward, the head's three moments (0.0 where it has fewer), recompute, end of
     backward."""
@@ -100,10 +100,11 @@ def _acts(c: tuple, batch: float, seq: float) -> tuple:
             m0, m1, m2, rec_act, layer + held)
 
 
-def peak_at(c: tuple, batch: float, seq: float, least: float) -> float:
-    """MemoryModel.peak_bytes(batch, seq) of the model whose model_terms `c` is (`least`: its least_reserved):
-    max(least, *the held totals), each point's total summed as _reserved_of sums it, in _points' order."""
-    fwd, blk, bwd, m0, m1, m2, rec, end = _acts(c, batch, seq)
+def peak_at(c: tuple, acts: tuple, least: float) -> float:
+    """MemoryModel.peak_bytes(batch, seq) of the model whose model_terms `c` is (`acts`: acts_at(c, batch, seq);
+    `least`: its least_reserved): max(least, *the held totals), each point's total summed as _reserved_of sums it,
+    in _points' order."""
+    fwd, blk, bwd, m0, m1, m2, rec, end = acts
     (sg, _, wt, bt, sh1, _, sh2, _, sh3, _, sgr, _, sgl, _, _, _, _, _, _, ws, pool, fr, _, emb, _, opt, _) = c[1]
     top = least
     x = sg + fwd + wt + ws + fr * (fwd + wt) + pool
@@ -137,11 +138,11 @@ def peak_at(c: tuple, batch: float, seq: float, least: float) -> float:
     return opt if opt > top else top
 
 
-def top_at(c: tuple, batch: float, seq: float) -> tuple:
-    """The reserved bytes of the point where the breakdown at this micro-batch peaks (the first of the largest of
+def top_at(c: tuple, acts: tuple) -> tuple:
+    """The reserved bytes of the point where the breakdown at a micro-batch peaks (the first of the largest of
     _reserved_of's totals, the floor left out) and that point's terms: (bytes, gradients, activations, temporary,
-    allocated), for the model whose model_terms `c` is."""
-    fwd, blk, bwd, m0, m1, m2, rec, end = _acts(c, batch, seq)
+    allocated), for the model whose model_terms `c` is (`acts`: acts_at(c, batch, seq))."""
+    fwd, blk, bwd, m0, m1, m2, rec, end = acts
     (sg, g_fwd, wt, bt, sh1, gh1, sh2, gh2, sh3, gh3, sgr, g_rec, sgl, g_last, emb, g_emb, opt, g_opt, opt_t, ws, pool,
      _, fr, _, emb_total, _, opt_total) = c[1]
     top, at = sg + fwd + wt + ws + fr * (fwd + wt) + pool, 0
@@ -183,7 +184,7 @@ def top_at(c: tuple, batch: float, seq: float) -> tuple:
 def totals_at(c: tuple, batch: float, seq: float) -> list[float]:
     """MemoryModel.reserved_totals(batch, seq) of the model whose model_terms `c` is: each of _points' ten points'
     held total, in its order, repeats included (solvers.reserved_curves reads them per point)."""
-    fwd, blk, bwd, m0, m1, m2, rec, end = _acts(c, batch, seq)
+    fwd, blk, bwd, m0, m1, m2, rec, end = acts_at(c, batch, seq)
     (sg, _, wt, bt, sh1, _, sh2, _, sh3, _, sgr, _, sgl, _, _, _, _, _, _, ws, pool, fr, _, emb, _, opt, _) = c[1]
     start = sg + bwd + wt + ws + fr * (bwd + wt) + pool
     head = [start] * 4

@@ -10,7 +10,8 @@ from __future__ import annotations
 import math
 from typing import Callable, NamedTuple
 
-from .held_peak import held_terms, model_terms, peak_at, top_at, totals_at  # noqa: F401 (held_terms re-exported)
+from .held_peak import (acts_at, held_terms, model_terms, peak_at, top_at,  # noqa: F401 (held_terms re-exported)
+                        totals_at)
 from .memory import MemoryModel
 
 SEQ_CAP = 4_194_304
@@ -144,7 +145,7 @@ class BatchSolver:
             if lean is False:
                 lean = self.lean = model_terms(self.mem)
             if lean is not None:  # nothing on another stream: the sums without the phase points
-                hit = self.peaks[batch] = peak_at(lean, batch, self.seq, self.least)
+                hit = self.peaks[batch] = peak_at(lean, acts_at(lean, batch, self.seq), self.least)
                 return hit
             mem, recent = self.mem, self.recent
             points = mem._points(batch, self.seq)
@@ -161,7 +162,7 @@ class BatchSolver:
         lean = self.lean
         if lean is False:
             lean = self.lean = model_terms(self.mem)
-        return None if lean is None else top_at(lean, batch, self.seq)
+        return None if lean is None else top_at(lean, acts_at(lean, batch, self.seq))
 
     def points(self, batch: int) -> tuple:
         """mem._points(batch, seq), kept from a recent peak where it was one."""

@@ -68,12 +68,14 @@ def acts_at(c: tuple, batch: float, seq: float) -> tuple:
     (ckpt, offload, head_pt, logits_pt, ck_pt, sv_pt, svq, ly_pt, lyq, ffn_pt, ckl_pt, ft_pt, tile_pt, tile_tok,
      held_pt, fx_pt, bx_pt, trained, n, lg_pt) = c[0]
     t = batch * seq
-    head = head_pt * t + logits_pt * t  # activation_bytes
+    # (a product of the same two floats is the same float: each is made once)
+    head_t, logits, scores = head_pt * t, logits_pt * t, lyq * t * seq
+    head = head_t + logits  # activation_bytes
     if ckpt:
         saved = ck_pt * t + head
     else:
         saved = sv_pt * t + svq * t * seq + head
-    layer = ly_pt * t + lyq * t * seq
+    layer = ly_pt * t + scores
     if offload:
         kept = ckl_pt * t if ckpt else layer
         kept = 2 * kept
@@ -81,22 +83,20 @@ def acts_at(c: tuple, batch: float, seq: float) -> tuple:
         saved = (kept if kept < saved else saved) + head  # min(saved - head, 2 * kept) + head
     tile = tile_pt * (tile_tok if tile_tok < t else t)  # _points: min(t, tile_tok)
     held = held_pt * t
-    after_head = saved - logits_pt * t + held
-    att_bwd = lyq * t * seq
+    after_head = saved - logits + held
     if ckpt:
-        rec_act = layer - ffn_pt * t + att_bwd
+        rec_act = layer - ffn_pt * t + scores
         rec_act = after_head + (rec_act if rec_act > layer else layer)  # max(layer, ...)
     else:
-        rec_act = after_head + att_bwd
+        rec_act = after_head + scores
     m0 = m1 = m2 = 0.0
     if trained:  # the head's backward: saved - logits + kept + held, kept per moment
-        logits = logits_pt * t
         grad = lg_pt * t / n
         m0 = saved - logits + (logits * (n - 1) / n + grad) + held
         if n > 1:
             m1 = saved - logits + (logits * (n - 2) / n + grad) + held
             m2 = saved - logits + logits * (n - 2) / n + held
-    return (saved + fx_pt * t + tile, after_head - held - head_pt * t + ft_pt * t, saved + bx_pt * t + tile + held,
+    return (saved + fx_pt * t + tile, after_head - held - head_t + ft_pt * t, saved + bx_pt * t + tile + held,
             m0, m1, m2, rec_act, layer + held)
 
 

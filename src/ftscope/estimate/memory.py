@@ -130,7 +130,8 @@ class MemoryModel:
         return tuple(PhasePoint._make(p) for p in self._points(batch, seq))
 
     def _points(self, batch: float, seq: float) -> tuple[tuple[str, float, float, float, float], ...]:
-        """phase_points' fields as plain tuples (the solvers read only the sums; no PhasePoint per call)."""
+        """phase_points' fields as plain tuples (the solvers read only the sums; no PhasePoint per call). Mirrored,
+        float for float, by memory_arrays.py and held_peak.py (their tests check ==): change them together."""
         a = self.acts
         t = batch * seq
         saved, layer = self.activation_bytes(batch, seq)

@@ -16,7 +16,7 @@ from . import memory_stage, unsupported_reason
 from .comm_buffers import nccl_mix_key
 from .cost import price_of, run_steps
 from .efficiency import Calibration
-from .memory import MemoryModel, device_capacity, memory_model
+from .memory import MemoryModel, capacity_free_model, device_capacity
 from .shared import Shared, shared_for
 from .solvers import BatchSolver
 from .time import step_parts
@@ -234,7 +234,7 @@ def _site(sh: Shared, gpu, world: int, gpn: int, i: int, margin: float, cal: Cal
     at = solvers.get(world)
     if at is None:
         at = solvers[world] = sh.get(("grid", world),
-                                     lambda: _solver(sh, memory_model(scenario_of(i)), wl.peak_seq_len()))
+                                     lambda: _solver(sh, capacity_free_model(scenario_of(i)), wl.peak_seq_len()))
     info = per_gpu.get(id(gpu))
     if info is None or info[0] is not gpu:
         info = per_gpu[id(gpu)] = (gpu, *_gpu_info(sh, scenario_of(i), cal, timing))

@@ -282,13 +282,28 @@ def memory_model(scn: Scenario, allocator: AllocatorModel = DEFAULT_ALLOCATOR) -
     model, mix (as memory_mix), accumulation, recipe and GPU count, and shared across GPU types and node layouts with
     the capacity (device_capacity) replaced."""
     allocator = step_allocator(scn, allocator)
+    capacity = device_capacity(scn, allocator)
+    mm = _shared_model(scn, allocator, capacity)
+    if mm.capacity_bytes == capacity:
+        return mm
+    return fast_replace(mm, capacity_bytes=capacity)
+
+
+def capacity_free_model(scn: Scenario, allocator: AllocatorModel = DEFAULT_ALLOCATOR) -> MemoryModel:
+    """memory_model(scn, allocator) but for its capacity_bytes, which is another GPU's (0.0 where this call builds
+    it): for what reads no capacity, such as solvers.BatchSolver (it solves for each), without device_capacity's
+    NCCL buffers."""
+    return _shared_model(scn, step_allocator(scn, allocator), 0.0)
+
+
+def _shared_model(scn: Scenario, allocator: AllocatorModel, capacity: float) -> MemoryModel:
+    """memory_model's shared model (`allocator`: the step's; `capacity`: the one it gets where this builds it)."""
     key = (scn.model, memory_mix(scn.mix), scn.workload.gradient_accumulation > 1, scn.recipe, allocator)
     hit = _MODELS.get(key)
     if hit is None:
         if len(_MODELS) >= 4096:
             _MODELS.clear()
         hit = _MODELS[key] = (mix_part(scn, allocator), {})
-    capacity = device_capacity(scn, allocator)
     world = scn.cluster.world_size
     part, models = hit
     mm = models.get(world)
@@ -296,9 +311,7 @@ def memory_model(scn: Scenario, allocator: AllocatorModel = DEFAULT_ALLOCATOR) -
         if len(models) >= 256:
             models.clear()
         mm = models[world] = models_of(part, [scn], [capacity])[0]  # build_memory_models([scn], allocator)[0]
-    if mm.capacity_bytes == capacity:
-        return mm
-    return fast_replace(mm, capacity_bytes=capacity)
+    return mm
 
 
 def step_allocator(scn: Scenario, allocator: AllocatorModel = DEFAULT_ALLOCATOR) -> AllocatorModel:

@@ -288,7 +288,10 @@ def _solver(sh: Shared, mem: MemoryModel, seq: int) -> BatchSolver:
 def _sane_on(at: BatchSolver, cap: float, batch: int) -> bool:
     """_memory_sane's figures of at.mem.breakdown(batch, at.seq) on a device of `cap` usable bytes
     (_breakdown_values' list): only its capacity cut reads the capacity, so the rest is made once per batch."""
-    peak, sane, allocated, grads, act, temp = at.at_batch(batch, lambda mem, b, _: _uncut_at(at, b))
+    hit = at.per_batch.get(batch)  # at.at_batch(batch, ...) of _uncut_at, without a function made per call
+    if hit is None:
+        hit = at.per_batch[batch] = _uncut_at(at, batch)
+    peak, sane, allocated, grads, act, temp = hit
     if peak > cap and cap >= at.peak(batch):  # the cut where what must fit (peak_bytes) does
         mem = at.mem
         overhead = cap - allocated

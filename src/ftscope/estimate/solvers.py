@@ -117,7 +117,7 @@ class BatchSolver:
         self.curves: list[ReservedCurve] | None = None
         self.slopes: list[tuple[float, float]] | None = None
         self.checks: dict[tuple, object] = {}
-        self.per_batch: dict[int, object] = {}
+        self.per_batch: dict[int, object] = {}  # at_batch's (figures._sane_on fills it the same way, inline)
         self.recent: dict[int, tuple] = {}  # the phase points of the last few peaks made from them
         self.lean: tuple | None | bool = False  # held_peak.model_terms(mem), made on first use
 

@@ -461,6 +461,23 @@ def test_a_shared_memory_model_is_the_one_built_afresh(kw):
         assert shared.peak_bytes(3, 1000) == fresh.peak_bytes(3, 1000)
 
 
+@pytest.mark.parametrize("kw", VARIETY)
+def test_a_shared_memory_model_is_the_one_built_afresh_on_every_gpu_count(kw):
+    """memory_model keeps one mix_part per mix for all its GPU counts (it reads none): the model on each count and
+    node layout, in any order, equals the one built afresh; capacity_free_model's equals it but for the capacity."""
+    from ftscope.estimate.memory import DEFAULT_ALLOCATOR, build_memory_models, capacity_free_model
+    from ftscope.spec.scenario import fast_replace
+    hw = kw.get("hw", {})
+    for per_node, nodes, gpu in ((1, 1, "h200"), (8, 4, "a100-80gb"), (2, 1, "t4"), (8, 1, "h200"), (8, 16, "t4"),
+                                 (1, 1, "a100-80gb"), (8, 4, "h200")):
+        if per_node * nodes % hw.get("gpus_per_node", 1):
+            continue
+        s = scn(gpu=gpu, **{**kw, "hw": {**hw, "gpus_per_node": per_node, "nodes": nodes}})
+        free = capacity_free_model(s)  # first on some counts: built with no capacity
+        assert memory_model(s) == build_memory_models([s], DEFAULT_ALLOCATOR)[0]
+        assert fast_replace(free, capacity_bytes=memory_model(s).capacity_bytes) == memory_model(s)
+
+
 @pytest.mark.parametrize("kw", VARIETY + [
     dict(model="llama-2-7b", mix={"method": "full", "gradient_checkpointing": True, "checkpointing": "selective",
                                   "tensor_parallel": 2, "sequence_parallel": True}, hw={"gpus_per_node": 4}),

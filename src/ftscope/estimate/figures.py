@@ -16,9 +16,9 @@ from . import memory_stage, unsupported_reason
 from .comm_buffers import nccl_mix_key
 from .cost import price_of, run_steps
 from .efficiency import Calibration
-from .memory import MemoryModel, device_capacity, memory_model
+from .memory import MemoryModel, capacity_free_model, device_capacity
 from .shared import Shared, shared_for
-from .solvers import BatchSolver, held_terms
+from .solvers import BatchSolver
 from .time import step_parts
 
 
@@ -240,7 +240,7 @@ def _site(sh: Shared, gpu, world: int, gpn: int, i: int, margin: float, cal: Cal
     at = solvers.get(world)
     if at is None:
         at = solvers[world] = sh.get(("grid", world),
-                                     lambda: _solver(sh, memory_model(scenario_of(i)), wl.peak_seq_len()))
+                                     lambda: _solver(sh, capacity_free_model(scenario_of(i)), wl.peak_seq_len()))
     info = per_gpu.get(id(gpu))
     if info is None or info[0] is not gpu:
         info = per_gpu[id(gpu)] = (gpu, *_gpu_info(sh, scenario_of(i), cal, timing))
@@ -293,7 +293,10 @@ def _solver(sh: Shared, mem: MemoryModel, seq: int) -> BatchSolver:
 def _sane_on(at: BatchSolver, cap: float, batch: int) -> bool:
     """_memory_sane's figures of at.mem.breakdown(batch, at.seq) on a device of `cap` usable bytes
     (_breakdown_values' list): only its capacity cut reads the capacity, so the rest is made once per batch."""
-    peak, sane, allocated, grads, act, temp = at.at_batch(batch, lambda mem, b, _: _uncut(mem, at.points(b), at.least))
+    hit = at.per_batch.get(batch)  # at.at_batch(batch, ...) of _uncut_at, without a function made per call
+    if hit is None:
+        hit = at.per_batch[batch] = _uncut_at(at, batch)
+    peak, sane, allocated, grads, act, temp = hit
     if peak > cap and cap >= at.peak(batch):  # the cut where what must fit (peak_bytes) does
         mem = at.mem
         overhead = cap - allocated
@@ -301,24 +304,30 @@ def _sane_on(at: BatchSolver, cap: float, batch: int) -> bool:
     return sane
 
 
+def _uncut_at(at: BatchSolver, batch: int) -> tuple:
+    """_uncut of the solver's model at this micro-batch (its one-stream sums from BatchSolver.top, without the
+    phase points)."""
+    hit = at.top(batch)
+    if hit is None:
+        return _uncut(at.mem, at.points(batch), at.least)
+    return _uncut_of(at.mem, at.least, *hit)
+
+
 def _uncut(mem: MemoryModel, phases: tuple, least: float) -> tuple:
     """(reserved peak, sanity of _breakdown_values' list, allocated, gradients, activations, temporary) of
     mem.breakdown(batch, seq) where the capacity does not cut its peak (`phases`: mem._points(batch, seq); `least`:
     mem.least_reserved)."""
-    terms = held_terms(mem, held=False)
-    if terms is None:
-        totals = mem._reserved_of(phases)
-        top = max(totals)
-        i = totals.index(top)  # max(range(...), key=totals.__getitem__): the first of the largest (NaN: by identity)
-    else:  # _reserved_of's one-stream totals, the first of the largest kept as max() and index() find it
-        ws, fr, pool = terms
-        top, i = None, 0
-        for j, (_, _, act, temp, alloc) in enumerate(phases):
-            total = alloc + ws + fr * (act + temp) + pool
-            if top is None or total > top:
-                top, i = total, j
-    peak = max(top, least)
+    totals = mem._reserved_of(phases)
+    top = max(totals)
+    i = totals.index(top)  # max(range(...), key=totals.__getitem__): the first of the largest (NaN: by identity)
     _, grads, act, temp, allocated = phases[i]
+    return _uncut_of(mem, least, top, grads, act, temp, allocated)
+
+
+def _uncut_of(mem: MemoryModel, least: float, top: float, grads: float, act: float, temp: float,
+              allocated: float) -> tuple:
+    """_uncut's tuple from the top point's reserved bytes and its terms."""
+    peak = max(top, least)
     overhead = peak - allocated
     return (peak, _values_sane([allocated + overhead, allocated, mem.weights, grads, mem.optimizer, act, temp,
                                 overhead]), allocated, grads, act, temp)

@@ -130,7 +130,8 @@ class MemoryModel:
         return tuple(PhasePoint._make(p) for p in self._points(batch, seq))
 
     def _points(self, batch: float, seq: float) -> tuple[tuple[str, float, float, float, float], ...]:
-        """phase_points' fields as plain tuples (the solvers read only the sums; no PhasePoint per call)."""
+        """phase_points' fields as plain tuples (the solvers read only the sums; no PhasePoint per call). Mirrored,
+        float for float, by memory_arrays.py and held_peak.py (their tests check ==): change them together."""
         a = self.acts
         t = batch * seq
         saved, layer = self.activation_bytes(batch, seq)
@@ -258,8 +259,10 @@ class MemoryModel:
         return self.peak_bytes(batch, seq) <= self.capacity_bytes * (1.0 - margin)
 
 
-_MODELS: dict[tuple, MemoryModel] = {}
-"""Memory models by what they read of the scenario: a search asks for the same one on every GPU type."""
+_MODELS: dict[tuple, tuple[MixPart, dict[int, MemoryModel]]] = {}
+"""Memory models by what they read of the scenario: a search asks for the same one on every GPU type. Per model, mix
+(as memory_mix), accumulation, recipe and allocator: their mix_part (it reads no GPU count) and the models by GPU
+count."""
 FUSED_ATTENTION = "sdpa"
 """The attention memory_mix gives every fused kernel: the memory model tells eager attention (its saved scores)
 from the fused ones (sdpa, flash, flash1, flash3: none saves them) and nothing more."""
@@ -279,17 +282,36 @@ def memory_model(scn: Scenario, allocator: AllocatorModel = DEFAULT_ALLOCATOR) -
     model, mix (as memory_mix), accumulation, recipe and GPU count, and shared across GPU types and node layouts with
     the capacity (device_capacity) replaced."""
     allocator = step_allocator(scn, allocator)
-    key = (scn.model, memory_mix(scn.mix), scn.workload.gradient_accumulation > 1, scn.recipe,
-           scn.cluster.world_size, allocator)
-    mm = _MODELS.get(key)
-    if mm is None:
-        if len(_MODELS) >= 4096:
-            _MODELS.clear()
-        mm = _MODELS[key] = build_memory_models([scn], allocator)[0]
     capacity = device_capacity(scn, allocator)
+    mm = _shared_model(scn, allocator, capacity)
     if mm.capacity_bytes == capacity:
         return mm
     return fast_replace(mm, capacity_bytes=capacity)
+
+
+def capacity_free_model(scn: Scenario, allocator: AllocatorModel = DEFAULT_ALLOCATOR) -> MemoryModel:
+    """memory_model(scn, allocator) but for its capacity_bytes, which is another GPU's (0.0 where this call builds
+    it): for what reads no capacity, such as solvers.BatchSolver (it solves for each), without device_capacity's
+    NCCL buffers."""
+    return _shared_model(scn, step_allocator(scn, allocator), 0.0)
+
+
+def _shared_model(scn: Scenario, allocator: AllocatorModel, capacity: float) -> MemoryModel:
+    """memory_model's shared model (`allocator`: the step's; `capacity`: the one it gets where this builds it)."""
+    key = (scn.model, memory_mix(scn.mix), scn.workload.gradient_accumulation > 1, scn.recipe, allocator)
+    hit = _MODELS.get(key)
+    if hit is None:
+        if len(_MODELS) >= 4096:
+            _MODELS.clear()
+        hit = _MODELS[key] = (mix_part(scn, allocator), {})
+    world = scn.cluster.world_size
+    part, models = hit
+    mm = models.get(world)
+    if mm is None:
+        if len(models) >= 256:
+            models.clear()
+        mm = models[world] = models_of(part, [scn], [capacity])[0]  # build_memory_models([scn], allocator)[0]
+    return mm
 
 
 def step_allocator(scn: Scenario, allocator: AllocatorModel = DEFAULT_ALLOCATOR) -> AllocatorModel:

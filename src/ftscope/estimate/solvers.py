@@ -8,10 +8,10 @@ sides, so it is exact on integers whatever the rounding.
 from __future__ import annotations
 
 import math
-from math import copysign
 from typing import Callable, NamedTuple
 
-from ..spec.hardware import GIB
+from .held_peak import (acts_at, held_terms, model_terms, peak_at, top_at,  # noqa: F401 (held_terms re-exported)
+                        totals_at)
 from .memory import MemoryModel
 
 SEQ_CAP = 4_194_304
@@ -34,13 +34,15 @@ class ReservedCurve(NamedTuple):
     """Q: bytes per token per position (eager attention's scores)."""
 
 
-def reserved_curves(mem: MemoryModel) -> list[ReservedCurve]:
+def reserved_curves(mem: MemoryModel, terms: tuple | None = None) -> list[ReservedCurve]:
     """The curve of each phase point, from three evaluations of the memory model; once for all the copies of a
-    model memory_model shares across GPU types (they differ only in the capacity, which the curves ignore)."""
+    model memory_model shares across GPU types (they differ only in the capacity, which the curves ignore).
+    `terms`: held_peak.model_terms(mem) when known (the same totals, summed from it)."""
     shared = mem.__dict__.get("_curves")
     if shared:
         return shared
-    p0, p1, p2 = (phase_totals(mem, b, s) for b, s in ((0, 0), (1, 1), (1, 2)))
+    p0, p1, p2 = (phase_totals(mem, b, s) if terms is None else totals_at(terms, b, s)
+                  for b, s in ((0, 0), (1, 1), (1, 2)))
     out = []
     for k, a, b in zip(p0, p1, p2):
         q = (b - 2 * a + k) / 2
@@ -115,9 +117,9 @@ class BatchSolver:
         self.curves: list[ReservedCurve] | None = None
         self.slopes: list[tuple[float, float]] | None = None
         self.checks: dict[tuple, object] = {}
-        self.per_batch: dict[int, object] = {}
-        self.recent: dict[int, tuple] = {}  # the phase points of the last few peaks (a solve's answer among them)
-        self.held: tuple | None | bool = False  # held_terms(mem), read on the first peak made
+        self.per_batch: dict[int, object] = {}  # at_batch's (figures._sane_on fills it the same way, inline)
+        self.recent: dict[int, tuple] = {}  # the phase points of the last few peaks made from them
+        self.lean: tuple | None | bool = False  # held_peak.model_terms(mem), made on first use
 
     def checked(self, cap: float, batch: int, check: Callable[[MemoryModel, float, int, float], object]) -> object:
         """check(mem, cap, batch, seq), made once per capacity and micro-batch (`check`: one pure function of them
@@ -139,25 +141,28 @@ class BatchSolver:
         """mem.peak_bytes(batch, seq): what must fit, whatever the capacity."""
         hit = self.peaks.get(batch)
         if hit is None:
+            lean = self.lean
+            if lean is False:
+                lean = self.lean = model_terms(self.mem)
+            if lean is not None:  # nothing on another stream: the sums without the phase points
+                hit = self.peaks[batch] = peak_at(lean, acts_at(lean, batch, self.seq), self.least)
+                return hit
             mem, recent = self.mem, self.recent
             points = mem._points(batch, self.seq)
-            held = self.held
-            if held is False:
-                held = self.held = held_terms(mem)
-            if held is None:
-                hit = self.peaks[batch] = max(self.least, *mem._reserved_of(points, held=True))  # peak_bytes
-            else:  # _reserved_of(points, held=True) with one stream, its terms read once per model
-                ws, fr, pool = held
-                hit = self.least
-                for _, _, act, temp, alloc in points:
-                    total = alloc + ws + fr * (act + temp) + pool
-                    if total > hit:  # max(least, *totals): a later total replaces only when larger
-                        hit = total
-                self.peaks[batch] = hit
+            hit = self.peaks[batch] = max(self.least, *mem._reserved_of(points, held=True))  # peak_bytes
             if len(recent) >= 4:
                 recent.clear()
             recent[batch] = points
         return hit
+
+    def top(self, batch: int) -> tuple | None:
+        """held_peak.top_at: mem.breakdown's reserved peak at this micro-batch (its floor left out) and that point's
+        (gradients, activations, temporary, allocated); None where another stream holds memory (then read
+        points(batch))."""
+        lean = self.lean
+        if lean is False:
+            lean = self.lean = model_terms(self.mem)
+        return None if lean is None else top_at(lean, acts_at(lean, batch, self.seq))
 
     def points(self, batch: int) -> tuple:
         """mem._points(batch, seq), kept from a recent peak where it was one."""
@@ -169,22 +174,13 @@ class BatchSolver:
         hit = self.solved.get(limit)
         if hit is None:
             if self.slopes is None:
-                self.curves = reserved_curves(self.mem)
+                if self.lean is False:
+                    self.lean = model_terms(self.mem)
+                self.curves = reserved_curves(self.mem, self.lean)
                 # a repeated phase point (a frozen head repeats one) changes neither test nor minimum: once each
                 self.slopes = list(dict.fromkeys(_per_sample(self.curves, self.seq)))
             hit = self.solved[limit] = _solve(limit, self.slopes, self.peak, BATCH_CAP, self.least)
         return hit
-
-
-def held_terms(mem: MemoryModel, held: bool = True) -> tuple[float, float, float] | None:
-    """(workspace bytes, fragmentation share, other stream's pool) that MemoryModel._reserved_of(points, held) adds
-    to each phase point when nothing is on another stream (no gathered units, no gradient pool: its first branch),
-    read as it reads them; None otherwise (the totals then take _reserved_of itself)."""
-    al, g, gp = mem.allocator, mem.stream_gathered, mem.gradient_pool
-    if not (g == 0.0 and gp == 0.0 and copysign(1.0, g) > 0.0):
-        return None
-    fr = al.fragmentation_checkpointed if mem.checkpointing else al.fragmentation
-    return al.workspace_gib * GIB, (min(fr, al.pinned) if held else fr), mem.stream_pool
 
 
 def max_seq_len(mem: MemoryModel, batch: int, margin: float = 0.0, cap: int = SEQ_CAP) -> int:

@@ -64,7 +64,9 @@ def test_a_new_micro_row_is_pass_times_and_zero_stages_share_it():
     (the same compute_mix) reads the same tuple rather than making it again."""
     from ftscope.estimate.time import micro_batch_times
     cal = load_calibration()
-    bases = [_scenario("llama-2-7b", {"method": "lora", "zero_stage": zero, "lora_rank": 24}) for zero in (1, 2)]
+    gpu = gpu_from_catalog("a100-80gb")  # a plan's GPU objects are the catalog's, one per type
+    bases = [_scenario("llama-2-7b", {"method": "lora", "zero_stage": zero, "lora_rank": 24}).with_(gpu=gpu)
+             for zero in (1, 2)]
     eff = cal.for_gpu(bases[0].cluster.gpu.key)[0]
     rows = [MS.micro_row(Shared(base), cal, eff, 5, base.cluster.gpu, lambda: base) for base in bases]
     assert rows[0] is rows[1]

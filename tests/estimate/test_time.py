@@ -427,3 +427,30 @@ def test_pass_times_are_their_definition_op_by_op(model, mix):
     for batch, seq in ((1, 128.0), (3, 700.0), (16, 4096.0)):
         ops = micro_batch_ops(s, batch, seq)
         assert pass_times(ops, s, eff) == _pass_times_by_definition(ops, s, eff)
+
+
+def test_shared_rates_are_rates_and_read_only_their_mix_fields():
+    """time.shared_rates equals rates() on GPU types of every architecture and each precision, attention and compile
+    setting; mixes that differ in no RATE_FIELDS field (method, sharding, checkpointing, FP8, layout) share one
+    object, whose rates equal each mix's own rates()."""
+    from dataclasses import fields
+
+    from ftscope.estimate.time import RATE_FIELDS, gpu_rates, rates, shared_rates
+    cal = load_calibration()
+    others = [{"method": "full", "zero_stage": 3}, {"method": "qlora", "gradient_checkpointing": True},
+              {"method": "lora", "fp8": True, "checkpointing": "selective", "gradient_checkpointing": True},
+              {"method": "full", "tensor_parallel": 2, "optimizer": "sgd", "loss": "fused"}]
+    for gpu in ("t4", "a40", "l40s", "h100-80gb", "b200", "mi300x"):
+        base = scn(gpu=gpu, hw={"gpus_per_node": 2})  # one GPU object: the memo knows a GPU type by it
+        for rate_mix in ({"precision": "bf16-mixed", "attention": "flash"}, {"precision": "fp32", "attention": "eager"},
+                         {"precision": "bf16", "attention": "sdpa", "compile": True},
+                         {"precision": "fp16-mixed", "attention": "flash3"}):
+            made = []
+            for other in others:
+                s = base.with_(**other, **rate_mix)
+                eff = cal.for_gpu(s.cluster.gpu.key)[0]
+                r = shared_rates(s.cluster.gpu, s.mix, eff)
+                assert r == rates(s, eff) == gpu_rates(s.cluster.gpu, s.mix, eff)
+                made.append(r)
+            assert all(r is made[0] for r in made)
+    assert set(RATE_FIELDS) <= {f.name for f in fields(scn().mix)}

@@ -16,49 +16,54 @@ from .compute import Op, cached_ops
 from .efficiency import Calibration, Efficiency
 from .kernels import gemm_utilization
 from .shared import Shared
-from .time import Rates, rates
+from .time import Rates, shared_rates
 
 
 def micro_row(sh: Shared, cal: Calibration, eff: Efficiency, batch: int, gpu: GpuSpec,
-              scenario: Callable[[], Scenario]) -> tuple:
+              scenario: Callable[[], Scenario] | None = None) -> tuple:
     """(forward, backward, recompute, dequant, attention) seconds of one micro-batch on this GPU type: time.py's
-    micro_batch_times (through its memos: _micro_seconds), kept as a tuple per GPU type and micro-batch
-    (`scenario`: makes one on that GPU when the values are not yet known)."""
+    micro_batch_times (through its memos: _micro_seconds), kept as a tuple per GPU type and micro-batch. Only the
+    GPU type is read of the candidate (`scenario`, which makes one, is not called): its model, mix and workload
+    are the sweep's (sh covers it)."""
     memo = sh.get(("grid_micro", id(cal)), dict, cal)
     key = (id(gpu), id(eff), batch)
     hit = memo.get(key)
     if hit is None:
-        hit = memo[key] = _micro_seconds(sh, scenario(), batch, eff)
+        hit = memo[key] = _micro_seconds(sh, gpu, batch, eff)
     return hit
 
 
-def _micro_seconds(sh: Shared, scn: Scenario, batch: int, eff: Efficiency) -> tuple:
+def _micro_seconds(sh: Shared, gpu: GpuSpec, batch: int, eff: Efficiency) -> tuple:
     """micro_row's values made: time.py's micro_batch_times through its memos (the padded length and ops per
     micro-batch, the rates per GPU type), or, where no estimate of the sweep has timed this micro-batch, its passes
     without the seconds per layer (pass_seconds: equal to pass_times')."""
-    known = sh.known((("micro", batch, id(eff)), id(scn.cluster.gpu)))  # micro_batch_times' own memo entry
+    known = sh.known((("micro", batch, id(eff)), id(gpu)))  # micro_batch_times' own memo entry
     if known is not None:
         mb, _, att = known[0]
         return (mb["forward"], mb["backward"], mb["recompute"], mb["dequant"], att)
-    seq = sh.get(("padded", batch), lambda: scn.workload.mean_padded_len(batch))
-    ops = sh.get(("ops", batch), lambda: cached_ops(scn, batch, seq))
-    r = sh.per_gpu(("rates", id(eff)), scn, lambda: rates(scn, eff), eff)
-    key = (id(ops), r)
+    scn = sh.scenario
+    ops = sh.known(("ops", batch))
+    if ops is None:  # micro_batch_times' entries, made as there
+        seq = sh.get(("padded", batch), lambda: scn.workload.mean_padded_len(batch))
+        ops = sh.get(("ops", batch), lambda: cached_ops(scn, batch, seq))
+    r = shared_rates(gpu, scn.mix, eff)
+    key = (id(ops), id(r))
     hit = _SECONDS.get(key)
     if hit is None:
         if len(_SECONDS) >= 4096:
             _SECONDS.clear()
-        hit = _SECONDS[key] = (ops, pass_seconds(ops, scn.mix, r))
-    return hit[1]
+        hit = _SECONDS[key] = (ops, r, pass_seconds(ops, scn.mix, r))
+    return hit[2]
 
 
 _SECONDS: dict[tuple, tuple] = {}
-"""(ops, pass_seconds) by (id of the ops, rates). compute.cached_ops gives one ops tuple per model, compute_mix and
-batch shape (the value keeps it alive, so its id stays its own), and pass_seconds reads no field of the mix that
+"""(ops, rates, pass_seconds) by (id of the ops, id of the rates). compute.cached_ops gives one ops tuple per model,
+compute_mix and batch shape, and time.shared_rates one rates object per GPU type, efficiency and the mix fields it
+reads (the value keeps both alive, so their ids stay their own); pass_seconds reads no field of the mix that
 compute_mix leaves out: the sweeps of mixes that differ only in those (ZeRO stage, offload, optimizer) share a
-micro-batch's passes on a GPU type, and a new micro-batch's key hashes neither the model nor the mix. (time.py's
-_PASS_CACHE, keyed on both, is not read: a plan's estimates are of its few best candidates, and their sweep's
-times are micro_batch_times' memo entries, read above.)"""
+micro-batch's passes on a GPU type, and a new micro-batch's key hashes neither the model, the mix nor the rates.
+(time.py's _PASS_CACHE, keyed on all three, is not read: a plan's estimates are of its few best candidates, and
+their sweep's times are micro_batch_times' memo entries, read above.)"""
 
 
 def pass_seconds(ops: Sequence[Op], mix, r: Rates) -> tuple[float, float, float, float, float]:

@@ -63,7 +63,11 @@ class Rates:
 
 
 def rates(scn: Scenario, eff: Efficiency) -> Rates:
-    gpu, mix = scn.cluster.gpu, scn.mix
+    return gpu_rates(scn.cluster.gpu, scn.mix, eff)
+
+
+def gpu_rates(gpu, mix, eff: Efficiency) -> Rates:
+    """rates() of a scenario on this GPU type with this mix: all it reads of the scenario."""
     peak = gpu.matmul_tflops(mix.precision) * 1e12
     fp8 = (gpu.fp8_tflops or 0.0) * 1e12 or peak
     frac = gemm_fraction(eff, gpu.architecture)
@@ -74,6 +78,25 @@ def rates(scn: Scenario, eff: Efficiency) -> Rates:
                  bw * eff.dequant_bandwidth, eff.kernel_floor_us * 1e-6, eff.host_us_per_kernel * 1e-6,
                  eff.sync_us * 1e-6, gpu.sm_count, eff.gemm_k_half, eff.grouped_matmul,
                  eff.compile_stream_bytes if compiled else 1.0, eff.compile_kernels if compiled else 1.0)
+
+
+def shared_rates(gpu, mix, eff: Efficiency) -> Rates:
+    """gpu_rates, one object per GPU type, efficiency and the fields of the mix it reads (RATE_FIELDS): the sweeps of
+    a plan's mixes share them (a process plans many mixes on the same GPU types)."""
+    key = (id(gpu), id(eff), mix.precision, mix.attention, mix.compile)
+    hit = _RATES.get(key)
+    if hit is None or hit[0] is not gpu or hit[1] is not eff:
+        if len(_RATES) >= 4096:
+            _RATES.clear()
+        hit = _RATES[key] = (gpu, eff, gpu_rates(gpu, mix, eff))
+    return hit[2]
+
+
+RATE_FIELDS = ("precision", "attention", "compile")
+"""The mix fields gpu_rates reads (shared_rates' key; tests/estimate/test_time.py checks the others change nothing)."""
+_RATES: dict[tuple, tuple] = {}
+"""shared_rates by (GPU id, efficiency id, RATE_FIELDS): (GPU, efficiency, rates), the first two kept alive with
+their ids."""
 
 
 def op_time(op: Op, r: Rates) -> float:
@@ -193,7 +216,7 @@ def _micro_batch_times(scn: Scenario, batch: int, eff: Efficiency, ops: Sequence
     if shared is not None:  # a micro-batch's padded length and ops do not depend on the GPU
         seq = shared.get(("padded", batch), lambda: scn.workload.mean_padded_len(batch))
         ops = shared.get(("ops", batch), lambda: cached_ops(scn, batch, seq))
-        r = shared.per_gpu(("rates", id(eff)), scn, lambda: rates(scn, eff), eff)
+        r = shared_rates(scn.cluster.gpu, scn.mix, eff)
         given = None
     else:
         seq = scn.workload.mean_padded_len(batch)

@@ -271,3 +271,215 @@ def test_the_ops_read_the_layouts_degrees_from_the_mix_alone(mix):
     for gpus, nodes in ((4, 1), (8, 2), (4, 4)):
         lay = layout(s.with_(gpus_per_node=gpus, nodes=nodes))
         assert tuple(split_of(s.mix)) == (lay.tp, lay.pp, lay.cp, lay.ep, lay.sequence_parallel)
+
+
+# The one-step micro_batch_ops before it was split into _parts (per model and mix) and _build (per batch shape),
+# verbatim but for the names: the reference the split is compared with (==, types and reprs too).
+from ftscope.estimate.compute import (  # noqa: E402
+    EAGER_KERNELS, EAGER_NORM_BYTES, FUSED_KERNELS, LOSS_TRAFFIC, PEFT_ADAPTER_KERNELS, _LAYER_OF, Op, Split,
+    _expected_experts_hit, _new, kbit_bytes_per_weight, split_of)
+from ftscope.spec.scenario import Scenario  # noqa: E402
+
+
+def _ref_expert_op(scn: Scenario, lin, n: int, tokens: float, bwd: float, c: float, lay: Split) -> list[Op]:
+    mix = scn.mix
+    top_k = scn.top_k
+    local = max(lin.count // lay.ep, 1)            # experts this GPU holds
+    slots = tokens * top_k                          # balanced routing: as many slots arrive as leave
+    hit = _expected_experts_hit(slots / top_k * lay.ep, top_k, lin.count) * local / lin.count
+    w = lin.in_features * lin.out_features / lay.tp
+    flops = 2.0 * slots * w
+    grouped = mix.experts_backend in ("grouped_mm", "batched_mm")
+    if mix.experts_backend == "batched_mm":
+        w_bytes = c * w * slots                     # each routed token gathers its expert's weight
+        kernels, rows, groups = 1.0, max(slots, 1.0), 1
+    else:
+        w_bytes = c * w * hit
+        kernels = hit if mix.experts_backend in ("eager", "modules") else 1.0
+        rows, groups = slots / max(hit, 1.0), (max(int(round(hit)), 1) if grouped else 1)
+    byts = w_bytes + c * slots * (lin.in_features + lin.out_features) / lay.tp
+    ops = [_new(Op, ("matmul", "experts", flops * n, byts * n, kernels * n, rows, bwd, True, grouped,
+                     max(lin.out_features // lay.tp, 1), lin.in_features, groups, 0.0, False, False, False))]
+    if mix.method == "qlora" and not mix.fused_experts:  # bitsandbytes quantizes per-expert modules only
+        ops.append(_new(Op, ("dequant", "experts", 0.0, (kbit_bytes_per_weight(scn) + 2.0) * w * hit * n, hit * n,
+                             1, 1.0, True, False, 0, 0, 1, 0.0, False, False, False)))
+    if mix.experts_backend in ("eager", "modules") and lin.role == "down":
+        ops.append(_new(Op, ("dispatch", "experts", 0.0, 0.0, hit * n, 1, 1.0, True, False, 0, 0, 1, 0.0, False,
+                             False, False)))
+    return ops
+
+
+def _ref_lora_ops(scn: Scenario, lin, n: int, tokens: float, c: float, used: float, lay: Split) -> list[Op]:
+    """The adapter's A (in -> r) and B (r -> out) GEMMs, both trained (x2 in backward); experts get one each."""
+    mix = scn.mix
+    rank = mix.lora_rank
+    t = tokens * (scn.top_k if lin.group == "experts" else 1)
+    per = used if mix.experts_backend in ("eager", "modules") else 1.0
+    extra = PEFT_ADAPTER_KERNELS if mix.precision in ("bf16-mixed", "fp16-mixed") else PEFT_ADAPTER_KERNELS - 1
+    a_ops = _new(Op, ("matmul", "lora", 2.0 * t * rank * lin.in_features / lay.tp * n,
+                      c * t * (lin.in_features / lay.tp + rank) * n, (1 + extra / 2) * n * per, t, 2.0, True, False,
+                      rank, max(lin.in_features // lay.tp, 1), 1, 0.0, False, False, False))
+    b_ops = _new(Op, ("matmul", "lora", 2.0 * t * rank * lin.out_features / lay.tp * n,
+                      c * t * (rank + lin.out_features / lay.tp) * n, (1 + extra / 2) * n * per, t, 2.0, True, False,
+                      max(lin.out_features // lay.tp, 1), rank, 1, 0.0, False, False, False))
+    return [a_ops, b_ops]
+
+
+def _ref_linear_ops(scn: Scenario, layer, lin, n: int, tokens: float, c: float, lay: Split,
+                    lora: frozenset) -> list[Op]:
+    mix, group, adapted = scn.mix, lin.group, id(lin) in lora
+    full = mix.method == "full"
+    # frozen weights need input gradients only; PEFT's LoRA on a fused expert stack trains W + B @ A, whose
+    # weight gradient the grouped GEMM computes in full
+    merged = group == "experts" and adapted and mix.fused_experts
+    bwd = 2.0 if (full or merged) else 1.0
+    lt = _LAYER_OF.get(group, "router")
+    if group == "experts":
+        ops = _ref_expert_op(scn, lin, n, tokens, bwd, c, lay)
+        used = _expected_experts_hit(tokens * lay.ep, scn.top_k, lin.count) / lay.ep
+    else:
+        w = lin.in_features * lin.out_features / lay.tp
+        byts = c * (w + tokens * (lin.in_features + lin.out_features) / lay.tp)
+        # torch's checkpoint stops recomputing at the block's last saved tensor: the dense down projection's
+        # input, unless a LoRA adapter on it saves later ones (then lora_B is the skipped op)
+        rec = not (lin.role == "down" and layer.ffn == "dense" and (full or not adapted))
+        fp8 = mix.fp8 and group != "router"
+        ops = [_new(Op, ("matmul", lt, 2.0 * tokens * w * n, byts * n, n, tokens, bwd, rec, False,
+                         max(lin.out_features // lay.tp, 1), lin.in_features, 1, 0.0, fp8, False, False))]
+        if fp8:  # cast input and weight to FP8 (read bf16, write fp8) in forward, the output gradient in backward;
+            # elementwise work a fusing stack folds into the producer (Transformer Engine's LayerNormLinear and
+            # fused activations emit FP8, Inductor fuses torchao's casts), so compile's factors apply
+            cast = 3.0 * (tokens * lin.in_features / lay.tp + w)
+            ops.append(_new(Op, ("stream", "norms_other", 0.0, cast * n, 2 * n, tokens, 1.0, True, False, 0, 0, 1,
+                                 0.0, False, True, False)))
+        if mix.method == "qlora" and group != "router":
+            ops.append(_new(Op, ("dequant", lt, 0.0, (kbit_bytes_per_weight(scn) + 2.0) * w * n, n, 1, 1.0, True,
+                                 False, 0, 0, 1, 0.0, False, False, False)))
+        used = 1.0
+    if merged:
+        # PEFT merges W + B @ A for the whole stack whatever the token count; the experts module reads the
+        # parametrized weight twice per forward (two merges, one of them in the graph: backward dA + dB = one
+        # merge's FLOPs twice). Inside the experts module, where the profiler's hooks see it.
+        merge = 2.0 * mix.lora_rank * lin.in_features * lin.out_features * lin.count / lay.tp / lay.ep
+        ops.append(_new(Op, ("matmul", "experts", 2 * merge * n, 2 * c * 2 * lin.params / lay.tp / lay.ep * n,
+                             2 * 2 * n, lin.out_features, 1.0, True, False, lin.in_features, mix.lora_rank, 1, 0.0,
+                             False, False, False)))
+    elif adapted:
+        ops += _ref_lora_ops(scn, lin, n, tokens, c, used, lay)
+    return ops
+
+
+def _ref_attention_op(scn: Scenario, n: int, batch: int, seq: float, c: float, lay: Split) -> Op:
+    a, mix = scn.model.arch, scn.mix
+    qk = (a.qk_nope_head_dim + a.qk_rope_head_dim) if a.attention == "mla" else a.head_dim
+    vd = a.v_head_dim if a.attention == "mla" else a.head_dim
+    heads = a.num_heads / lay.tp
+    fused = mix.attention != "eager"
+    causal = 0.5 if fused else 1.0  # fused kernels skip masked blocks
+    tokens = batch * seq / lay.cp
+    # ring context parallelism: each GPU's queries against every key, in chunks of seq / cp
+    flops = 2.0 * batch * seq * seq * heads * (qk + vd) * causal / lay.cp
+    byts = c * tokens * heads * (qk * 2 + vd * 2)
+    kernels = 1.0
+    if not fused:
+        byts += (4 + 2 + 4) * 2 * batch * heads * seq * seq / lay.cp  # scores written, softmaxed, read
+        kernels = 6.0
+    kernel_seq = seq / lay.cp if mix.context_parallel_impl == "ring" else seq
+    return _new(Op, ("attention", "attention", flops * n, byts * n, kernels * n, tokens, 2.5 if fused else 2.0, True,
+                     False, 0, qk, 1, kernel_seq, False, False, False))
+
+
+def _ref_elementwise_op(scn: Scenario, layer, n: float, tokens: float, c: float, lay: Split) -> Op:
+    """A block's norms, residual adds, RoPE and gated activation. Eager PyTorch (Hugging Face, torchtune
+    uncompiled): per element of the hidden state and norm 28 + 4c for the RMSNorm and 3c for its residual add,
+    10c per rotated element of q and k (multiply by cos, negate and concatenate the halves, multiply by sin, add),
+    5c per element of the gated activation (SiLU, then the product with up). Fused kernels (Transformer Engine,
+    Megatron, llm-foundry's MPT, Triton norms; `mix.fused_elementwise`): each norm reads the input and the
+    residual and writes both (4c), RoPE reads and writes q and k once (2c), the activation reads two and writes
+    one (3c). torch.compile fuses the eager kernels (`compile_stream_bytes`)."""
+    a, mix = scn.model.arch, scn.mix
+    gated = any(lin.role in ("gate", "gate_up") for lin in layer.linears) or layer.ffn == "moe"
+    inter = {"dense": a.intermediate_size, "moe": a.moe_intermediate_size * max(scn.top_k, 1)}.get(layer.ffn, 0)
+    inter /= lay.tp
+    hidden = a.hidden_size / (lay.tp if lay.sequence_parallel else 1)
+    norms = 2 if layer.mixer == "attention" else 1   # BlackMamba's blocks are a mixer or an MoE, one norm each
+    rotated = (a.num_heads + a.num_kv_heads) * a.head_dim / lay.tp if layer.mixer == "attention" else 0.0
+    if mix.fused_elementwise:
+        per_token = norms * 4 * c * hidden + 2 * c * rotated + 3 * c * inter
+        return _new(Op, ("stream", "norms_other", 0.0, per_token * tokens * n, FUSED_KERNELS * n, tokens, 2.0, True,
+                         False, 0, 0, 1, 0.0, False, False, False))
+    per_token = (norms * (EAGER_NORM_BYTES + 7 * c)) * hidden + 10 * c * rotated + (5 if gated else 2) * c * inter
+    return _new(Op, ("stream", "norms_other", 0.0, per_token * tokens * n, EAGER_KERNELS * n, tokens, 2.0, True,
+                     False, 0, 0, 1, 0.0, False, True, False))
+
+
+def _reference_ops(scn: Scenario, batch: int, seq: float) -> list[Op]:
+    """The forward ops of one micro-batch of `batch` sequences padded to `seq` tokens, on one GPU."""
+    m, mix = scn.model, scn.mix
+    a = m.arch
+    lay = split_of(mix)
+    c = 4.0 if mix.precision == "fp32" else 2.0
+    tokens = batch * seq / lay.cp
+    lora = m.lora_target_ids(mix.lora_targets) if mix.trains_lora else frozenset()
+    ops: list[Op] = []
+    split = 1.0 / lay.pp  # this GPU's share of the blocks
+    for layer, count in m.layer_groups:
+        n = count * split
+        for lin in layer.linears:
+            ops += _ref_linear_ops(scn, layer, lin, n, tokens, c, lay, lora)
+        if layer.mixer == "attention":
+            ops.append(_ref_attention_op(scn, n, batch, seq, c, lay))
+        elif layer.mixer == "mamba":
+            di, ds = a.mamba_d_inner, a.mamba_d_state
+            ops.append(_new(Op, ("stream", "mamba", 9.0 * tokens * di * ds * n, c * tokens * di * 8 * n, 6 * n, tokens,
+                                 2.0, True, False, 0, 0, 1, 0.0, False, False, False)))
+        ops.append(_ref_elementwise_op(scn, layer, n, tokens, c, lay))
+    # LM head and loss (not inside a checkpointed block; on the last pipeline stage; vocabulary split by TP)
+    v, h = a.vocab_size / lay.tp, a.hidden_size
+    ops.append(_new(Op, ("matmul", "lm_head", 2.0 * tokens * h * v, c * (h * v + tokens * (h + v)), 1, tokens,
+                         2.0 if mix.method == "full" else 1.0, False, False, int(v), h, 1, 0.0, False, False, True)))
+    per_logit, back, kernels = LOSS_TRAFFIC.get(mix.loss, LOSS_TRAFFIC["standard"])
+    ops.append(_new(Op, ("stream", "lm_head", 0.0, tokens * v * per_logit(c), kernels, tokens, back, False, False, 0, 0,
+                         1, 0.0, False, True, True)))
+    return ops
+
+
+SPLIT_MODELS = ["llama-2-7b", "mixtral-8x7b", "deepseek-v3", "blackmamba-2.8b", "llama-3.2-1b", "qwen3-30b-a3b"]
+SPLIT_MIXES = [
+    {"method": "full"}, {"method": "lora"}, {"method": "qlora"}, {"method": "lora", "experts_backend": "eager"},
+    {"method": "lora", "experts_backend": "modules", "lora_targets": "all-linear"},
+    {"method": "qlora", "experts_backend": "modules", "lora_targets": "all-linear"},
+    {"method": "lora", "experts_backend": "batched_mm", "lora_targets": "all-linear"},
+    {"method": "lora", "experts_backend": "grouped_mm", "lora_targets": "all-linear"},
+    {"method": "lora", "experts_backend": "eager", "lora_targets": "all-linear", "fp8": True},
+    {"method": "full", "fp8": True, "compile": True},
+    {"method": "full", "attention": "eager", "precision": "fp32", "experts_backend": "eager"},
+    {"method": "full", "tensor_parallel": 2, "sequence_parallel": True, "pipeline_parallel": 2,
+     "context_parallel_impl": "ring"},
+    {"method": "full", "context_parallel": 2, "context_parallel_impl": "all_to_all", "fused_elementwise": True},
+    {"method": "full", "context_parallel": 2, "loss": "fused", "expert_parallel": 2},
+    {"method": "qlora", "nested_quant": False, "precision": "fp16-mixed", "experts_backend": "eager"}]
+
+
+@pytest.mark.parametrize("model", SPLIT_MODELS)
+def test_the_split_ops_equal_the_one_step_ops(model):
+    """micro_batch_ops (_parts once per model and mix, _build per batch shape) equals the one-step code it replaced
+    (_reference_ops), op for op with ==, and with the same reprs (ints stay ints), on dense, MoE (every experts
+    backend, fused-expert LoRA merges, QLoRA per-expert dequantization, the eager loop's syncs), MLA and Mamba
+    models, every parallel degree, FP8, compile, eager and fused attention and elementwise, fp32 and fp16, and
+    seeded random batch shapes."""
+    import random
+    rng = random.Random(model)
+    compared = 0
+    for mix in SPLIT_MIXES:
+        try:
+            s = ftscope.load_scenario({"model": model, "hardware": {"gpu": "h100-80gb", "gpus_per_node": 8}, "mix": mix,
+                                       "workload": {"micro_batch_size": 1, "seq_len": 512, "gradient_accumulation": 4}})
+        except ftscope.FtscopeError:  # a mix the model does not take
+            continue
+        for batch, seq in [(1, 512.0), (3, 700.5), (64, 4096.0), (2, 0.25), (7, 333)] + [
+                (rng.randrange(1, 400), rng.uniform(1, 9000)) for _ in range(4)]:
+            got, want = micro_batch_ops(s, batch, seq), _reference_ops(s, batch, seq)
+            assert got == want and repr(got) == repr(want)
+            compared += 1
+    assert compared >= 80

@@ -99,48 +99,35 @@ def _expected_experts_hit(tokens: float, k: int, experts: int) -> float:
     return experts * (1.0 - (1.0 - 1.0 / experts) ** (tokens * k))
 
 
-def _expert_op(scn: Scenario, lin, n: int, tokens: float, bwd: float, c: float, lay: Split) -> list[Op]:
-    mix = scn.mix
-    top_k = scn.top_k
-    local = max(lin.count // lay.ep, 1)            # experts this GPU holds
-    slots = tokens * top_k                          # balanced routing: as many slots arrive as leave
-    hit = _expected_experts_hit(slots / top_k * lay.ep, top_k, lin.count) * local / lin.count
+# micro_batch_ops in two steps: _parts, once per model and mix, takes each op's work as far as it does not depend on
+# the batch shape, in the op order; _build finishes each op from the micro-batch's tokens. Each float is the same
+# expression as before the split, evaluated in the same order (`a * b * t` keeps `a * b`; `t * a * b` keeps none):
+# tests/estimate/test_compute.py compares the ops with a verbatim copy of the one-step code (==, types too).
+_DENSE, _EXPERT, _LORA, _ATTENTION, _MAMBA, _ELEMENTWISE, _FIXED = range(7)
+
+
+def _expert_part(scn: Scenario, lin, n: float, bwd: float, c: float, lay: Split) -> tuple:
+    """A routed-expert linear's part: balanced routing (as many slots arrive as leave); the GEMM over the experts
+    this GPU holds that the tokens hit; QLoRA's dequantization of the per-expert modules bitsandbytes quantizes; the
+    eager expert loop's synchronization per expert (at the down projection)."""
+    mix, backend = scn.mix, scn.mix.experts_backend
     w = lin.in_features * lin.out_features / lay.tp
-    flops = 2.0 * slots * w
-    grouped = mix.experts_backend in ("grouped_mm", "batched_mm")
-    if mix.experts_backend == "batched_mm":
-        w_bytes = c * w * slots                     # each routed token gathers its expert's weight
-        kernels, rows, groups = 1.0, max(slots, 1.0), 1
-    else:
-        w_bytes = c * w * hit
-        kernels = hit if mix.experts_backend in ("eager", "modules") else 1.0
-        rows, groups = slots / max(hit, 1.0), (max(int(round(hit)), 1) if grouped else 1)
-    byts = w_bytes + c * slots * (lin.in_features + lin.out_features) / lay.tp
-    ops = [_new(Op, ("matmul", "experts", flops * n, byts * n, kernels * n, rows, bwd, True, grouped,
-                     max(lin.out_features // lay.tp, 1), lin.in_features, groups, 0.0, False, False, False))]
-    if mix.method == "qlora" and not mix.fused_experts:  # bitsandbytes quantizes per-expert modules only
-        ops.append(_new(Op, ("dequant", "experts", 0.0, (kbit_bytes_per_weight(scn) + 2.0) * w * hit * n, hit * n,
-                             1, 1.0, True, False, 0, 0, 1, 0.0, False, False, False)))
-    if mix.experts_backend in ("eager", "modules") and lin.role == "down":
-        ops.append(_new(Op, ("dispatch", "experts", 0.0, 0.0, hit * n, 1, 1.0, True, False, 0, 0, 1, 0.0, False,
-                             False, False)))
-    return ops
+    dq = (kbit_bytes_per_weight(scn) + 2.0) * w if mix.method == "qlora" and not mix.fused_experts else None
+    return (_EXPERT, scn.top_k, lay.ep, lin.count, max(lin.count // lay.ep, 1), w,
+            backend in ("grouped_mm", "batched_mm"), backend == "batched_mm", backend in ("eager", "modules"), c * w,
+            lin.in_features + lin.out_features, lay.tp, n, bwd, max(lin.out_features // lay.tp, 1), lin.in_features, dq,
+            backend in ("eager", "modules") and lin.role == "down")
 
 
-def _lora_ops(scn: Scenario, lin, n: int, tokens: float, c: float, used: float, lay: Split) -> list[Op]:
-    """The adapter's A (in -> r) and B (r -> out) GEMMs, both trained (x2 in backward); experts get one each."""
+def _lora_part(scn: Scenario, lin, n: float, lay: Split) -> tuple:
+    """The adapter's A (in -> r) and B (r -> out) GEMMs, both trained (x2 in backward); experts get one each (per
+    expert the tokens hit in the eager expert loop)."""
     mix = scn.mix
-    rank = mix.lora_rank
-    t = tokens * (scn.top_k if lin.group == "experts" else 1)
-    per = used if mix.experts_backend in ("eager", "modules") else 1.0
     extra = PEFT_ADAPTER_KERNELS if mix.precision in ("bf16-mixed", "fp16-mixed") else PEFT_ADAPTER_KERNELS - 1
-    a_ops = _new(Op, ("matmul", "lora", 2.0 * t * rank * lin.in_features / lay.tp * n,
-                      c * t * (lin.in_features / lay.tp + rank) * n, (1 + extra / 2) * n * per, t, 2.0, True, False,
-                      rank, max(lin.in_features // lay.tp, 1), 1, 0.0, False, False, False))
-    b_ops = _new(Op, ("matmul", "lora", 2.0 * t * rank * lin.out_features / lay.tp * n,
-                      c * t * (rank + lin.out_features / lay.tp) * n, (1 + extra / 2) * n * per, t, 2.0, True, False,
-                      max(lin.out_features // lay.tp, 1), rank, 1, 0.0, False, False, False))
-    return [a_ops, b_ops]
+    return (_LORA, scn.top_k if lin.group == "experts" else 1, mix.experts_backend in ("eager", "modules"),
+            mix.lora_rank, lin.in_features, lin.out_features, lay.tp, n, (1 + extra / 2) * n,
+            lin.in_features / lay.tp + mix.lora_rank, mix.lora_rank + lin.out_features / lay.tp,
+            max(lin.in_features // lay.tp, 1), max(lin.out_features // lay.tp, 1))
 
 
 _LAYER_OF = {"attention": "attention", "mlp": "mlp", "experts": "experts", "router": "router", "mamba": "mamba",
@@ -148,7 +135,7 @@ _LAYER_OF = {"attention": "attention", "mlp": "mlp", "experts": "experts", "rout
 """Op.layer of a linear's group (any other group: router)."""
 
 
-def _linear_ops(scn: Scenario, layer, lin, n: int, tokens: float, c: float, lay: Split, lora: frozenset) -> list[Op]:
+def _linear_parts(scn: Scenario, layer, lin, n: float, c: float, lay: Split, lora: frozenset) -> list[tuple]:
     mix, group, adapted = scn.mix, lin.group, id(lin) in lora
     full = mix.method == "full"
     # frozen weights need input gradients only; PEFT's LoRA on a fused expert stack trains W + B @ A, whose
@@ -157,58 +144,42 @@ def _linear_ops(scn: Scenario, layer, lin, n: int, tokens: float, c: float, lay:
     bwd = 2.0 if (full or merged) else 1.0
     lt = _LAYER_OF.get(group, "router")
     if group == "experts":
-        ops = _expert_op(scn, lin, n, tokens, bwd, c, lay)
-        used = _expected_experts_hit(tokens * lay.ep, scn.top_k, lin.count) / lay.ep
+        parts = [_expert_part(scn, lin, n, bwd, c, lay)]
     else:
         w = lin.in_features * lin.out_features / lay.tp
-        byts = c * (w + tokens * (lin.in_features + lin.out_features) / lay.tp)
         # torch's checkpoint stops recomputing at the block's last saved tensor: the dense down projection's
         # input, unless a LoRA adapter on it saves later ones (then lora_B is the skipped op)
         rec = not (lin.role == "down" and layer.ffn == "dense" and (full or not adapted))
         fp8 = mix.fp8 and group != "router"
-        ops = [_new(Op, ("matmul", lt, 2.0 * tokens * w * n, byts * n, n, tokens, bwd, rec, False,
-                         max(lin.out_features // lay.tp, 1), lin.in_features, 1, 0.0, fp8, False, False))]
-        if fp8:  # cast input and weight to FP8 (read bf16, write fp8) in forward, the output gradient in backward;
-            # elementwise work a fusing stack folds into the producer (Transformer Engine's LayerNormLinear and
-            # fused activations emit FP8, Inductor fuses torchao's casts), so compile's factors apply
-            cast = 3.0 * (tokens * lin.in_features / lay.tp + w)
-            ops.append(_new(Op, ("stream", "norms_other", 0.0, cast * n, 2 * n, tokens, 1.0, True, False, 0, 0, 1,
-                                 0.0, False, True, False)))
-        if mix.method == "qlora" and group != "router":
-            ops.append(_new(Op, ("dequant", lt, 0.0, (kbit_bytes_per_weight(scn) + 2.0) * w * n, n, 1, 1.0, True,
-                                 False, 0, 0, 1, 0.0, False, False, False)))
-        used = 1.0
+        # fp8: cast input and weight to FP8 (read bf16, write fp8) in forward, the output gradient in backward;
+        # elementwise work a fusing stack folds into the producer (Transformer Engine's LayerNormLinear and fused
+        # activations emit FP8, Inductor fuses torchao's casts), so compile's factors apply
+        dq = (_new(Op, ("dequant", lt, 0.0, (kbit_bytes_per_weight(scn) + 2.0) * w * n, n, 1, 1.0, True, False, 0, 0, 1,
+                        0.0, False, False, False)) if mix.method == "qlora" and group != "router" else None)
+        parts = [(_DENSE, lt, w, lin.in_features + lin.out_features, lay.tp, n, bwd, rec,
+                  max(lin.out_features // lay.tp, 1), lin.in_features, fp8, 2 * n, dq)]
     if merged:
         # PEFT merges W + B @ A for the whole stack whatever the token count; the experts module reads the
         # parametrized weight twice per forward (two merges, one of them in the graph: backward dA + dB = one
         # merge's FLOPs twice). Inside the experts module, where the profiler's hooks see it.
         merge = 2.0 * mix.lora_rank * lin.in_features * lin.out_features * lin.count / lay.tp / lay.ep
-        ops.append(_new(Op, ("matmul", "experts", 2 * merge * n, 2 * c * 2 * lin.params / lay.tp / lay.ep * n,
-                             2 * 2 * n, lin.out_features, 1.0, True, False, lin.in_features, mix.lora_rank, 1, 0.0,
-                             False, False, False)))
+        parts.append((_FIXED, _new(Op, ("matmul", "experts", 2 * merge * n,
+                                        2 * c * 2 * lin.params / lay.tp / lay.ep * n, 2 * 2 * n, lin.out_features, 1.0,
+                                        True, False, lin.in_features, mix.lora_rank, 1, 0.0, False, False, False))))
     elif adapted:
-        ops += _lora_ops(scn, lin, n, tokens, c, used, lay)
-    return ops
+        parts.append(_lora_part(scn, lin, n, lay))
+    return parts
 
 
-def _attention_op(scn: Scenario, n: int, batch: int, seq: float, c: float, lay: Split) -> Op:
+def _attention_part(scn: Scenario, n: float, lay: Split) -> tuple:
+    """Fused kernels skip masked blocks (half the causal scores) in one kernel; eager attention writes, softmaxes and
+    reads the scores in six. Ring context parallelism: each GPU's queries against every key, in chunks of seq / cp."""
     a, mix = scn.model.arch, scn.mix
     qk = (a.qk_nope_head_dim + a.qk_rope_head_dim) if a.attention == "mla" else a.head_dim
     vd = a.v_head_dim if a.attention == "mla" else a.head_dim
-    heads = a.num_heads / lay.tp
     fused = mix.attention != "eager"
-    causal = 0.5 if fused else 1.0  # fused kernels skip masked blocks
-    tokens = batch * seq / lay.cp
-    # ring context parallelism: each GPU's queries against every key, in chunks of seq / cp
-    flops = 2.0 * batch * seq * seq * heads * (qk + vd) * causal / lay.cp
-    byts = c * tokens * heads * (qk * 2 + vd * 2)
-    kernels = 1.0
-    if not fused:
-        byts += (4 + 2 + 4) * 2 * batch * heads * seq * seq / lay.cp  # scores written, softmaxed, read
-        kernels = 6.0
-    kernel_seq = seq / lay.cp if mix.context_parallel_impl == "ring" else seq
-    return _new(Op, ("attention", "attention", flops * n, byts * n, kernels * n, tokens, 2.5 if fused else 2.0, True,
-                     False, 0, qk, 1, kernel_seq, False, False, False))
+    return (_ATTENTION, a.num_heads / lay.tp, qk + vd, 0.5 if fused else 1.0, lay.cp, qk * 2 + vd * 2, fused,
+            (1.0 if fused else 6.0) * n, mix.context_parallel_impl == "ring", n, qk)
 
 
 EAGER_NORM_BYTES = 28.0
@@ -220,8 +191,8 @@ EAGER_KERNELS, FUSED_KERNELS = 18, 6
 k, the gated activation) and fused (a norm with its residual add twice, one RoPE kernel, one activation)."""
 
 
-def _elementwise_op(scn: Scenario, layer, n: float, tokens: float, c: float, lay: Split) -> Op:
-    """A block's norms, residual adds, RoPE and gated activation. Eager PyTorch (Hugging Face, torchtune
+def _elementwise_part(scn: Scenario, layer, n: float, c: float, lay: Split) -> tuple:
+    """A block's norms, residual adds, RoPE and gated activation, per token. Eager PyTorch (Hugging Face, torchtune
     uncompiled): per element of the hidden state and norm 28 + 4c for the RMSNorm and 3c for its residual add,
     10c per rotated element of q and k (multiply by cos, negate and concatenate the halves, multiply by sin, add),
     5c per element of the gated activation (SiLU, then the product with up). Fused kernels (Transformer Engine,
@@ -237,11 +208,106 @@ def _elementwise_op(scn: Scenario, layer, n: float, tokens: float, c: float, lay
     rotated = (a.num_heads + a.num_kv_heads) * a.head_dim / lay.tp if layer.mixer == "attention" else 0.0
     if mix.fused_elementwise:
         per_token = norms * 4 * c * hidden + 2 * c * rotated + 3 * c * inter
-        return _new(Op, ("stream", "norms_other", 0.0, per_token * tokens * n, FUSED_KERNELS * n, tokens, 2.0, True,
-                         False, 0, 0, 1, 0.0, False, False, False))
+        return (_ELEMENTWISE, per_token, n, FUSED_KERNELS * n, False)
     per_token = (norms * (EAGER_NORM_BYTES + 7 * c)) * hidden + 10 * c * rotated + (5 if gated else 2) * c * inter
-    return _new(Op, ("stream", "norms_other", 0.0, per_token * tokens * n, EAGER_KERNELS * n, tokens, 2.0, True,
-                     False, 0, 0, 1, 0.0, False, True, False))
+    return (_ELEMENTWISE, per_token, n, EAGER_KERNELS * n, True)
+
+
+def _parts(scn: Scenario) -> tuple:
+    """(context-parallel degree, bytes per compute-dtype element, each op's part in order, the LM head's and the
+    loss's) of the scenario's micro-batches: what micro_batch_ops reads of the model and mix."""
+    m, mix = scn.model, scn.mix
+    a = m.arch
+    lay = split_of(mix)
+    c = 4.0 if mix.precision == "fp32" else 2.0
+    lora = m.lora_target_ids(mix.lora_targets) if mix.trains_lora else frozenset()
+    parts: list[tuple] = []
+    split = 1.0 / lay.pp  # this GPU's share of the blocks
+    for layer, count in m.layer_groups:
+        n = count * split
+        for lin in layer.linears:
+            parts += _linear_parts(scn, layer, lin, n, c, lay, lora)
+        if layer.mixer == "attention":
+            parts.append(_attention_part(scn, n, lay))
+        elif layer.mixer == "mamba":
+            parts.append((_MAMBA, a.mamba_d_inner, a.mamba_d_state, n, 6 * n))
+        parts.append(_elementwise_part(scn, layer, n, c, lay))
+    # LM head and loss (not inside a checkpointed block; on the last pipeline stage; vocabulary split by TP)
+    v, h = a.vocab_size / lay.tp, a.hidden_size
+    per_logit, back, kernels = LOSS_TRAFFIC.get(mix.loss, LOSS_TRAFFIC["standard"])
+    head = (v, h, h * v, h + v, 2.0 if mix.method == "full" else 1.0, int(v), per_logit(c), kernels, back)
+    return lay.cp, c, tuple(parts), head
+
+
+def _build(parts: tuple, batch: int, seq: float) -> list[Op]:
+    """micro_batch_ops from _parts: each op finished from the micro-batch's tokens."""
+    cp, c, each, (v, h, hv, h_v, head_bwd, v_int, per_logit, loss_kernels, loss_back) = parts
+    tokens = batch * seq / cp
+    ops: list[Op] = []
+    add = ops.append
+    used = 1.0  # the experts the last routed linear's tokens hit (a LoRA adapter on it runs once per expert)
+    for p in each:
+        code = p[0]
+        if code == _DENSE:
+            _, lt, w, io, tp, n, bwd, rec, n_out, k_in, fp8, two_n, dq = p
+            add(_new(Op, ("matmul", lt, 2.0 * tokens * w * n, c * (w + tokens * io / tp) * n, n, tokens, bwd, rec,
+                          False, n_out, k_in, 1, 0.0, fp8, False, False)))
+            if fp8:
+                add(_new(Op, ("stream", "norms_other", 0.0, 3.0 * (tokens * k_in / tp + w) * n, two_n, tokens, 1.0,
+                              True, False, 0, 0, 1, 0.0, False, True, False)))
+            if dq is not None:
+                add(dq)
+            used = 1.0
+        elif code == _EXPERT:
+            _, top_k, ep, count, local, w, grouped, batched, looped, cw, io, tp, n, bwd, n_out, k_in, dq, sync = p
+            slots = tokens * top_k
+            hit = _expected_experts_hit(slots / top_k * ep, top_k, count) * local / count
+            if batched:  # each routed token gathers its expert's weight
+                w_bytes, kernels, rows, groups = cw * slots, 1.0, max(slots, 1.0), 1
+            else:
+                w_bytes = cw * hit
+                kernels = hit if looped else 1.0
+                rows, groups = slots / max(hit, 1.0), (max(int(round(hit)), 1) if grouped else 1)
+            add(_new(Op, ("matmul", "experts", 2.0 * slots * w * n, (w_bytes + c * slots * io / tp) * n, kernels * n,
+                          rows, bwd, True, grouped, n_out, k_in, groups, 0.0, False, False, False)))
+            if dq is not None:  # bitsandbytes quantizes per-expert modules only
+                add(_new(Op, ("dequant", "experts", 0.0, dq * hit * n, hit * n, 1, 1.0, True, False, 0, 0, 1, 0.0,
+                              False, False, False)))
+            if sync:
+                add(_new(Op, ("dispatch", "experts", 0.0, 0.0, hit * n, 1, 1.0, True, False, 0, 0, 1, 0.0, False,
+                              False, False)))
+            used = _expected_experts_hit(tokens * ep, top_k, count) / ep
+        elif code == _LORA:
+            _, k, looped, rank, k_in, n_out, tp, n, kn, a_width, b_width, a_k, b_n = p
+            t = tokens * k
+            kernels = kn * (used if looped else 1.0)
+            add(_new(Op, ("matmul", "lora", 2.0 * t * rank * k_in / tp * n, c * t * a_width * n, kernels, t, 2.0, True,
+                          False, rank, a_k, 1, 0.0, False, False, False)))
+            add(_new(Op, ("matmul", "lora", 2.0 * t * rank * n_out / tp * n, c * t * b_width * n, kernels, t, 2.0, True,
+                          False, b_n, rank, 1, 0.0, False, False, False)))
+        elif code == _ELEMENTWISE:
+            _, per_token, n, kernels, fusible = p
+            add(_new(Op, ("stream", "norms_other", 0.0, per_token * tokens * n, kernels, tokens, 2.0, True, False, 0,
+                          0, 1, 0.0, False, fusible, False)))
+        elif code == _ATTENTION:
+            _, heads, qk_vd, causal, cp, width, fused, kernels, ring, n, qk = p
+            byts = c * tokens * heads * width
+            if not fused:  # scores written, softmaxed, read
+                byts += (4 + 2 + 4) * 2 * batch * heads * seq * seq / cp
+            add(_new(Op, ("attention", "attention", 2.0 * batch * seq * seq * heads * qk_vd * causal / cp * n,
+                          byts * n, kernels, tokens, 2.5 if fused else 2.0, True, False, 0, qk, 1,
+                          seq / cp if ring else seq, False, False, False)))
+        elif code == _MAMBA:
+            _, di, ds, n, kernels = p
+            add(_new(Op, ("stream", "mamba", 9.0 * tokens * di * ds * n, c * tokens * di * 8 * n, kernels, tokens, 2.0,
+                          True, False, 0, 0, 1, 0.0, False, False, False)))
+        else:  # _FIXED: the same op whatever the tokens
+            add(p[1])
+    add(_new(Op, ("matmul", "lm_head", 2.0 * tokens * h * v, c * (hv + tokens * h_v), 1, tokens, head_bwd, False, False,
+                  v_int, h, 1, 0.0, False, False, True)))
+    add(_new(Op, ("stream", "lm_head", 0.0, tokens * v * per_logit, loss_kernels, tokens, loss_back, False, False, 0, 0,
+                  1, 0.0, False, True, True)))
+    return ops
 
 
 _OPS_CACHE: dict[tuple, tuple[Op, ...]] = {}
@@ -274,34 +340,19 @@ def cached_ops(scn: Scenario, batch: int, seq: float) -> tuple[Op, ...]:
 
 
 def micro_batch_ops(scn: Scenario, batch: int, seq: float) -> list[Op]:
-    """The forward ops of one micro-batch of `batch` sequences padded to `seq` tokens, on one GPU."""
-    m, mix = scn.model, scn.mix
-    a = m.arch
-    lay = split_of(mix)
-    c = 4.0 if mix.precision == "fp32" else 2.0
-    tokens = batch * seq / lay.cp
-    lora = m.lora_target_ids(mix.lora_targets) if mix.trains_lora else frozenset()
-    ops: list[Op] = []
-    split = 1.0 / lay.pp  # this GPU's share of the blocks
-    for layer, count in m.layer_groups:
-        n = count * split
-        for lin in layer.linears:
-            ops += _linear_ops(scn, layer, lin, n, tokens, c, lay, lora)
-        if layer.mixer == "attention":
-            ops.append(_attention_op(scn, n, batch, seq, c, lay))
-        elif layer.mixer == "mamba":
-            di, ds = a.mamba_d_inner, a.mamba_d_state
-            ops.append(_new(Op, ("stream", "mamba", 9.0 * tokens * di * ds * n, c * tokens * di * 8 * n, 6 * n, tokens,
-                                 2.0, True, False, 0, 0, 1, 0.0, False, False, False)))
-        ops.append(_elementwise_op(scn, layer, n, tokens, c, lay))
-    # LM head and loss (not inside a checkpointed block; on the last pipeline stage; vocabulary split by TP)
-    v, h = a.vocab_size / lay.tp, a.hidden_size
-    ops.append(_new(Op, ("matmul", "lm_head", 2.0 * tokens * h * v, c * (h * v + tokens * (h + v)), 1, tokens,
-                         2.0 if mix.method == "full" else 1.0, False, False, int(v), h, 1, 0.0, False, False, True)))
-    per_logit, back, kernels = LOSS_TRAFFIC.get(mix.loss, LOSS_TRAFFIC["standard"])
-    ops.append(_new(Op, ("stream", "lm_head", 0.0, tokens * v * per_logit(c), kernels, tokens, back, False, False, 0, 0,
-                         1, 0.0, False, True, True)))
-    return ops
+    """The forward ops of one micro-batch of `batch` sequences padded to `seq` tokens, on one GPU (_parts of the
+    model and mix, made once per pair, finished from the batch shape)."""
+    key = (scn.model, scn.mix)
+    parts = _PARTS.get(key)
+    if parts is None:
+        if len(_PARTS) >= _OPS_CACHE_SIZE:
+            _PARTS.clear()
+        parts = _PARTS[key] = _parts(scn)
+    return _build(parts, batch, seq)
+
+
+_PARTS: dict[tuple, tuple] = {}
+"""_parts by (model, mix): a plan makes the ops of every new micro-batch of its sweep's model and mix."""
 
 
 def model_flops(scn: Scenario, tokens: float, seq: float) -> float:

@@ -10,6 +10,7 @@ not hide + host overhead. All GPUs run in lock-step.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Sequence
 
 from ..spec.scenario import Scenario, fast_replace
@@ -83,7 +84,7 @@ def gpu_rates(gpu, mix, eff: Efficiency) -> Rates:
 def shared_rates(gpu, mix, eff: Efficiency) -> Rates:
     """gpu_rates, one object per GPU type, efficiency and the fields of the mix it reads (RATE_FIELDS): the sweeps of
     a plan's mixes share them (a process plans many mixes on the same GPU types)."""
-    key = (id(gpu), id(eff), mix.precision, mix.attention, mix.compile)
+    key = (id(gpu), id(eff), _rate_fields(mix))
     hit = _RATES.get(key)
     if hit is None or hit[0] is not gpu or hit[1] is not eff:
         if len(_RATES) >= 4096:
@@ -94,6 +95,7 @@ def shared_rates(gpu, mix, eff: Efficiency) -> Rates:
 
 RATE_FIELDS = ("precision", "attention", "compile")
 """The mix fields gpu_rates reads (shared_rates' key; tests/estimate/test_time.py checks the others change nothing)."""
+_rate_fields = attrgetter(*RATE_FIELDS)
 _RATES: dict[tuple, tuple] = {}
 """shared_rates by (GPU id, efficiency id, RATE_FIELDS): (GPU, efficiency, rates), the first two kept alive with
 their ids."""

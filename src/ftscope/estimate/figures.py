@@ -221,7 +221,7 @@ def _grid(sh: Shared, sites: Sequence[tuple], which: Sequence[int], margin: floa
             if batch is None:
                 batch = at.largest(limit)
             batch = batch or 1
-        peak = peaks.get(batch)  # at.peak(batch), the same way
+        peak = peaks.get(batch)  # at.peak(batch), its memo read here first
         if peak is None:
             peak = at.peak(batch)
         # _memory_sane of this GPU's breakdown (by count and batch, as there; a pure function of model, capacity, batch)

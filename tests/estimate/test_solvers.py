@@ -188,12 +188,14 @@ def test_a_solvers_points_and_per_batch_values_are_the_models():
                                   "gradient_checkpointing": True}, hw={"gpus_per_node": 2})])
 def test_a_solvers_peaks_are_peak_bytes(kw):
     """BatchSolver.peak (its held totals summed with the model's terms read once, or _reserved_of itself where
-    another stream holds memory) equals MemoryModel.peak_bytes with ==."""
+    another stream holds memory) equals MemoryModel.peak_bytes with ==; top after a peak (from that peak's
+    activations, kept) equals top made anew."""
     from ftscope.estimate.solvers import held_terms
     mem = memory_model(scn(**kw))
-    solver = BatchSolver(mem, 1024)
+    solver, fresh = BatchSolver(mem, 1024), BatchSolver(mem, 1024)
     for b in (1, 2, 5, 33, 400):
         assert solver.peak(b) == mem.peak_bytes(b, 1024)
+        assert solver.top(b) == fresh.top(b)
     assert (held_terms(mem) is None) == (mem.stream_gathered != 0.0 or mem.gradient_pool != 0.0)
 
 

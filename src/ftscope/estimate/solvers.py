@@ -137,7 +137,7 @@ class BatchSolver:
         self.bounds: tuple | None = None  # _bounds of the curves' slopes
         self.checks: dict[tuple, object] = {}
         self.per_batch: dict[int, object] = {}  # at_batch's (figures._sane_on fills it the same way, inline)
-        self.recent: dict[int, tuple] = {}  # the phase points of the last few peaks made from them
+        self.recent: dict[int, tuple] = {}  # the phase points (or acts_at) of the last few peaks made from them
         self.lean: tuple | None | bool = False  # held_peak.model_terms(mem), made on first use
 
     def checked(self, cap: float, batch: int, check: Callable[[MemoryModel, float, int, float], object]) -> object:
@@ -163,15 +163,16 @@ class BatchSolver:
             lean = self.lean
             if lean is False:
                 lean = self.lean = model_terms(self.mem)
-            if lean is not None:  # nothing on another stream: the sums without the phase points
-                hit = self.peaks[batch] = peak_at(lean, acts_at(lean, batch, self.seq), self.least)
-                return hit
-            mem, recent = self.mem, self.recent
-            points = mem._points(batch, self.seq)
-            hit = self.peaks[batch] = max(self.least, *mem._reserved_of(points, held=True))  # peak_bytes
+            recent = self.recent  # (a plan reads top, or points, at the batch it solved for: a recent peak's)
             if len(recent) >= 4:
                 recent.clear()
-            recent[batch] = points
+            if lean is not None:  # nothing on another stream: the sums without the phase points
+                acts = recent[batch] = acts_at(lean, batch, self.seq)
+                hit = self.peaks[batch] = peak_at(lean, acts, self.least)
+                return hit
+            mem = self.mem
+            points = recent[batch] = mem._points(batch, self.seq)
+            hit = self.peaks[batch] = max(self.least, *mem._reserved_of(points, held=True))  # peak_bytes
         return hit
 
     def top(self, batch: int) -> tuple | None:
@@ -181,11 +182,14 @@ class BatchSolver:
         lean = self.lean
         if lean is False:
             lean = self.lean = model_terms(self.mem)
-        return None if lean is None else top_at(lean, acts_at(lean, batch, self.seq))
+        if lean is None:
+            return None
+        acts = self.recent.get(batch)  # a recent peak's acts_at
+        return top_at(lean, acts_at(lean, batch, self.seq) if acts is None else acts)
 
     def points(self, batch: int) -> tuple:
-        """mem._points(batch, seq), kept from a recent peak where it was one."""
-        hit = self.recent.get(batch)
+        """mem._points(batch, seq), kept from a recent peak where it was one (where top is None)."""
+        hit = self.recent.get(batch) if self.lean is None else None
         return hit if hit is not None else self.mem._points(batch, self.seq)
 
     def largest(self, limit: float) -> int:

@@ -186,9 +186,7 @@ def _grid(sh: Shared, sites: Sequence[tuple], which: Sequence[int], margin: floa
     w = g = None  # the last site's GPUs and GPUs per node
     out: list[Figures | None] = []
     fitting: list[tuple] = []  # the fitting sites: (place in out, site index, reason, peak, cap, batch, trainable)
-    table: list[tuple] = []  # grid_time rows of the GPU types met, and their places
-    rows: dict[int, int] = {}
-    cols: list[tuple] = []
+    table, rows, cols = [], {}, []  # grid_time's rows of the GPU types met (their places by GPU id), site columns
     for i in which:
         gpu, gpn, nodes, inter = sites[i]
         world = gpn * nodes
@@ -206,9 +204,7 @@ def _grid(sh: Shared, sites: Sequence[tuple], which: Sequence[int], margin: floa
         # comm_key fields, which the plans of a scenario's mixes share (no candidate scenario made to read it)
         cap = caps.get(id(gpu))
         if cap is None or cap[0] is not gpu:
-            if len(caps) >= 4096:
-                caps.clear()
-            cap = caps[id(gpu)] = (gpu, device_capacity(scenario_of(i), at.mem.allocator))
+            cap = _capacity(caps, gpu, scenario_of(i), at.mem.allocator)
         cap = cap[1]
         if not cap > 0:  # the estimate says why
             out.append(None)
@@ -248,15 +244,22 @@ def _grid(sh: Shared, sites: Sequence[tuple], which: Sequence[int], margin: floa
                 r = rows[id(gpu)] = len(table)
                 table.append(row)
             cols.append((r, world, gpn, nodes, inter, batch, trainable) + times)
-    if not fitting:
-        return out
+    if fitting:
+        _timed(sh, out, fitting, table, cols, margin, tight_margin, cal, scenario_of)
+    return out
+
+
+def _timed(sh: Shared, out: list, fitting: list[tuple], table: list[tuple], cols: list[tuple], margin: float,
+           tight_margin: float, cal: Calibration, scenario_of: Callable[[int], Scenario]) -> None:
+    """_grid's figures of its fitting sites (their places in `out` hold None), timed together by grid_time where
+    it takes them all (`table`, `cols`: its GPU rows and site columns), else one by one (_ranked)."""
+    lazy = _lazy()
     runs = lazy[1](sh.scenario, table, cols) if len(cols) == len(fitting) >= lazy[0] else [None] * len(fitting)
     for (k, i, reason, peak, cap, batch, trainable), run in zip(fitting, runs):
         if run is None:  # grid_time leaves it to the scalar path (it fits: _grid checked what _ranked checks first)
             out[k] = _ranked(scenario_of(i), sh, reason, peak, cap, margin, tight_margin, batch, trainable, cal)
         else:
             out[k] = _figures((True, peak > cap * (1.0 - tight_margin), run[0], run[1], False))
-    return out
 
 
 def _count(sh: Shared, world: int, gpn: int, i: int, wl, comm: tuple,
@@ -273,6 +276,14 @@ def _count(sh: Shared, world: int, gpn: int, i: int, wl, comm: tuple,
             _CAPACITIES.clear()
         hit = _CAPACITIES[key] = (allocator, {})
     return at, at.solved, at.peaks, sh.get(("sane", world), dict), hit[1], at.mem.trainable_params
+
+
+def _capacity(caps: dict, gpu, scn: Scenario, allocator) -> tuple:
+    """caps[id(gpu)] made: (gpu, device_capacity(scn, allocator)) (`caps`: _count's capacity memo)."""
+    if len(caps) >= 4096:
+        caps.clear()
+    hit = caps[id(gpu)] = (gpu, device_capacity(scn, allocator))
+    return hit
 
 
 _CAPACITIES: dict[tuple, tuple] = {}

@@ -139,7 +139,7 @@ def test_equal_memory_models_share_one_solver_and_a_repeat_gives_the_same_sites(
     assert F.rank_grid(more, 0.0, cal, sh) == F.rank_grid(more, 0.0, cal, Shared(base))
 
 
-def test_each_sites_capacity_is_the_estimates(monkeypatch):
+def test_each_sites_capacity_is_the_estimates():
     """The grid's capacity per site (GPU type, count and node layout: NCCL's buffers read all three) is the
     estimate's for that candidate, and the figures equal rank_figures on every layout of eight GPUs."""
     from ftscope.estimate import estimate
@@ -148,19 +148,16 @@ def test_each_sites_capacity_is_the_estimates(monkeypatch):
     cands = [base.with_(gpu=gpu_from_catalog(g), gpus_per_node=c, nodes=n)
              for g in ("a100-80gb", "h100-80gb") for c, n in ((1, 1), (8, 1), (4, 2), (2, 4), (1, 8))]
     sh = Shared(base)
-    placed = {}  # each _Site the grid makes, by (GPUs, GPUs per node, GPU id)
-    site = F._site
-
-    def spy(sh, gpu, world, gpn, *rest):
-        made = placed[world, gpn, id(gpu)] = site(sh, gpu, world, gpn, *rest)
-        return made
-    monkeypatch.setattr(F, "_site", spy)
+    F._CAPACITIES.clear()
     assert F.rank_grid(cands, 0.0, cal, sh) == [F.rank_figures(c, 0.0, cal, Shared(base)) for c in cands]
     caps = {estimate(c).model_memory.capacity_bytes for c in cands}
     assert len(caps) > 4  # the layouts of eight GPUs differ
+    comm = F._comm_fields(sh.scenario)
     for c in cands:
-        site = placed[c.cluster.world_size, c.cluster.gpus_per_node, id(c.cluster.gpu)]
-        assert site.cap == estimate(c).model_memory.capacity_bytes
+        cl = c.cluster
+        allocator = sh.get(("grid", cl.world_size), lambda: None).mem.allocator
+        gpu, cap = F._CAPACITIES[cl.world_size, cl.gpus_per_node, id(allocator), comm][1][id(cl.gpu)]
+        assert gpu is cl.gpu and cap == estimate(c).model_memory.capacity_bytes
 
 
 @pytest.mark.parametrize("model,mix", [("llama-2-7b", {"method": "full", "zero_stage": 3}),

@@ -188,10 +188,59 @@ def test_a_solvers_points_and_per_batch_values_are_the_models():
                                   "gradient_checkpointing": True}, hw={"gpus_per_node": 2})])
 def test_a_solvers_peaks_are_peak_bytes(kw):
     """BatchSolver.peak (its held totals summed with the model's terms read once, or _reserved_of itself where
-    another stream holds memory) equals MemoryModel.peak_bytes with ==."""
+    another stream holds memory) equals MemoryModel.peak_bytes with ==; top after a peak (from that peak's
+    activations, kept) equals top made anew."""
     from ftscope.estimate.solvers import held_terms
     mem = memory_model(scn(**kw))
-    solver = BatchSolver(mem, 1024)
+    solver, fresh = BatchSolver(mem, 1024), BatchSolver(mem, 1024)
     for b in (1, 2, 5, 33, 400):
         assert solver.peak(b) == mem.peak_bytes(b, 1024)
+        assert solver.top(b) == fresh.top(b)
     assert (held_terms(mem) is None) == (mem.stream_gathered != 0.0 or mem.gradient_pool != 0.0)
+
+
+def _reference_solve(limit, slopes, peak, cap, floor):
+    """solvers._solve as it was written before _bounds (the guess tested point by point): the reference."""
+    if floor > limit:
+        return 0
+    best = float(cap)
+    for k, per_sample in slopes:
+        if k > limit:
+            return 0
+        if per_sample > 0:
+            room = (limit - k) / per_sample
+            if room < best:
+                best = room
+    n = max(0, min(int(best), cap))
+    while n > 0 and not peak(n) <= limit:
+        n -= 1
+    while n < cap and peak(n + 1) <= limit:
+        n += 1
+    return n
+
+
+def test_the_solve_from_bounds_answers_as_the_point_by_point_loop():
+    """_bounds + _solve_on (the constants' largest, then only the growing points) give what the loop over every
+    point gives, on seeded random slopes and limits with zeros, negatives, repeats, infinities and NaNs."""
+    import math
+    import random
+    from ftscope.estimate.solvers import _bounds, _solve, _solve_on
+    rng = random.Random(21)
+    odd = (0.0, -0.0, -1.0, math.inf, -math.inf, math.nan)
+    for _ in range(20_000):
+        def value(scale):
+            return rng.choice(odd) if rng.random() < 0.1 else rng.uniform(-0.1, 1.0) * scale
+        slopes = [(value(1e10), value(1e7)) for _ in range(rng.randint(0, 7))]
+        if slopes and rng.random() < 0.3:
+            slopes.append(rng.choice(slopes))  # a repeated point
+        floor, limit, cap = value(1e10), value(2e10), rng.choice((1, 7, 300, BATCH_CAP))
+        if math.isnan(limit):
+            limit = 1e10  # (a NaN limit walks down from the cap one batch at a time: in both)
+        per = rng.uniform(1e5, 1e8)
+        base = rng.uniform(0.0, 1e10)
+
+        def peak(n):
+            return base + per * n
+        want = _reference_solve(limit, slopes, peak, cap, floor)
+        assert _solve(limit, slopes, peak, cap, floor) == want
+        assert _solve_on(limit, _bounds(slopes, floor), peak, cap) == want

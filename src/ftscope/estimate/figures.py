@@ -80,7 +80,13 @@ def rank_figures(scn: Scenario, margin: float, cal: Calibration, shared: Shared 
 
 def _memory_sane(bd, sh: Shared | None, world: int, batch: int) -> bool:
     """The breakdown's figures are finite and not negative (estimate's result check, once per breakdown)."""
-    return sh.get(("sane", world, batch), lambda: _breakdown_sane(bd)) if sh is not None else _breakdown_sane(bd)
+    if sh is None:
+        return _breakdown_sane(bd)
+    sane = sh.get(("sane", world), dict)  # by micro-batch (_grid's memo too)
+    hit = sane.get(batch)
+    if hit is None:
+        hit = sane[batch] = _breakdown_sane(bd)
+    return hit
 
 
 def _breakdown_sane(bd) -> bool:
@@ -134,82 +140,17 @@ def grid_figures(sh: Shared, sites: Sequence[tuple], margin: float, cal: Calibra
     return out
 
 
-class _Site(NamedTuple):
-    """What a plan's candidate on `world` GPUs of one type reads but its network (_site)."""
-
-    gpu: object
-    """The GPU type."""
-    fits: bool
-    figures: Figures | None
-    """A misfit's figures (None where a number is not finite, or where it fits: timed by the plan)."""
-    reason: str | None
-    """The mix's unsupported reason on this GPU."""
-    peak: float
-    cap: float
-    """The capacity (device_capacity: usable bytes less NCCL's, which read the GPU count and node layout)."""
-    batch: int
-    trainable: int
-    row: tuple | None
-    """grid_time.gpu_row of the GPU type."""
-    times: tuple
-    """micro_seconds.micro_row at the micro-batch (empty unless it fits and grid_time takes the mix)."""
-
-
 _figures = partial(tuple.__new__, Figures)
 """Figures from a tuple of its fields without NamedTuple's generated __new__ (a plan makes one per candidate)."""
 
-
-_new_site = partial(tuple.__new__, _Site)
-"""A _Site from a tuple of its fields, the same way."""
 
 _MISFITS = {dnf: Figures(False, False, None, None, dnf) for dnf in (False, True)}
 """A misfit's figures by does_not_fit: the two there are, shared rather than made per site."""
 
 
-def _grid(sh: Shared, sites: Sequence[tuple], which: Sequence[int], margin: float, tight_margin: float,
-          cal: Calibration, scenario_of: Callable[[int], Scenario]) -> list[Figures | None]:
-    """figures(scenario_of(i), margin, cal, tight_margin, sh) of each site i in `which`, in that order. No site's
-    figures are kept: a repeated plan reads its whole ranking back (plan/search.py), and a site of another plan is
-    remade from the sweep's memos (its solver, capacity, largest micro-batch, sanity and micro-batch seconds)."""
-    per_gpu, micro, comm = sh.get(("grid_memos", id(cal)), lambda: _grid_memos(sh, cal), cal)
-    lazy = _lazy()
-    timing, micro_row = lazy[2](sh.scenario), lazy[3]  # timing: grid_time takes the mix
-    solvers: dict = {}  # the plan's BatchSolver per GPU count
-    out: list[Figures | None] = []
-    fitting: list[tuple] = []  # the fitting sites: (place in out, site index, _Site)
-    table: list[tuple] = []  # grid_time rows of the GPU types met, and their places
-    rows: dict[int, int] = {}
-    cols: list[tuple] = []
-    for i in which:
-        gpu, gpn, nodes, inter = sites[i]
-        world = gpn * nodes
-        site = _site(sh, gpu, world, gpn, i, margin, cal, timing, scenario_of, per_gpu, micro, solvers, micro_row, comm)
-        _, fits, figs, _, _, _, batch, trainable, row, times = site
-        if not fits:  # a misfit's figures, or None where a number is not finite
-            out.append(figs)
-            continue
-        fitting.append((len(out), i, site))
-        out.append(None)
-        if times:  # grid_time takes the mix
-            g = rows.get(id(gpu))
-            if g is None:
-                g = rows[id(gpu)] = len(table)
-                table.append(row)
-            cols.append((g, world, gpn, nodes, inter, batch, trainable) + times)
-    if not fitting:
-        return out
-    runs = lazy[1](sh.scenario, table, cols) if len(cols) == len(fitting) >= lazy[0] else [None] * len(fitting)
-    for (k, i, site), run in zip(fitting, runs):
-        gpu, _, _, reason, peak, cap, batch, trainable, _, _ = site
-        if run is None:  # grid_time leaves it to the scalar path (it fits: _site checked what _ranked checks first)
-            out[k] = _ranked(scenario_of(i), sh, reason, peak, cap, margin, tight_margin, batch, trainable, cal)
-        else:
-            out[k] = _figures((True, peak > cap * (1.0 - tight_margin), run[0], run[1], False))
-    return out
-
-
 def _grid_memos(sh: Shared, cal: Calibration) -> tuple:
-    """_grid's memos: _site's per GPU type and micro_row's; the sweep's _comm_fields."""
+    """_grid's memos: per GPU type ((GPU, unsupported reason, efficiency, grid_time row) by GPU id), micro_row's;
+    the sweep's _comm_fields."""
     return (sh.get(("grid_gpu", id(cal)), dict, cal), sh.get(("grid_micro", id(cal)), dict, cal),
             _comm_fields(sh.scenario))
 
@@ -227,55 +168,127 @@ def _lazy() -> list:
     return _LAZY
 
 
-def _site(sh: Shared, gpu, world: int, gpn: int, i: int, margin: float, cal: Calibration, timing: bool,
-          scenario_of: Callable[[int], Scenario], per_gpu: dict, micro: dict, solvers: dict,
-          micro_row: Callable, comm: tuple) -> _Site:
-    """The _Site of the sweep's scenario on `world` GPUs of this type (scenario_of(i) is one): per GPU count one
-    memory model solved once per capacity, its peak bytes once per micro-batch (figures builds the breakdown of
-    every candidate to read its fit_bytes, which is MemoryModel.peak_bytes: the same sums). `per_gpu`: GPU type
-    (id) -> (gpu, reason, efficiency, grid_time row); `micro`: micro_row's memo; `solvers`: the plan's BatchSolver
-    per GPU count, read before the memo's; `micro_row`: micro_seconds's (imported by _grid); `comm`: the
-    sweep's _comm_fields."""
+def _grid(sh: Shared, sites: Sequence[tuple], which: Sequence[int], margin: float, tight_margin: float,
+          cal: Calibration, scenario_of: Callable[[int], Scenario]) -> list[Figures | None]:
+    """figures(scenario_of(i), margin, cal, tight_margin, sh) of each site i in `which`, in that order. No site's
+    figures are kept: a repeated plan reads its whole ranking back (plan/search.py), and a site of another plan is
+    remade from the sweep's memos (its solver, capacity, largest micro-batch, sanity and micro-batch seconds).
+    Per GPU count one memory model solved once per capacity, its peak bytes once per micro-batch (figures builds
+    the breakdown of every candidate to read its fit_bytes, which is MemoryModel.peak_bytes: the same sums); what a
+    count's sites share is looked up once per count (_count), the rest per site, inline (a plan has thousands)."""
+    per_gpu, micro, comm = sh.get(("grid_memos", id(cal)), lambda: _grid_memos(sh, cal), cal)
+    lazy = _lazy()
+    timing, micro_row = lazy[2](sh.scenario), lazy[3]  # timing: grid_time takes the mix
     wl = sh.scenario.workload
-    at = solvers.get(world)
-    if at is None:
-        at = solvers[world] = sh.get(("grid", world),
-                                     lambda: _solver(sh, capacity_free_model(scenario_of(i)), wl.peak_seq_len()))
-    info = per_gpu.get(id(gpu))
-    if info is None or info[0] is not gpu:
-        info = per_gpu[id(gpu)] = (gpu, *_gpu_info(sh, scenario_of(i), cal, timing))
-    _, reason, eff, row = info
-    mem = at.mem
-    # memory_model's capacity at this site: what it reads is the GPU, its count and layout, and the sweep's few
-    # comm_key fields, which the plans of a scenario's mixes share (no candidate scenario made to read it)
-    allocator = mem.allocator
-    key = (id(gpu), world, gpn, id(allocator), comm)
+    fixed = None if wl.solve_batch else int(wl.micro_batch_size)
+    keep = 1.0 - margin
+    counts: dict[tuple, tuple] = {}  # _count's by (GPUs, GPUs per node)
+    w = g = None  # the last site's GPUs and GPUs per node
+    out: list[Figures | None] = []
+    fitting: list[tuple] = []  # the fitting sites: (place in out, site index, reason, peak, cap, batch, trainable)
+    table, rows, cols = [], {}, []  # grid_time's rows of the GPU types met (their places by GPU id), site columns
+    for i in which:
+        gpu, gpn, nodes, inter = sites[i]
+        world = gpn * nodes
+        if world != w or gpn != g:  # (sites are GPU-major: a node layout's plan has one count)
+            w, g = world, gpn
+            here = counts.get((world, gpn))
+            if here is None:
+                here = counts[world, gpn] = _count(sh, world, gpn, i, wl, comm, scenario_of)
+            at, solved, peaks, sane, caps, trainable = here
+        info = per_gpu.get(id(gpu))
+        if info is None or info[0] is not gpu:
+            info = per_gpu[id(gpu)] = (gpu, *_gpu_info(sh, scenario_of(i), cal, timing))
+        _, reason, eff, row = info
+        # memory_model's capacity at this site: what it reads is the GPU, its count and layout, and the sweep's few
+        # comm_key fields, which the plans of a scenario's mixes share (no candidate scenario made to read it)
+        cap = caps.get(id(gpu))
+        if cap is None or cap[0] is not gpu:
+            cap = _capacity(caps, gpu, scenario_of(i), at.mem.allocator)
+        cap = cap[1]
+        if not cap > 0:  # the estimate says why
+            out.append(None)
+            continue
+        limit = cap * keep
+        if fixed is not None:
+            batch = fixed
+        else:  # at.largest(limit), its memo read here first
+            batch = solved.get(limit)
+            if batch is None:
+                batch = at.largest(limit)
+            batch = batch or 1
+        peak = peaks.get(batch)  # at.peak(batch), its memo read here first
+        if peak is None:
+            peak = at.peak(batch)
+        # _memory_sane of this GPU's breakdown (by count and batch, as there; a pure function of model, capacity, batch)
+        ok = sane.get(batch)
+        if ok is None:
+            ok = sane[batch] = _sane_on(at, cap, batch)
+        if not ok:
+            out.append(None)
+            continue
+        if not (reason is None and peak <= limit):  # _ranked's misfit
+            out.append(_MISFITS[(reason is None and peak > limit)
+                                or (reason is not None and reason.startswith("does not fit"))])
+            continue
+        fitting.append((len(out), i, reason, peak, cap, batch, trainable))
+        out.append(None)
+        if not timing:
+            continue
+        times = micro.get((id(gpu), id(eff), batch))  # micro_row's memo, read here first
+        if times is None:
+            times = micro_row(sh, cal, eff, batch, gpu, partial(scenario_of, i))
+        if times:  # grid_time takes the mix
+            r = rows.get(id(gpu))
+            if r is None:
+                r = rows[id(gpu)] = len(table)
+                table.append(row)
+            cols.append((r, world, gpn, nodes, inter, batch, trainable) + times)
+    if fitting:
+        _timed(sh, out, fitting, table, cols, margin, tight_margin, cal, scenario_of)
+    return out
+
+
+def _timed(sh: Shared, out: list, fitting: list[tuple], table: list[tuple], cols: list[tuple], margin: float,
+           tight_margin: float, cal: Calibration, scenario_of: Callable[[int], Scenario]) -> None:
+    """_grid's figures of its fitting sites (their places in `out` hold None), timed together by grid_time where
+    it takes them all (`table`, `cols`: its GPU rows and site columns), else one by one (_ranked)."""
+    lazy = _lazy()
+    runs = lazy[1](sh.scenario, table, cols) if len(cols) == len(fitting) >= lazy[0] else [None] * len(fitting)
+    for (k, i, reason, peak, cap, batch, trainable), run in zip(fitting, runs):
+        if run is None:  # grid_time leaves it to the scalar path (it fits: _grid checked what _ranked checks first)
+            out[k] = _ranked(scenario_of(i), sh, reason, peak, cap, margin, tight_margin, batch, trainable, cal)
+        else:
+            out[k] = _figures((True, peak > cap * (1.0 - tight_margin), run[0], run[1], False))
+
+
+def _count(sh: Shared, world: int, gpn: int, i: int, wl, comm: tuple,
+           scenario_of: Callable[[int], Scenario]) -> tuple:
+    """What _grid's sites on `world` GPUs, `gpn` per node, share (scenario_of(i) is one of them): (their BatchSolver,
+    its largest-batch and peak memos, the sanity memo of the count, the capacity memo of the layout by GPU id,
+    trainable parameters)."""
+    at = sh.get(("grid", world), lambda: _solver(sh, capacity_free_model(scenario_of(i)), wl.peak_seq_len()))
+    allocator = at.mem.allocator
+    key = (world, gpn, id(allocator), comm)
     hit = _CAPACITIES.get(key)
-    if hit is None or hit[0] is not gpu or hit[1] is not allocator:
-        if len(_CAPACITIES) >= 65_536:
+    if hit is None or hit[0] is not allocator:
+        if len(_CAPACITIES) >= 16_384:
             _CAPACITIES.clear()
-        hit = _CAPACITIES[key] = (gpu, allocator, device_capacity(scenario_of(i), allocator))
-    cap = hit[2]
-    if not cap > 0:  # the estimate says why
-        return _new_site((gpu, False, None, reason, 0.0, cap, 0, 0, row, ()))
-    limit = cap * (1.0 - margin)
-    batch = (at.largest(limit) or 1) if wl.solve_batch else int(wl.micro_batch_size)
-    peak = at.peak(batch)
-    # _memory_sane of this GPU's breakdown (by count and batch, as there; a pure function of model, capacity, batch)
-    if not sh.get(("sane", world, batch), lambda: _sane_on(at, cap, batch)):
-        return _new_site((gpu, False, None, reason, peak, cap, batch, mem.trainable_params, row, ()))
-    if not (reason is None and peak <= limit):  # _ranked's misfit
-        dnf = (reason is None and peak > limit) or (reason is not None and reason.startswith("does not fit"))
-        return _new_site((gpu, False, _MISFITS[dnf], reason, peak, cap, batch, mem.trainable_params, row, ()))
-    times = micro.get((id(gpu), id(eff), batch)) if timing else ()  # micro_row's memo, read here first
-    if times is None:
-        times = micro_row(sh, cal, eff, batch, gpu, lambda: scenario_of(i))
-    return _new_site((gpu, True, None, reason, peak, cap, batch, mem.trainable_params, row, times))
+        hit = _CAPACITIES[key] = (allocator, {})
+    return at, at.solved, at.peaks, sh.get(("sane", world), dict), hit[1], at.mem.trainable_params
+
+
+def _capacity(caps: dict, gpu, scn: Scenario, allocator) -> tuple:
+    """caps[id(gpu)] made: (gpu, device_capacity(scn, allocator)) (`caps`: _count's capacity memo)."""
+    if len(caps) >= 4096:
+        caps.clear()
+    hit = caps[id(gpu)] = (gpu, device_capacity(scn, allocator))
+    return hit
 
 
 _CAPACITIES: dict[tuple, tuple] = {}
-"""device_capacity by (GPU id, GPUs in all, GPUs per node, allocator id, _comm_fields): (GPU, allocator, bytes), the
-GPU and allocator kept alive with their ids."""
+"""device_capacity by (GPUs in all, GPUs per node, allocator id, _comm_fields): (allocator, {GPU id: (GPU, bytes)}),
+the allocator and GPUs kept alive with their ids."""
 
 
 def _comm_fields(scn: Scenario) -> tuple:

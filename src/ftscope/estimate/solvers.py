@@ -86,19 +86,38 @@ def _per_sample(curves: list[ReservedCurve], seq: float) -> list[tuple[float, fl
 
 def _solve(limit: float, slopes: list[tuple[float, float]], peak: Callable[[int], float], cap: int,
            floor: float) -> int:
-    """solve_batch with its curves' _per_sample (a BatchSolver takes them once for all its limits)."""
-    if floor > limit:
+    """solve_batch with its curves' _per_sample."""
+    return _solve_on(limit, _bounds(slopes, floor), peak, cap)
+
+
+def _bounds(slopes: list[tuple[float, float]], floor: float) -> tuple:
+    """What _solve_on reads of a model's slopes (_per_sample) and floor, whatever the limit: (the largest of the
+    floor and the constants, NaN left out; (constant, bytes per sample) of each point that grows, once each)."""
+    top = -math.inf
+    for k in (floor, *(k for k, _ in slopes)):
+        if k > top:
+            top = k
+    return top, tuple(dict.fromkeys((k, per) for k, per in slopes if per > 0))  # a repeated point (a frozen head's)
+
+
+def _solve_on(limit: float, bounds: tuple, peak: Callable[[int], float], cap: int) -> int:
+    """The largest micro-batch n in [0, cap] whose peak(n) <= limit, from its closed-form guess (`bounds`: _bounds
+    of the model). As the loop it replaces: 0 where the floor or a point's constant exceeds the limit (some does
+    exactly when the largest, NaN left out, does); else the guess is the least of the cap and each growing point's
+    room, (limit - k) / bytes per sample, replacing the least so far only when smaller (a NaN room never does),
+    then settled by peak: exact whatever the rounding."""
+    top, grow = bounds
+    if top > limit:
         return 0
     best = float(cap)
-    for k, per_sample in slopes:
-        if k > limit:
-            return 0
-        if per_sample > 0:
-            room = (limit - k) / per_sample
-            if room < best:  # min(best, room)
-                best = room
-    n = max(0, min(int(best), cap))  # _settle, its fits(n) being peak(n) <= limit
-    while n > 0 and not peak(n) <= limit:
+    for k, per in grow:
+        room = (limit - k) / per
+        if room < best:
+            best = room
+    n = int(best)  # within [0, cap]: best <= cap, and a room below 0 makes n 0 or less
+    if n < 0:
+        n = 0
+    while n > 0 and not peak(n) <= limit:  # _settle, its fits(n) being peak(n) <= limit
         n -= 1
     while n < cap and peak(n + 1) <= limit:
         n += 1
@@ -115,10 +134,10 @@ class BatchSolver:
         self.peaks: dict[int, float] = {}
         self.solved: dict[float, int] = {}
         self.curves: list[ReservedCurve] | None = None
-        self.slopes: list[tuple[float, float]] | None = None
+        self.bounds: tuple | None = None  # _bounds of the curves' slopes
         self.checks: dict[tuple, object] = {}
         self.per_batch: dict[int, object] = {}  # at_batch's (figures._sane_on fills it the same way, inline)
-        self.recent: dict[int, tuple] = {}  # the phase points of the last few peaks made from them
+        self.recent: dict[int, tuple] = {}  # the phase points (or acts_at) of the last few peaks made from them
         self.lean: tuple | None | bool = False  # held_peak.model_terms(mem), made on first use
 
     def checked(self, cap: float, batch: int, check: Callable[[MemoryModel, float, int, float], object]) -> object:
@@ -144,15 +163,16 @@ class BatchSolver:
             lean = self.lean
             if lean is False:
                 lean = self.lean = model_terms(self.mem)
-            if lean is not None:  # nothing on another stream: the sums without the phase points
-                hit = self.peaks[batch] = peak_at(lean, acts_at(lean, batch, self.seq), self.least)
-                return hit
-            mem, recent = self.mem, self.recent
-            points = mem._points(batch, self.seq)
-            hit = self.peaks[batch] = max(self.least, *mem._reserved_of(points, held=True))  # peak_bytes
+            recent = self.recent  # (a plan reads top, or points, at the batch it solved for: a recent peak's)
             if len(recent) >= 4:
                 recent.clear()
-            recent[batch] = points
+            if lean is not None:  # nothing on another stream: the sums without the phase points
+                acts = recent[batch] = acts_at(lean, batch, self.seq)
+                hit = self.peaks[batch] = peak_at(lean, acts, self.least)
+                return hit
+            mem = self.mem
+            points = recent[batch] = mem._points(batch, self.seq)
+            hit = self.peaks[batch] = max(self.least, *mem._reserved_of(points, held=True))  # peak_bytes
         return hit
 
     def top(self, batch: int) -> tuple | None:
@@ -162,24 +182,27 @@ class BatchSolver:
         lean = self.lean
         if lean is False:
             lean = self.lean = model_terms(self.mem)
-        return None if lean is None else top_at(lean, acts_at(lean, batch, self.seq))
+        if lean is None:
+            return None
+        acts = self.recent.get(batch)  # a recent peak's acts_at
+        return top_at(lean, acts_at(lean, batch, self.seq) if acts is None else acts)
 
     def points(self, batch: int) -> tuple:
-        """mem._points(batch, seq), kept from a recent peak where it was one."""
-        hit = self.recent.get(batch)
+        """mem._points(batch, seq), kept from a recent peak where it was one (where top is None)."""
+        hit = self.recent.get(batch) if self.lean is None else None
         return hit if hit is not None else self.mem._points(batch, self.seq)
 
     def largest(self, limit: float) -> int:
         """max_micro_batch of the model where the capacity x (1 - margin) is `limit` bytes."""
         hit = self.solved.get(limit)
         if hit is None:
-            if self.slopes is None:
+            bounds = self.bounds
+            if bounds is None:
                 if self.lean is False:
                     self.lean = model_terms(self.mem)
                 self.curves = reserved_curves(self.mem, self.lean)
-                # a repeated phase point (a frozen head repeats one) changes neither test nor minimum: once each
-                self.slopes = list(dict.fromkeys(_per_sample(self.curves, self.seq)))
-            hit = self.solved[limit] = _solve(limit, self.slopes, self.peak, BATCH_CAP, self.least)
+                bounds = self.bounds = _bounds(_per_sample(self.curves, self.seq), self.least)
+            hit = self.solved[limit] = _solve_on(limit, bounds, self.peak, BATCH_CAP)
         return hit
 
 

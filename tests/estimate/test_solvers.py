@@ -152,21 +152,8 @@ def test_a_batch_solver_answers_as_the_model_on_every_capacity(kw):
         assert solver.peak(b) == base.peak_bytes(b, seq)
 
 
-def test_a_solvers_check_is_made_once_per_capacity_and_batch():
-    mem = memory_model(scn())
-    solver = BatchSolver(mem, 1024)
-    calls = []
-
-    def check(m, cap, batch, seq):
-        calls.append((cap, batch))
-        return m.peak_bytes(batch, seq) <= cap
-    for cap, batch in ((mem.capacity_bytes, 4), (mem.capacity_bytes, 4), (1.0, 4), (mem.capacity_bytes, 8)):
-        assert solver.checked(cap, batch, check) == (mem.peak_bytes(batch, 1024) <= cap)
-    assert calls == [(mem.capacity_bytes, 4), (1.0, 4), (mem.capacity_bytes, 8)]
-
-
-def test_a_solvers_points_and_per_batch_values_are_the_models():
-    """points(b): the model's phase points (kept from a recent peak, or made); at_batch: made once per micro-batch."""
+def test_a_solvers_peaks_and_points_are_the_models():
+    """peak(b) and points(b): the model's peak bytes and phase points (kept from a recent peak, or made)."""
     mem = memory_model(scn())
     solver = BatchSolver(mem, 1024)
     assert solver.least == mem.least_reserved
@@ -174,9 +161,6 @@ def test_a_solvers_points_and_per_batch_values_are_the_models():
         assert solver.peak(b) == mem.peak_bytes(b, 1024)
         assert solver.points(b) == mem._points(b, 1024)
     assert len(solver.recent) <= 4 and solver.points(1) == mem._points(1, 1024)  # no longer kept: made again
-    calls = []
-    make = lambda m, b, seq: calls.append(b) or b * 2  # noqa: E731
-    assert [solver.at_batch(b, make) for b in (3, 3, 5, 3)] == [6, 6, 10, 6] and calls == [3, 5]
 
 
 @pytest.mark.parametrize("kw", CASES + [

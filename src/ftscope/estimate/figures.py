@@ -306,7 +306,7 @@ def _solver(sh: Shared, mem: MemoryModel, seq: int) -> BatchSolver:
 def _sane_on(at: BatchSolver, cap: float, batch: int) -> bool:
     """_memory_sane's figures of at.mem.breakdown(batch, at.seq) on a device of `cap` usable bytes
     (_breakdown_values' list): only its capacity cut reads the capacity, so the rest is made once per batch."""
-    hit = at.per_batch.get(batch)  # at.at_batch(batch, ...) of _uncut_at, without a function made per call
+    hit = at.per_batch.get(batch)  # _uncut_at, made once per micro-batch
     if hit is None:
         hit = at.per_batch[batch] = _uncut_at(at, batch)
     peak, sane, allocated, grads, act, temp = hit

@@ -135,26 +135,9 @@ class BatchSolver:
         self.solved: dict[float, int] = {}
         self.curves: list[ReservedCurve] | None = None
         self.bounds: tuple | None = None  # _bounds of the curves' slopes
-        self.checks: dict[tuple, object] = {}
-        self.per_batch: dict[int, object] = {}  # at_batch's (figures._sane_on fills it the same way, inline)
+        self.per_batch: dict[int, object] = {}  # figures._sane_on's values that read no capacity, by micro-batch
         self.recent: dict[int, tuple] = {}  # the phase points (or acts_at) of the last few peaks made from them
         self.lean: tuple | None | bool = False  # held_peak.model_terms(mem), made on first use
-
-    def checked(self, cap: float, batch: int, check: Callable[[MemoryModel, float, int, float], object]) -> object:
-        """check(mem, cap, batch, seq), made once per capacity and micro-batch (`check`: one pure function of them
-        per solver, such as the breakdown's sanity on a device of `cap` bytes)."""
-        key = (cap, batch)
-        hit = self.checks.get(key, self)
-        if hit is self:
-            hit = self.checks[key] = check(self.mem, cap, batch, self.seq)
-        return hit
-
-    def at_batch(self, batch: int, make: Callable[[MemoryModel, int, float], object]) -> object:
-        """make(mem, batch, seq), made once per micro-batch (`make`: one pure function of them per solver)."""
-        hit = self.per_batch.get(batch, self)
-        if hit is self:
-            hit = self.per_batch[batch] = make(self.mem, batch, self.seq)
-        return hit
 
     def peak(self, batch: int) -> float:
         """mem.peak_bytes(batch, seq): what must fit, whatever the capacity."""
